@@ -1,0 +1,227 @@
+//! ztn-loadgen: the benchmark's load client and servers, in Rust so that the client is never the bottleneck.
+//!
+//! Servers (run until killed, print `listening <addr>` once bound):
+//!   ztn-loadgen serve --listen ADDR
+//!     Each connection starts with a 1-byte mode: `s` = sink (read to EOF, then reply with the byte count as 8 bytes
+//!     big-endian), `e` = echo (echo everything until EOF).
+//! Clients (print one JSON line of results):
+//!   ztn-loadgen throughput --target ADDR [--socks ADDR] --bytes N [--streams K]
+//!   ztn-loadgen latency    --target ADDR [--socks ADDR] --size N --count N [--rate RPS]
+//!   ztn-loadgen connections --target ADDR [--socks ADDR] --count N
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+struct Args(Vec<String>);
+
+impl Args {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().position(|a| a == name).and_then(|i| self.0.get(i + 1)).map(String::as_str)
+    }
+    fn addr(&self, name: &str) -> Res<Option<SocketAddr>> {
+        Ok(match self.get(name) {
+            Some(s) => Some(s.parse().map_err(|e| format!("{name}: {e}"))?),
+            None => None,
+        })
+    }
+    fn num(&self, name: &str, default: u64) -> Res<u64> {
+        Ok(match self.get(name) {
+            Some(s) => s.parse().map_err(|e| format!("{name}: {e}"))?,
+            None => default,
+        })
+    }
+}
+
+/// Connect to `target`, through the SOCKS5 proxy at `socks` if given (no auth, CONNECT, IP literal).
+async fn dial(target: SocketAddr, socks: Option<SocketAddr>) -> Res<TcpStream> {
+    let Some(proxy) = socks else {
+        let s = TcpStream::connect(target).await?;
+        s.set_nodelay(true)?;
+        return Ok(s);
+    };
+    let mut s = TcpStream::connect(proxy).await?;
+    s.set_nodelay(true)?;
+    let mut req = vec![5u8, 1, 0, 5, 1, 0];
+    match target {
+        SocketAddr::V4(a) => {
+            req.push(1);
+            req.extend_from_slice(&a.ip().octets());
+        }
+        SocketAddr::V6(a) => {
+            req.push(4);
+            req.extend_from_slice(&a.ip().octets());
+        }
+    }
+    req.extend_from_slice(&target.port().to_be_bytes());
+    s.write_all(&req).await?;
+    let mut method = [0u8; 2];
+    s.read_exact(&mut method).await?;
+    let mut reply = [0u8; 10];
+    s.read_exact(&mut reply).await?;
+    if method != [5, 0] || reply[1] != 0 {
+        return Err(format!("SOCKS5 refused: method {method:?} reply code {}", reply[1]).into());
+    }
+    Ok(s)
+}
+
+async fn serve(listen: SocketAddr) -> Res<()> {
+    let l = TcpListener::bind(listen).await?;
+    println!("listening {}", l.local_addr()?);
+    loop {
+        let (mut s, _) = l.accept().await?;
+        tokio::spawn(async move {
+            let _ = s.set_nodelay(true);
+            let mut mode = [0u8; 1];
+            if s.read_exact(&mut mode).await.is_err() {
+                return;
+            }
+            let mut buf = vec![0u8; 256 * 1024];
+            match mode[0] {
+                b's' => {
+                    let mut total = 0u64;
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        total += n as u64;
+                    }
+                    let _ = s.write_all(&total.to_be_bytes()).await;
+                    let _ = s.shutdown().await;
+                }
+                _ => {
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = s.shutdown().await;
+                }
+            }
+        });
+    }
+}
+
+async fn one_stream(target: SocketAddr, socks: Option<SocketAddr>, bytes: u64) -> Res<u64> {
+    let mut s = dial(target, socks).await?;
+    s.write_all(b"s").await?;
+    let buf = vec![0x5au8; 256 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        s.write_all(&buf[..n]).await?;
+        left -= n as u64;
+    }
+    s.shutdown().await?;
+    let mut count = [0u8; 8];
+    s.read_exact(&mut count).await?;
+    Ok(u64::from_be_bytes(count))
+}
+
+async fn throughput(a: &Args) -> Res<serde_json::Value> {
+    let target = a.addr("--target")?.ok_or("--target is required")?;
+    let socks = a.addr("--socks")?;
+    let bytes = a.num("--bytes", 1 << 30)?;
+    let streams = a.num("--streams", 1)?.max(1);
+    let per = bytes / streams;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..streams).map(|_| tokio::spawn(one_stream(target, socks, per))).collect();
+    let mut received = 0;
+    for t in tasks {
+        received += t.await.map_err(|e| e.to_string())??;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    if received != per * streams {
+        return Err(format!("server received {received} bytes, sent {}", per * streams).into());
+    }
+    Ok(serde_json::json!({"bytes": received, "seconds": secs, "gbps": received as f64 * 8.0 / secs / 1e9}))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+async fn latency(a: &Args) -> Res<serde_json::Value> {
+    let target = a.addr("--target")?.ok_or("--target is required")?;
+    let socks = a.addr("--socks")?;
+    let size = a.num("--size", 1024)? as usize;
+    let count = a.num("--count", 5000)?;
+    let rate = a.num("--rate", 0)?;
+    let mut s = dial(target, socks).await?;
+    s.write_all(b"e").await?;
+    let req = vec![0x42u8; size];
+    let mut resp = vec![0u8; size];
+    // Warm up: the first exchanges pay for lazy setup that is not the steady state.
+    for _ in 0..50 {
+        s.write_all(&req).await?;
+        s.read_exact(&mut resp).await?;
+    }
+    let interval = (rate > 0).then(|| Duration::from_secs_f64(1.0 / rate as f64));
+    let mut samples = Vec::with_capacity(count as usize);
+    let started = Instant::now();
+    for i in 0..count {
+        if let Some(iv) = interval {
+            let due = started + iv * i as u32;
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let t = Instant::now();
+        s.write_all(&req).await?;
+        s.read_exact(&mut resp).await?;
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let total = started.elapsed().as_secs_f64();
+    samples.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    Ok(serde_json::json!({
+        "count": count, "size": size, "rps": count as f64 / total,
+        "p50_us": percentile(&samples, 50.0), "p90_us": percentile(&samples, 90.0),
+        "p99_us": percentile(&samples, 99.0), "p999_us": percentile(&samples, 99.9),
+    }))
+}
+
+async fn connections(a: &Args) -> Res<serde_json::Value> {
+    let target = a.addr("--target")?.ok_or("--target is required")?;
+    let socks = a.addr("--socks")?;
+    let count = a.num("--count", 1000)?;
+    let started = Instant::now();
+    for _ in 0..count {
+        let mut s = dial(target, socks).await?;
+        s.write_all(b"e!").await?;
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).await?;
+        drop(s);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    Ok(serde_json::json!({"count": count, "seconds": secs, "cps": count as f64 / secs}))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let a = Args(argv.clone());
+    let result = match argv.first().map(String::as_str) {
+        Some("serve") => match a.addr("--listen") {
+            Ok(Some(addr)) => serve(addr).await.map(|_| serde_json::Value::Null),
+            Ok(None) => Err("--listen is required".into()),
+            Err(e) => Err(e),
+        },
+        Some("throughput") => throughput(&a).await,
+        Some("latency") => latency(&a).await,
+        Some("connections") => connections(&a).await,
+        _ => Err("usage: ztn-loadgen serve|throughput|latency|connections [options] (see the source header)".into()),
+    };
+    match result {
+        Ok(v) => println!("{v}"),
+        Err(e) => {
+            eprintln!("ztn-loadgen: {e}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! The napi-rs facade over `dataplane`. Nothing but forwarding: every call takes or returns one JSON string or a
+//! PEM, so the boundary stays coarse (one call per state batch, per certificate, per scrape; never per connection).
+//! Errors cross as `Error` whose message starts with a stable code (`INVALID_STATE:`, `BIND_FAILED:` ...).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+
+fn err(e: impl std::fmt::Display) -> Error {
+    Error::new(Status::GenericFailure, e.to_string())
+}
+
+#[napi]
+pub struct Dataplane {
+    inner: Arc<dataplane::Dataplane>,
+}
+
+#[napi]
+impl Dataplane {
+    #[napi(constructor)]
+    pub fn new(config_json: String) -> Result<Self> {
+        Ok(Dataplane { inner: Arc::new(dataplane::Dataplane::from_json(&config_json).map_err(err)?) })
+    }
+
+    #[napi]
+    pub fn apply_state(&self, delta_json: String) -> Result<()> {
+        self.inner.apply_state_json(&delta_json).map_err(err)
+    }
+
+    #[napi]
+    pub fn create_csr(&self, identity: String) -> Result<String> {
+        self.inner.create_csr(&identity).map_err(err)
+    }
+
+    #[napi]
+    pub fn install_certificate(&self, identity: String, chain_pem: String, roots_pem: String) -> Result<()> {
+        self.inner.install_certificate(&identity, &chain_pem, &roots_pem).map_err(err)
+    }
+
+    #[napi]
+    pub async fn add_local_workload(&self, spec_json: String) -> Result<String> {
+        let spec: dataplane::LocalWorkloadSpec =
+            serde_json::from_str(&spec_json).map_err(|e| err(format!("INVALID_SPEC: {e}")))?;
+        let inner = self.inner.clone();
+        let bound = inner
+            .handle()
+            .clone()
+            .spawn(async move { inner.add_local_workload(spec).await })
+            .await
+            .map_err(err)?
+            .map_err(err)?;
+        serde_json::to_string(&bound).map_err(err)
+    }
+
+    #[napi]
+    pub async fn remove_local_workload(&self, uid: String) -> Result<()> {
+        let inner = self.inner.clone();
+        inner.handle().clone().spawn(async move { inner.remove_local_workload(&uid).await }).await.map_err(err)?;
+        Ok(())
+    }
+
+    #[napi]
+    pub fn metrics(&self) -> String {
+        self.inner.metrics_json()
+    }
+
+    #[napi]
+    pub fn drain_events(&self) -> String {
+        self.inner.drain_events_json()
+    }
+
+    #[napi]
+    pub fn certificates(&self) -> String {
+        self.inner.certificates_json()
+    }
+
+    #[napi]
+    pub fn listeners(&self) -> Result<String> {
+        serde_json::to_string(&self.inner.listeners()).map_err(err)
+    }
+
+    /// Graceful drain. Resolves true if every connection finished before the deadline.
+    #[napi]
+    pub async fn drain(&self, deadline_ms: u32) -> Result<bool> {
+        let inner = self.inner.clone();
+        inner
+            .handle()
+            .clone()
+            .spawn(async move { inner.drain(Duration::from_millis(u64::from(deadline_ms))).await })
+            .await
+            .map_err(err)
+    }
+
+    /// Stop and join the runtime. Call after `drain`; the object is unusable afterwards.
+    #[napi]
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+}
+
+#[napi]
+pub struct LocalCa {
+    inner: dataplane::ca::LocalCa,
+}
+
+#[napi]
+impl LocalCa {
+    #[napi(factory)]
+    pub fn open(dir: String, trust_domain: String) -> Result<Self> {
+        Ok(LocalCa { inner: dataplane::ca::LocalCa::open(Path::new(&dir), &trust_domain).map_err(err)? })
+    }
+
+    #[napi]
+    pub fn root_pem(&self) -> String {
+        self.inner.root_pem().to_string()
+    }
+
+    #[napi]
+    pub fn sign(&self, csr_pem: String, identity: String, ttl_seconds: u32) -> Result<String> {
+        self.inner.sign(&csr_pem, &identity, Duration::from_secs(u64::from(ttl_seconds))).map_err(err)
+    }
+}
+
+/// JSON `{ version, cryptoProvider, buildProfile }` of the native build.
+#[napi]
+pub fn version() -> String {
+    dataplane::version_json()
+}

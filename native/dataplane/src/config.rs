@@ -1,0 +1,130 @@
+//! The dataplane's configuration, as the TypeScript layer hands it over (JSON, camelCase).
+//! TS owns parsing of env vars and flags; this is the validated result, so it only checks ranges.
+
+use serde::Deserialize;
+use std::time::Duration;
+
+/// Ports that ztunnel-node itself listens on. A connection to one of them through the proxy would loop.
+pub const HBONE_PORT: u16 = 15008;
+pub const OUTBOUND_CAPTURE_PORT: u16 = 15001;
+pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
+pub const SOCKS5_PORT: u16 = 15080;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Http2Config {
+    pub stream_window_size: u32,
+    pub connection_window_size: u32,
+    pub frame_size: u32,
+}
+
+impl Default for Http2Config {
+    fn default() -> Self {
+        // Istio's defaults (ztunnel #1539): the connection window is 4x the stream window so one slow stream
+        // cannot starve the others; 1 MiB frames keep the per-frame overhead low for bulk transfers.
+        Http2Config {
+            stream_window_size: 4 * 1024 * 1024,
+            connection_window_size: 16 * 1024 * 1024,
+            frame_size: 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Config {
+    pub node_name: String,
+    pub cluster_id: String,
+    pub network: String,
+    pub trust_domain: String,
+    pub worker_threads: usize,
+    /// The port dialed on HBONE peers.
+    pub hbone_port: u16,
+    pub pool_max_streams_per_connection: u32,
+    pub pool_unused_release_timeout_ms: u64,
+    pub http2: Http2Config,
+    pub connect_timeout_ms: u64,
+    pub termination_deadline_ms: u64,
+    pub socks5_enabled: bool,
+    /// How long an inbound peer may take to finish the TLS handshake and the HTTP/2 preface. ztunnel has no such
+    /// deadline (security.md §1.5); without one a peer can hold sockets open for free.
+    pub handshake_timeout_ms: u64,
+    /// Bind outbound sockets to the source workload's IP. Local mode sets it, so peers (and their policies) see
+    /// the workload's address rather than 127.0.0.1; in a pod's netns the pod IP is the only address anyway.
+    pub bind_source_ip: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_name: String::new(),
+            cluster_id: "Kubernetes".into(),
+            network: String::new(),
+            trust_domain: "cluster.local".into(),
+            worker_threads: 2,
+            hbone_port: HBONE_PORT,
+            pool_max_streams_per_connection: 100,
+            pool_unused_release_timeout_ms: 5 * 60 * 1000,
+            http2: Http2Config::default(),
+            connect_timeout_ms: 10_000,
+            termination_deadline_ms: 5_000,
+            socks5_enabled: true,
+            handshake_timeout_ms: 10_000,
+            bind_source_ip: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("INVALID_CONFIG: {0}")]
+    Parse(#[from] serde_json::Error),
+    #[error("INVALID_CONFIG: {field}: {problem}")]
+    Range { field: &'static str, problem: String },
+}
+
+impl Config {
+    pub fn from_json(json: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = serde_json::from_str(json)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let range = |field: &'static str, problem: String| Err(ConfigError::Range { field, problem });
+        if self.worker_threads == 0 || self.worker_threads > 1024 {
+            return range("workerThreads", format!("{} is not in 1..=1024", self.worker_threads));
+        }
+        if self.pool_max_streams_per_connection == 0 {
+            return range("poolMaxStreamsPerConnection", "must be at least 1".into());
+        }
+        // RFC 9113 §6.5.2: SETTINGS_MAX_FRAME_SIZE must be between 2^14 and 2^24-1.
+        if !(16_384..=16_777_215).contains(&self.http2.frame_size) {
+            return range("http2.frameSize", format!("{} is not in 16384..=16777215", self.http2.frame_size));
+        }
+        if self.http2.stream_window_size == 0 || self.http2.stream_window_size > i32::MAX as u32 {
+            return range("http2.streamWindowSize", "must be in 1..=2^31-1".into());
+        }
+        if self.http2.connection_window_size == 0 || self.http2.connection_window_size > i32::MAX as u32 {
+            return range("http2.connectionWindowSize", "must be in 1..=2^31-1".into());
+        }
+        Ok(())
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms)
+    }
+
+    /// Ports a proxied connection may never target: they are our own listeners.
+    pub fn illegal_ports(&self) -> &'static [u16] {
+        if self.socks5_enabled {
+            &[OUTBOUND_CAPTURE_PORT, INBOUND_PLAINTEXT_PORT, HBONE_PORT, SOCKS5_PORT]
+        } else {
+            &[OUTBOUND_CAPTURE_PORT, INBOUND_PLAINTEXT_PORT, HBONE_PORT]
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The per-identity certificate store.
+//!
+//! Invariants:
+//! - A certificate is installed only for the key this store generated for that identity (`CERT_MISMATCH`).
+//! - The leaf's single SPIFFE identity must equal the identity it is installed for, and the chain must verify
+//!   against the roots handed with it.
+//! - Installing replaces the certificate new handshakes use; live connections keep the one they used.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, UnixTime};
+use rustls::sign::CertifiedKey;
+use rustls::RootCertStore;
+
+use super::{create_csr, spiffe_identity, Identity, PendingKey};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("CSR_FAILED: {0}")]
+    Csr(String),
+    #[error("CERT_MISMATCH: {0}")]
+    Mismatch(String),
+    #[error("CERT_INVALID: {0}")]
+    Invalid(String),
+    #[error("NO_CERTIFICATE: no certificate for {0}")]
+    Missing(String),
+}
+
+/// A certificate ready for handshakes, with what the admin API shows of it.
+pub struct InstalledCert {
+    pub identity: Identity,
+    pub certified: Arc<CertifiedKey>,
+    pub roots: Arc<RootCertStore>,
+    pub chain_pem: String,
+    pub roots_pem: String,
+    pub not_before: i64,
+    pub not_after: i64,
+    pub serial: String,
+}
+
+#[derive(Default)]
+struct Entry {
+    pending: Option<PendingKey>,
+    current: Option<Arc<InstalledCert>>,
+}
+
+pub struct CertStore {
+    entries: RwLock<HashMap<Identity, Entry>>,
+    provider: Arc<CryptoProvider>,
+}
+
+fn parse_pem_certs(what: &str, pem: &str) -> Result<Vec<CertificateDer<'static>>, StoreError> {
+    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StoreError::Invalid(format!("{what} is not PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(StoreError::Invalid(format!("{what} holds no certificate")));
+    }
+    Ok(certs)
+}
+
+impl CertStore {
+    pub fn new(provider: Arc<CryptoProvider>) -> CertStore {
+        CertStore { entries: RwLock::new(HashMap::new()), provider }
+    }
+
+    /// Generate a fresh key for `identity` and return its CSR. A previous pending key is replaced; the current
+    /// certificate keeps serving until a new one is installed.
+    pub fn create_csr(&self, identity: &Identity) -> Result<String, StoreError> {
+        let (pending, csr) = create_csr(identity).map_err(|e| StoreError::Csr(e.to_string()))?;
+        let mut entries = self.entries.write().expect("cert store lock");
+        entries.entry(identity.clone()).or_default().pending = Some(pending);
+        Ok(csr)
+    }
+
+    pub fn install(&self, identity: &Identity, chain_pem: &str, roots_pem: &str) -> Result<(), StoreError> {
+        let chain = parse_pem_certs("certificate chain", chain_pem)?;
+        let root_certs = parse_pem_certs("root certificates", roots_pem)?;
+        let leaf = &chain[0];
+        let leaf_id = spiffe_identity(leaf).map_err(StoreError::Invalid)?;
+        if &leaf_id != identity {
+            return Err(StoreError::Mismatch(format!("certificate is for {leaf_id}, not {identity}")));
+        }
+        let mut roots = RootCertStore::empty();
+        for root in &root_certs {
+            roots.add(root.clone()).map_err(|e| StoreError::Invalid(format!("root certificate rejected: {e}")))?;
+        }
+        let parsed = rustls::server::ParsedCertificate::try_from(leaf)
+            .map_err(|e| StoreError::Invalid(format!("leaf certificate: {e}")))?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &parsed,
+            &roots,
+            &chain[1..],
+            UnixTime::now(),
+            self.provider.signature_verification_algorithms.all,
+        )
+        .map_err(|e| StoreError::Invalid(format!("chain does not verify against the roots: {e}")))?;
+        let (not_before, not_after, serial) = validity(leaf)?;
+
+        let mut entries = self.entries.write().expect("cert store lock");
+        let entry = entries
+            .get_mut(identity)
+            .ok_or_else(|| StoreError::Mismatch(format!("no key was generated for {identity}")))?;
+        let pending =
+            entry.pending.as_ref().ok_or_else(|| StoreError::Mismatch(format!("no pending key for {identity}")))?;
+        let leaf_spki = x509_spki(leaf)?;
+        if leaf_spki != pending.key.public_key_raw() {
+            return Err(StoreError::Mismatch(format!(
+                "certificate for {identity} does not match the key generated for it"
+            )));
+        }
+        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pending.key.serialize_der()));
+        let signing_key = self
+            .provider
+            .key_provider
+            .load_private_key(key_der)
+            .map_err(|e| StoreError::Invalid(format!("key: {e}")))?;
+        let certified = Arc::new(CertifiedKey::new(chain, signing_key));
+        entry.pending = None;
+        entry.current = Some(Arc::new(InstalledCert {
+            identity: identity.clone(),
+            certified,
+            roots: Arc::new(roots),
+            chain_pem: chain_pem.to_string(),
+            roots_pem: roots_pem.to_string(),
+            not_before,
+            not_after,
+            serial,
+        }));
+        Ok(())
+    }
+
+    pub fn get(&self, identity: &Identity) -> Option<Arc<InstalledCert>> {
+        let entries = self.entries.read().expect("cert store lock");
+        entries.get(identity).and_then(|e| e.current.clone())
+    }
+
+    pub fn require(&self, identity: &Identity) -> Result<Arc<InstalledCert>, StoreError> {
+        self.get(identity).ok_or_else(|| StoreError::Missing(identity.to_string()))
+    }
+
+    pub fn forget(&self, identity: &Identity) {
+        self.entries.write().expect("cert store lock").remove(identity);
+    }
+
+    pub fn all(&self) -> Vec<Arc<InstalledCert>> {
+        let entries = self.entries.read().expect("cert store lock");
+        let mut out: Vec<_> = entries.values().filter_map(|e| e.current.clone()).collect();
+        out.sort_by(|a, b| a.identity.cmp(&b.identity));
+        out
+    }
+
+    pub fn provider(&self) -> &Arc<CryptoProvider> {
+        &self.provider
+    }
+}
+
+fn x509_spki(der: &[u8]) -> Result<Vec<u8>, StoreError> {
+    use x509_parser::prelude::*;
+    let (_, cert) =
+        X509Certificate::from_der(der).map_err(|e| StoreError::Invalid(format!("leaf does not parse: {e}")))?;
+    Ok(cert.public_key().subject_public_key.data.to_vec())
+}
+
+fn validity(der: &[u8]) -> Result<(i64, i64, String), StoreError> {
+    use x509_parser::prelude::*;
+    let (_, cert) =
+        X509Certificate::from_der(der).map_err(|e| StoreError::Invalid(format!("leaf does not parse: {e}")))?;
+    let v = cert.validity();
+    Ok((v.not_before.timestamp(), v.not_after.timestamp(), cert.raw_serial_as_string()))
+}

@@ -1,0 +1,259 @@
+//! ztunnel-node's dataplane: every byte of HBONE traffic, with no Node.js dependency.
+//!
+//! `Dataplane` owns a multi-thread tokio runtime (threads `ztunnel-N`) and everything that runs on it: the
+//! inbound HBONE listeners, the SOCKS5 entries, the HBONE client pool and the copy loops. The napi binding is a thin
+//! facade over this type; Rust tests drive it directly.
+
+pub mod ca;
+pub mod config;
+pub mod copy;
+pub mod drain;
+pub mod events;
+pub mod identity;
+pub mod metrics;
+pub mod proxy;
+pub mod socket;
+pub mod state;
+pub mod tls;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use config::Config;
+use drain::Drain;
+use events::Events;
+use identity::{CertStore, Identity};
+use metrics::Metrics;
+use proxy::pool::Pool;
+use proxy::ProxyInputs;
+use state::{State, StateDelta};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error("{0}")]
+    Config(#[from] config::ConfigError),
+    #[error("{0}")]
+    State(#[from] state::StateError),
+    #[error("{0}")]
+    Store(#[from] identity::StoreError),
+    #[error("INVALID_IDENTITY: {0}")]
+    Identity(#[from] identity::IdentityError),
+    #[error("INVALID_SPEC: {0}")]
+    Spec(String),
+    #[error("BIND_FAILED: {0}: {1}")]
+    Bind(SocketAddr, std::io::Error),
+    #[error("{0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("RUNTIME: {0}")]
+    Runtime(String),
+}
+
+/// What `addLocalWorkload` takes.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LocalWorkloadSpec {
+    pub uid: String,
+    pub hbone_addr: Option<SocketAddr>,
+    pub socks_addr: Option<SocketAddr>,
+}
+
+#[derive(Debug, Serialize, Clone)]
+#[serde(rename_all = "camelCase")]
+pub struct BoundListeners {
+    pub uid: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hbone_addr: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socks_addr: Option<SocketAddr>,
+}
+
+struct LocalWorkload {
+    bound: BoundListeners,
+    drain: Drain,
+}
+
+pub struct Dataplane {
+    rt: Mutex<Option<tokio::runtime::Runtime>>,
+    handle: tokio::runtime::Handle,
+    pi: Arc<ProxyInputs>,
+    drain: Drain,
+    local: Mutex<HashMap<String, LocalWorkload>>,
+}
+
+impl Dataplane {
+    pub fn new(cfg: Config) -> Result<Dataplane, DataplaneError> {
+        cfg.validate()?;
+        let cfg = Arc::new(cfg);
+        let next = Arc::new(AtomicUsize::new(0));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.worker_threads)
+            .thread_name_fn(move || format!("ztunnel-{}", next.fetch_add(1, Ordering::Relaxed)))
+            .enable_all()
+            .build()
+            .map_err(|e| DataplaneError::Runtime(e.to_string()))?;
+        let handle = rt.handle().clone();
+        let drain = Drain::new();
+        let certs = Arc::new(CertStore::new(tls::provider()));
+        let metrics = Arc::new(Metrics::default());
+        let events = Arc::new(Events::default());
+        let pool = Pool::new(cfg.clone(), certs.clone(), metrics.clone(), events.clone(), drain.clone());
+        handle.spawn(pool.clone().run_eviction());
+        let pi =
+            Arc::new(ProxyInputs { cfg, state: Arc::new(RwLock::new(State::default())), certs, metrics, events, pool });
+        Ok(Dataplane { rt: Mutex::new(Some(rt)), handle, pi, drain, local: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn from_json(config_json: &str) -> Result<Dataplane, DataplaneError> {
+        Dataplane::new(Config::from_json(config_json)?)
+    }
+
+    pub fn inputs(&self) -> &Arc<ProxyInputs> {
+        &self.pi
+    }
+
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+
+    /// Apply a batched state delta. Validation happens before the lock is taken; a bad delta changes nothing.
+    pub fn apply_state_json(&self, json: &str) -> Result<(), DataplaneError> {
+        let delta: StateDelta = serde_json::from_str(json).map_err(state::StateError::from)?;
+        self.apply_state(delta)
+    }
+
+    pub fn apply_state(&self, delta: StateDelta) -> Result<(), DataplaneError> {
+        delta.validate()?;
+        self.pi.state.write().expect("state lock").apply(delta)?;
+        Ok(())
+    }
+
+    pub fn create_csr(&self, identity: &str) -> Result<String, DataplaneError> {
+        Ok(self.pi.certs.create_csr(&identity.parse::<Identity>()?)?)
+    }
+
+    pub fn install_certificate(&self, identity: &str, chain_pem: &str, roots_pem: &str) -> Result<(), DataplaneError> {
+        Ok(self.pi.certs.install(&identity.parse::<Identity>()?, chain_pem, roots_pem)?)
+    }
+
+    /// Bind a local workload's listeners (inbound HBONE and/or SOCKS5). Replaces existing listeners for the uid.
+    pub async fn add_local_workload(&self, spec: LocalWorkloadSpec) -> Result<BoundListeners, DataplaneError> {
+        let workload = self
+            .pi
+            .state
+            .read()
+            .expect("state lock")
+            .workload(&spec.uid)
+            .cloned()
+            .ok_or_else(|| DataplaneError::Spec(format!("workload {} is not in the state", spec.uid)))?;
+        self.remove_local_workload(&spec.uid).await;
+        let drain = self.drain.child();
+        let uid: Arc<str> = Arc::from(spec.uid.as_str());
+        let mut bound = BoundListeners { uid: spec.uid.clone(), hbone_addr: None, socks_addr: None };
+        if let Some(addr) = spec.hbone_addr {
+            let tls = Arc::new(tls::server_config(self.pi.certs.clone(), workload.identity())?);
+            let l = socket::listen(addr).map_err(|e| DataplaneError::Bind(addr, e))?;
+            bound.hbone_addr = Some(l.local_addr().map_err(|e| DataplaneError::Bind(addr, e))?);
+            self.handle.spawn(proxy::inbound::serve(l, self.pi.clone(), uid.clone(), tls, drain.clone()));
+        }
+        if let Some(addr) = spec.socks_addr {
+            let l = match socket::listen(addr) {
+                Ok(l) => l,
+                Err(e) => {
+                    drain.drain_now().await;
+                    return Err(DataplaneError::Bind(addr, e));
+                }
+            };
+            bound.socks_addr = Some(l.local_addr().map_err(|e| DataplaneError::Bind(addr, e))?);
+            self.handle.spawn(proxy::socks5::serve(l, self.pi.clone(), uid.clone(), drain.clone()));
+        }
+        self.local.lock().expect("local lock").insert(spec.uid.clone(), LocalWorkload { bound: bound.clone(), drain });
+        Ok(bound)
+    }
+
+    /// Stop a local workload's listeners and close its connections at once.
+    pub async fn remove_local_workload(&self, uid: &str) -> bool {
+        let old = self.local.lock().expect("local lock").remove(uid);
+        match old {
+            Some(w) => {
+                w.drain.drain_now().await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn listeners(&self) -> Vec<BoundListeners> {
+        let mut v: Vec<_> = self.local.lock().expect("local lock").values().map(|w| w.bound.clone()).collect();
+        v.sort_by(|a, b| a.uid.cmp(&b.uid));
+        v
+    }
+
+    pub fn metrics_json(&self) -> String {
+        self.pi.metrics.snapshot_json()
+    }
+
+    pub fn drain_events_json(&self) -> String {
+        self.pi.events.drain_json()
+    }
+
+    pub fn certificates_json(&self) -> String {
+        let certs: Vec<_> = self
+            .pi
+            .certs
+            .all()
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "identity": c.identity.to_string(),
+                    "chainPem": c.chain_pem,
+                    "rootsPem": c.roots_pem,
+                    "notBefore": c.not_before,
+                    "notAfter": c.not_after,
+                    "serial": c.serial,
+                })
+            })
+            .collect();
+        serde_json::Value::Array(certs).to_string()
+    }
+
+    /// Graceful drain of everything: listeners stop, HBONE servers send GOAWAY, connections get until the deadline.
+    pub async fn drain(&self, deadline: Duration) -> bool {
+        let locals: Vec<Drain> = self.local.lock().expect("local lock").values().map(|w| w.drain.clone()).collect();
+        self.drain.graceful.cancel();
+        let results = futures_util::future::join_all(locals.iter().map(|d| d.drain(deadline))).await;
+        self.drain.force.cancel();
+        results.into_iter().all(|clean| clean)
+    }
+
+    /// Stop the runtime and join its threads. Must not be called from inside the runtime.
+    pub fn shutdown(&self) {
+        if let Some(rt) = self.rt.lock().expect("runtime lock").take() {
+            self.drain.force.cancel();
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+impl Drop for Dataplane {
+    fn drop(&mut self) {
+        // Runtime::drop would panic if dropped inside an async context; shut it down explicitly, off-runtime.
+        if let Some(rt) = self.rt.get_mut().ok().and_then(|r| r.take()) {
+            rt.shutdown_background();
+        }
+    }
+}
+
+pub fn version_json() -> String {
+    serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "cryptoProvider": tls::CRYPTO_PROVIDER,
+        "buildProfile": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "rustVersion": env!("ZTN_RUSTC_VERSION"),
+    })
+    .to_string()
+}

@@ -1,0 +1,229 @@
+//! Connection metrics kept in Rust and read by TS in one batch per scrape.
+//!
+//! Invariant: nothing here is on the per-byte path except one relaxed atomic add per chunk copied; label sets are
+//! resolved once per connection (a mutex-protected map lookup at open time).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use crate::identity::Identity;
+use crate::state::{Service, Workload};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reporter {
+    Source,
+    Destination,
+}
+
+/// Istio's `CommonTrafficLabels`, in order. Empty strings render as "unknown" on the TS side.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Default)]
+pub struct TrafficLabels {
+    pub reporter: String,
+    pub source_workload: String,
+    pub source_canonical_service: String,
+    pub source_canonical_revision: String,
+    pub source_workload_namespace: String,
+    pub source_principal: String,
+    pub source_app: String,
+    pub source_version: String,
+    pub source_cluster: String,
+    pub destination_service: String,
+    pub destination_service_namespace: String,
+    pub destination_service_name: String,
+    pub destination_workload: String,
+    pub destination_canonical_service: String,
+    pub destination_canonical_revision: String,
+    pub destination_workload_namespace: String,
+    pub destination_principal: String,
+    pub destination_app: String,
+    pub destination_version: String,
+    pub destination_cluster: String,
+    pub request_protocol: String,
+    pub response_flags: String,
+    pub connection_security_policy: String,
+}
+
+/// What is known about one connection when it opens.
+pub struct ConnectionInfo<'a> {
+    pub reporter: Reporter,
+    pub source: Option<&'a Workload>,
+    pub source_identity: Option<&'a Identity>,
+    pub destination: Option<&'a Workload>,
+    pub destination_identity: Option<&'a Identity>,
+    pub destination_service: Option<&'a Service>,
+    pub mutual_tls: bool,
+}
+
+impl TrafficLabels {
+    pub fn new(info: &ConnectionInfo<'_>) -> TrafficLabels {
+        let mut l = TrafficLabels {
+            reporter: match info.reporter {
+                Reporter::Source => "source",
+                Reporter::Destination => "destination",
+            }
+            .into(),
+            request_protocol: "tcp".into(),
+            response_flags: "-".into(),
+            connection_security_policy: if info.mutual_tls { "mutual_tls" } else { "unknown" }.into(),
+            ..Default::default()
+        };
+        if let Some(w) = info.source {
+            l.source_workload = workload_name(w);
+            l.source_canonical_service = w.canonical_name.clone();
+            l.source_canonical_revision = w.canonical_revision.clone();
+            l.source_workload_namespace = w.namespace.clone();
+            l.source_app = w.canonical_name.clone();
+            l.source_version = w.canonical_revision.clone();
+            l.source_cluster = w.cluster_id.clone();
+        }
+        if let Some(id) = info.source_identity {
+            l.source_principal = id.to_string();
+        }
+        if let Some(w) = info.destination {
+            l.destination_workload = workload_name(w);
+            l.destination_canonical_service = w.canonical_name.clone();
+            l.destination_canonical_revision = w.canonical_revision.clone();
+            l.destination_workload_namespace = w.namespace.clone();
+            l.destination_app = w.canonical_name.clone();
+            l.destination_version = w.canonical_revision.clone();
+            l.destination_cluster = w.cluster_id.clone();
+        }
+        if let Some(id) = info.destination_identity {
+            l.destination_principal = id.to_string();
+        }
+        if let Some(s) = info.destination_service {
+            l.destination_service = s.key.hostname.clone();
+            l.destination_service_namespace = s.key.namespace.clone();
+            l.destination_service_name = s.name.clone();
+        }
+        l
+    }
+}
+
+fn workload_name(w: &Workload) -> String {
+    if w.workload_name.is_empty() {
+        w.name.clone()
+    } else {
+        w.workload_name.clone()
+    }
+}
+
+#[derive(Default, Debug)]
+pub struct Counters {
+    pub opened: AtomicU64,
+    pub closed: AtomicU64,
+    pub failed: AtomicU64,
+    pub sent: AtomicU64,
+    pub received: AtomicU64,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    buckets: Mutex<HashMap<Arc<TrafficLabels>, Arc<Counters>>>,
+    sockets_open_source: AtomicI64,
+    sockets_open_destination: AtomicI64,
+    pub tunnels_opened_outbound: AtomicU64,
+    pub tunnels_accepted_inbound: AtomicU64,
+    pub tunnels_active_outbound: AtomicI64,
+    pub tunnels_active_inbound: AtomicI64,
+    pub tls_handshake_failures_inbound: AtomicU64,
+    pub tls_handshake_failures_outbound: AtomicU64,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BucketJson<'a> {
+    labels: &'a TrafficLabels,
+    opened: u64,
+    closed: u64,
+    failed: u64,
+    sent: u64,
+    received: u64,
+}
+
+impl Metrics {
+    fn bucket(&self, labels: TrafficLabels) -> Arc<Counters> {
+        let mut b = self.buckets.lock().expect("metrics lock");
+        b.entry(Arc::new(labels)).or_default().clone()
+    }
+
+    /// Count a connection as opened; the returned guard counts it closed when dropped.
+    pub fn open(self: &Arc<Self>, labels: TrafficLabels) -> ConnectionGuard {
+        let reporter_dest = labels.reporter == "destination";
+        let counters = self.bucket(labels.clone());
+        counters.opened.fetch_add(1, Ordering::Relaxed);
+        self.sockets(reporter_dest).fetch_add(1, Ordering::Relaxed);
+        ConnectionGuard { metrics: self.clone(), labels, counters, failure: None, reporter_dest }
+    }
+
+    fn sockets(&self, destination: bool) -> &AtomicI64 {
+        if destination {
+            &self.sockets_open_destination
+        } else {
+            &self.sockets_open_source
+        }
+    }
+
+    pub fn snapshot_json(&self) -> String {
+        let b = self.buckets.lock().expect("metrics lock");
+        let connections: Vec<BucketJson> = b
+            .iter()
+            .map(|(l, c)| BucketJson {
+                labels: l,
+                opened: c.opened.load(Ordering::Relaxed),
+                closed: c.closed.load(Ordering::Relaxed),
+                failed: c.failed.load(Ordering::Relaxed),
+                sent: c.sent.load(Ordering::Relaxed),
+                received: c.received.load(Ordering::Relaxed),
+            })
+            .collect();
+        serde_json::json!({
+            "connections": connections,
+            "socketsOpen": {
+                "source": self.sockets_open_source.load(Ordering::Relaxed),
+                "destination": self.sockets_open_destination.load(Ordering::Relaxed),
+            },
+            "tunnels": {
+                "outboundOpened": self.tunnels_opened_outbound.load(Ordering::Relaxed),
+                "outboundActive": self.tunnels_active_outbound.load(Ordering::Relaxed),
+                "inboundAccepted": self.tunnels_accepted_inbound.load(Ordering::Relaxed),
+                "inboundActive": self.tunnels_active_inbound.load(Ordering::Relaxed),
+                "inboundHandshakeFailures": self.tls_handshake_failures_inbound.load(Ordering::Relaxed),
+                "outboundHandshakeFailures": self.tls_handshake_failures_outbound.load(Ordering::Relaxed),
+            }
+        })
+        .to_string()
+    }
+}
+
+/// One connection's counters. Bytes are added as they are copied; open/close/failure are counted here.
+pub struct ConnectionGuard {
+    metrics: Arc<Metrics>,
+    labels: TrafficLabels,
+    pub counters: Arc<Counters>,
+    failure: Option<&'static str>,
+    reporter_dest: bool,
+}
+
+impl ConnectionGuard {
+    /// Mark the connection failed with an Istio response flag (`CONNECT`, `DENY`, `TLS_FAILURE`, ...).
+    pub fn fail(&mut self, flag: &'static str) {
+        self.failure = Some(flag);
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.counters.closed.fetch_add(1, Ordering::Relaxed);
+        self.metrics.sockets(self.reporter_dest).fetch_sub(1, Ordering::Relaxed);
+        if let Some(flag) = self.failure {
+            let mut labels = self.labels.clone();
+            labels.response_flags = flag.into();
+            self.metrics.bucket(labels).failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}

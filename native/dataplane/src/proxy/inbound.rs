@@ -1,0 +1,336 @@
+//! Inbound HBONE (15008): mTLS, then HTTP/2, then one CONNECT stream per proxied connection to the local workload.
+//!
+//! Invariants:
+//! - The peer identity is the single SPIFFE SAN of the certificate verified in the handshake; no header changes it.
+//! - The upstream IP is always the local workload's own IP; only the port comes from `:authority`, and an
+//!   `:authority` naming another IP is refused (400). Our own ports are refused (503).
+//! - The upstream connection is established before the 200 is sent; no byte reaches the application before the
+//!   answer is decided.
+//! - Handshakes (TLS and the HTTP/2 preface) have a deadline, so a peer cannot hold a socket for free.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::RecvStream;
+use http::{Method, Request, Response, StatusCode};
+use rustls::ServerConfig;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use super::h2::keepalive;
+use super::h2::server::builder;
+use super::ProxyInputs;
+use crate::copy::Tally;
+use crate::drain::Drain;
+use crate::events::{Event, Level};
+use crate::fields;
+use crate::identity::{spiffe_identity, Identity};
+use crate::metrics::{ConnectionInfo, Reporter, TrafficLabels};
+use crate::state::Workload;
+
+/// Why a CONNECT stream was refused, and with which status.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum InboundError {
+    #[error("method {0} is not CONNECT")]
+    NotConnect(String),
+    #[error("authority {0:?} is not ip:port")]
+    BadAuthority(String),
+    #[error("ip mismatch: authority {0} is not an address of the local workload")]
+    IpMismatch(IpAddr),
+    #[error("local workload {0} is not known")]
+    UnknownWorkload(String),
+    #[error("port {0} is ztunnel-node's own")]
+    IllegalPort(u16),
+    #[error("connecting to {0}: {1}")]
+    Upstream(SocketAddr, String),
+}
+
+impl InboundError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            InboundError::NotConnect(_) | InboundError::BadAuthority(_) | InboundError::IpMismatch(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            InboundError::UnknownWorkload(_) | InboundError::IllegalPort(_) | InboundError::Upstream(..) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        }
+    }
+}
+
+/// Validate a CONNECT request for `local` (a pure function: method, authority, IP confinement, our own ports).
+pub fn validate_connect<B>(
+    req: &Request<B>,
+    local: Option<&Workload>,
+    illegal: &[u16],
+) -> Result<SocketAddr, InboundError> {
+    if req.method() != Method::CONNECT {
+        return Err(InboundError::NotConnect(req.method().to_string()));
+    }
+    let authority = req.uri().authority().map(|a| a.as_str()).unwrap_or("");
+    let target: SocketAddr = authority.parse().map_err(|_| InboundError::BadAuthority(authority.to_string()))?;
+    let local = local.ok_or_else(|| InboundError::UnknownWorkload(String::new()))?;
+    if !local.ips.contains(&target.ip()) {
+        return Err(InboundError::IpMismatch(target.ip()));
+    }
+    if illegal.contains(&target.port()) {
+        return Err(InboundError::IllegalPort(target.port()));
+    }
+    Ok(target)
+}
+
+/// Serve one local workload's HBONE listener until drained.
+pub async fn serve(
+    listener: TcpListener,
+    pi: Arc<ProxyInputs>,
+    local_uid: Arc<str>,
+    tls: Arc<ServerConfig>,
+    drain: Drain,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
+            },
+            _ = drain.graceful.cancelled() => return,
+        };
+        let (pi, uid, acceptor, d) = (pi.clone(), local_uid.clone(), acceptor.clone(), drain.clone());
+        drain.tasks.spawn(async move {
+            serve_connection(pi, uid, acceptor, tcp, peer, d).await;
+        });
+    }
+}
+
+async fn serve_connection(
+    pi: Arc<ProxyInputs>,
+    local_uid: Arc<str>,
+    acceptor: TlsAcceptor,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    drain: Drain,
+) {
+    let _ = tcp.set_nodelay(true);
+    let hs_deadline = pi.cfg.handshake_timeout();
+    let warn = |msg: &str, err: String| {
+        pi.events.push(Event {
+            kind: "access",
+            level: Level::Warn,
+            message: msg.to_string(),
+            fields: fields! {"src.addr" => peer.to_string(), "direction" => "inbound", "error" => err},
+        });
+    };
+    let tls = match tokio::time::timeout(hs_deadline, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            pi.metrics.tls_handshake_failures_inbound.fetch_add(1, Ordering::Relaxed);
+            return warn("TLS handshake failed", e.to_string());
+        }
+        Err(_) => {
+            pi.metrics.tls_handshake_failures_inbound.fetch_add(1, Ordering::Relaxed);
+            return warn("TLS handshake failed", "timed out".into());
+        }
+    };
+    // The verifier accepted exactly one SPIFFE SAN in our trust domain; read that same SAN back.
+    let peer_id = match tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| spiffe_identity(c)) {
+        Some(Ok(id)) => Arc::new(id),
+        _ => return warn("TLS handshake failed", "no verified peer identity".into()),
+    };
+    let mut conn = match tokio::time::timeout(hs_deadline, builder(&pi.cfg).handshake::<_, Bytes>(tls)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return warn("HTTP/2 handshake failed", e.to_string()),
+        Err(_) => return warn("HTTP/2 handshake failed", "timed out".into()),
+    };
+    pi.metrics.tunnels_accepted_inbound.fetch_add(1, Ordering::Relaxed);
+    pi.metrics.tunnels_active_inbound.fetch_add(1, Ordering::Relaxed);
+    let mut ping = match conn.ping_pong() {
+        Some(p) => Box::pin(async move { keepalive(p).await })
+            as std::pin::Pin<Box<dyn std::future::Future<Output = &'static str> + Send>>,
+        None => Box::pin(std::future::pending()),
+    };
+    let mut going_away = false;
+    loop {
+        tokio::select! {
+            next = conn.accept() => match next {
+                Some(Ok((req, respond))) => {
+                    let (pi, uid, id, force) = (pi.clone(), local_uid.clone(), peer_id.clone(), drain.force.clone());
+                    drain.tasks.spawn(async move {
+                        handle_stream(&pi, &uid, &id, peer, req, respond, &force).await;
+                    });
+                }
+                Some(Err(_)) | None => break,
+            },
+            _ = drain.graceful.cancelled(), if !going_away => {
+                going_away = true;
+                conn.graceful_shutdown();
+            }
+            _ = &mut ping => {
+                conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                break;
+            }
+            _ = drain.force.cancelled() => break,
+        }
+    }
+    pi.metrics.tunnels_active_inbound.fetch_sub(1, Ordering::Relaxed);
+}
+
+async fn respond_error(respond: &mut SendResponse<Bytes>, status: StatusCode) {
+    let resp = Response::builder().status(status).body(()).expect("static response");
+    let _ = respond.send_response(resp, true);
+}
+
+async fn handle_stream(
+    pi: &ProxyInputs,
+    local_uid: &str,
+    peer_id: &Identity,
+    peer: SocketAddr,
+    req: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    force: &CancellationToken,
+) {
+    let started = Instant::now();
+    let (local, source) = {
+        let st = pi.state.read().expect("state lock");
+        let local = st.workload(local_uid).cloned();
+        // The source workload by the connection's IP, used for metrics only when its identity is the verified one.
+        let source = local
+            .as_ref()
+            .and_then(|l| st.workload_by_addr(&l.network, peer.ip()))
+            .filter(|w| &w.identity() == peer_id)
+            .cloned();
+        (local, source)
+    };
+    let target = match validate_connect(&req, local.as_deref(), pi.cfg.illegal_ports()) {
+        Ok(t) => t,
+        Err(e) => {
+            respond_error(&mut respond, e.status()).await;
+            pi.events.push(Event {
+                kind: "access",
+                level: Level::Warn,
+                message: "connection failed".into(),
+                fields: fields! {
+                    "src.addr" => peer.to_string(), "src.identity" => peer_id.to_string(),
+                    "dst.addr" => req.uri().to_string(), "direction" => "inbound", "error" => e.to_string(),
+                    "status" => e.status().as_u16(),
+                },
+            });
+            return;
+        }
+    };
+    let local = local.expect("validated");
+    let mut guard = pi.metrics.open(TrafficLabels::new(&ConnectionInfo {
+        reporter: Reporter::Destination,
+        source: source.as_deref(),
+        source_identity: Some(peer_id),
+        destination: Some(&local),
+        destination_identity: Some(&local.identity()),
+        destination_service: None,
+        mutual_tls: true,
+    }));
+    let upstream = match crate::socket::connect(target, None, pi.cfg.connect_timeout()).await {
+        Ok(s) => s,
+        Err(e) => {
+            let err = InboundError::Upstream(target, e.to_string());
+            respond_error(&mut respond, err.status()).await;
+            guard.fail("CONNECT");
+            log_complete(pi, peer, peer_id, &local, target, 0, 0, started, Some(err.to_string()));
+            return;
+        }
+    };
+    let send = match respond.send_response(Response::builder().status(StatusCode::OK).body(()).expect("static"), false)
+    {
+        Ok(s) => s,
+        Err(e) => {
+            guard.fail("CONNECT");
+            log_complete(pi, peer, peer_id, &local, target, 0, 0, started, Some(e.to_string()));
+            return;
+        }
+    };
+    let counters = guard.counters.clone();
+    // The reporter's view: received = bytes from the peer, sent = bytes back to it.
+    let (from_peer, to_peer) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));
+    let result = tokio::select! {
+        r = crate::copy::tcp_h2_bidirectional(upstream, send, req.into_body(), &to_peer, &from_peer) => r.map(|_| ()),
+        _ = force.cancelled() => Err(std::io::Error::other("drained")),
+    };
+    let (rx, tx) = (from_peer.get(), to_peer.get());
+    if result.is_err() {
+        guard.fail("CONNECT");
+    }
+    log_complete(pi, peer, peer_id, &local, target, tx, rx, started, result.err().map(|e| e.to_string()));
+}
+
+#[allow(clippy::too_many_arguments)]
+fn log_complete(
+    pi: &ProxyInputs,
+    peer: SocketAddr,
+    peer_id: &Identity,
+    local: &Workload,
+    target: SocketAddr,
+    sent: u64,
+    received: u64,
+    started: Instant,
+    error: Option<String>,
+) {
+    let mut f = fields! {
+        "src.addr" => peer.to_string(),
+        "src.identity" => peer_id.to_string(),
+        "dst.addr" => target.to_string(),
+        "dst.workload" => local.name.clone(),
+        "dst.namespace" => local.namespace.clone(),
+        "dst.identity" => local.identity().to_string(),
+        "direction" => "inbound",
+        "bytes_sent" => sent,
+        "bytes_recv" => received,
+        "duration" => format!("{}ms", started.elapsed().as_millis()),
+    };
+    let level = if error.is_some() { Level::Error } else { Level::Info };
+    if let Some(e) = error {
+        f.insert("error".into(), e.into());
+    }
+    pi.events.push(Event { kind: "access", level, message: "connection complete".into(), fields: f });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{State, StateDelta};
+
+    #[test]
+    fn connect_validation_table() {
+        let mut st = State::default();
+        st.apply(
+            serde_json::from_str::<StateDelta>(
+                r#"{"workloads":[{"uid":"echo","name":"echo","namespace":"default","workloadIps":["127.0.2.10"],"protocol":"HBONE"}]}"#,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let local = st.workload("echo").cloned();
+        let illegal = [15001, 15006, 15008, 15080];
+        let req = |m: Method, auth: &str| Request::builder().method(m).uri(auth).body(()).unwrap();
+        type Case<'a> = (Request<()>, Option<&'a Workload>, Result<&'a str, StatusCode>);
+        let cases: Vec<Case> = vec![
+            (req(Method::CONNECT, "127.0.2.10:8080"), local.as_deref(), Ok("127.0.2.10:8080")),
+            (req(Method::GET, "127.0.2.10:8080"), local.as_deref(), Err(StatusCode::BAD_REQUEST)),
+            (req(Method::POST, "127.0.2.10:8080"), local.as_deref(), Err(StatusCode::BAD_REQUEST)),
+            (req(Method::CONNECT, "127.0.0.1:8080"), local.as_deref(), Err(StatusCode::BAD_REQUEST)),
+            (req(Method::CONNECT, "127.0.2.11:8080"), local.as_deref(), Err(StatusCode::BAD_REQUEST)),
+            (req(Method::CONNECT, "echo.default:8080"), local.as_deref(), Err(StatusCode::BAD_REQUEST)),
+            (req(Method::CONNECT, "127.0.2.10:15008"), local.as_deref(), Err(StatusCode::SERVICE_UNAVAILABLE)),
+            (req(Method::CONNECT, "127.0.2.10:15001"), local.as_deref(), Err(StatusCode::SERVICE_UNAVAILABLE)),
+            (req(Method::CONNECT, "127.0.2.10:8080"), None, Err(StatusCode::SERVICE_UNAVAILABLE)),
+        ];
+        for (r, l, want) in cases {
+            let got = validate_connect(&r, l, &illegal).map_err(|e| e.status());
+            let want = want.map(|s| s.parse::<SocketAddr>().unwrap());
+            assert_eq!(got, want, "{} {}", r.method(), r.uri());
+        }
+    }
+}

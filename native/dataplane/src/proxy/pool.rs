@@ -1,0 +1,322 @@
+//! The HBONE client pool: HTTP/2-over-mTLS connections shared by the CONNECT streams of one key.
+//!
+//! Invariants:
+//! - A connection is only ever shared by streams with the same key: {source identity, expected destination
+//!   identities, next-hop address, source IP} (security.md I13). The key is compared whole, not just hashed.
+//! - A connection carries at most min(POOL_MAX_STREAMS_PER_CONNECTION, the peer's SETTINGS_MAX_CONCURRENT_STREAMS)
+//!   streams; the count is reserved under the key's lock, so concurrent callers never overshoot.
+//! - Concurrent first requests for one key create exactly one connection: creation holds a per-key async lock and
+//!   re-checks for capacity after taking it.
+//! - A connection that received GOAWAY, failed a PING, or whose driver ended is never handed out again.
+//! - A key unused for POOL_UNUSED_RELEASE_TIMEOUT is released: the pool drops its handles and h2 closes the
+//!   connection once its last stream ends.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use h2::client::ResponseFuture;
+use h2::SendStream;
+use http::Request;
+use tokio_rustls::TlsConnector;
+
+use super::h2::client::{builder, SendRequest};
+use super::h2::keepalive;
+use crate::config::Config;
+use crate::drain::Drain;
+use crate::events::{Events, Level};
+use crate::fields;
+use crate::identity::{CertStore, Identity};
+use crate::metrics::Metrics;
+use crate::socket;
+use crate::tls::{client_config, ExpectedIdentities};
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub src_id: Identity,
+    pub dst_ids: ExpectedIdentities,
+    pub dst: SocketAddr,
+    pub src: IpAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("no certificate for {0}")]
+    NoCertificate(String),
+    #[error("connecting to {0}: {1}")]
+    Connect(SocketAddr, std::io::Error),
+    #[error("TLS handshake with {0}: {1}")]
+    Tls(SocketAddr, std::io::Error),
+    #[error("HTTP/2 handshake with {0}: {1}")]
+    H2Handshake(SocketAddr, h2::Error),
+    #[error("HTTP/2 request to {0}: {1}")]
+    Request(SocketAddr, h2::Error),
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+impl PoolError {
+    /// The Istio response flag for metrics.
+    pub fn response_flag(&self) -> &'static str {
+        match self {
+            PoolError::NoCertificate(_) => "IDENTITY_ERROR",
+            PoolError::Connect(_, e) if e.kind() == std::io::ErrorKind::TimedOut => "NETWORK_POLICY",
+            PoolError::Connect(..) => "CONNECT",
+            PoolError::Tls(..) | PoolError::Config(_) => "TLS_FAILURE",
+            PoolError::H2Handshake(..) | PoolError::Request(..) => "H2_HANDSHAKE_FAILURE",
+        }
+    }
+}
+
+pub struct PooledConn {
+    send: SendRequest,
+    active: AtomicUsize,
+    dead: Arc<AtomicBool>,
+    max: usize,
+}
+
+impl PooledConn {
+    fn limit(&self) -> usize {
+        self.max.min(self.send.current_max_send_streams())
+    }
+
+    /// GOAWAY received or the connection failed: h2 reports it through poll_ready without blocking.
+    fn is_usable(&self) -> bool {
+        if self.dead.load(Ordering::Acquire) {
+            return false;
+        }
+        if let Some(Err(_)) = self.send.clone().ready().now_or_never() {
+            self.dead.store(true, Ordering::Release);
+            return false;
+        }
+        true
+    }
+}
+
+/// One stream's share of a pooled connection; returns the slot when dropped.
+pub struct StreamLease {
+    conn: Arc<PooledConn>,
+    key_entry: Arc<KeyEntry>,
+}
+
+impl Drop for StreamLease {
+    fn drop(&mut self) {
+        self.conn.active.fetch_sub(1, Ordering::AcqRel);
+        *self.key_entry.last_used.lock().expect("pool lock") = Instant::now();
+    }
+}
+
+struct KeyEntry {
+    create: tokio::sync::Mutex<()>,
+    conns: Mutex<Vec<Arc<PooledConn>>>,
+    last_used: Mutex<Instant>,
+}
+
+impl KeyEntry {
+    fn try_reserve(self: &Arc<Self>) -> Option<StreamLease> {
+        let mut conns = self.conns.lock().expect("pool lock");
+        conns.retain(|c| c.is_usable());
+        for c in conns.iter() {
+            if c.active.load(Ordering::Acquire) < c.limit() {
+                c.active.fetch_add(1, Ordering::AcqRel);
+                *self.last_used.lock().expect("pool lock") = Instant::now();
+                return Some(StreamLease { conn: c.clone(), key_entry: self.clone() });
+            }
+        }
+        None
+    }
+
+    fn idle_since(&self) -> Option<Instant> {
+        let conns = self.conns.lock().expect("pool lock");
+        if conns.iter().any(|c| c.active.load(Ordering::Acquire) > 0) {
+            return None;
+        }
+        Some(*self.last_used.lock().expect("pool lock"))
+    }
+}
+
+pub struct Pool {
+    cfg: Arc<Config>,
+    certs: Arc<CertStore>,
+    metrics: Arc<Metrics>,
+    events: Arc<Events>,
+    drain: Drain,
+    keys: Mutex<HashMap<PoolKey, Arc<KeyEntry>>>,
+    next_id: AtomicU64,
+}
+
+impl Pool {
+    pub fn new(
+        cfg: Arc<Config>,
+        certs: Arc<CertStore>,
+        metrics: Arc<Metrics>,
+        events: Arc<Events>,
+        drain: Drain,
+    ) -> Arc<Pool> {
+        Arc::new(Pool {
+            cfg,
+            certs,
+            metrics,
+            events,
+            drain,
+            keys: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        })
+    }
+
+    /// Release keys idle for longer than the configured timeout. Run periodically by `run_eviction`.
+    pub fn evict_idle(&self, now: Instant) -> usize {
+        let timeout = Duration::from_millis(self.cfg.pool_unused_release_timeout_ms);
+        let mut keys = self.keys.lock().expect("pool lock");
+        let before = keys.len();
+        keys.retain(|_, e| match e.idle_since() {
+            Some(t) => now.duration_since(t) < timeout,
+            None => true,
+        });
+        before - keys.len()
+    }
+
+    pub async fn run_eviction(self: Arc<Self>) {
+        let timeout = Duration::from_millis(self.cfg.pool_unused_release_timeout_ms);
+        let period = (timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(period) => { self.evict_idle(Instant::now()); }
+                _ = self.drain.graceful.cancelled() => {
+                    // Drop every handle: h2 closes each connection once its streams end.
+                    self.keys.lock().expect("pool lock").clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Number of live pooled connections (for tests and the admin API).
+    pub fn connection_count(&self) -> usize {
+        let keys = self.keys.lock().expect("pool lock");
+        keys.values().map(|e| e.conns.lock().expect("pool lock").iter().filter(|c| c.is_usable()).count()).sum()
+    }
+
+    fn entry(&self, key: &PoolKey) -> Arc<KeyEntry> {
+        let mut keys = self.keys.lock().expect("pool lock");
+        keys.entry(key.clone())
+            .or_insert_with(|| {
+                Arc::new(KeyEntry {
+                    create: tokio::sync::Mutex::new(()),
+                    conns: Mutex::new(Vec::new()),
+                    last_used: Mutex::new(Instant::now()),
+                })
+            })
+            .clone()
+    }
+
+    /// Get a stream slot on a connection for `key`, creating the connection if none has room.
+    pub async fn checkout(&self, key: &PoolKey) -> Result<StreamLease, PoolError> {
+        let entry = self.entry(key);
+        if let Some(lease) = entry.try_reserve() {
+            return Ok(lease);
+        }
+        let _creating = entry.create.lock().await;
+        if let Some(lease) = entry.try_reserve() {
+            return Ok(lease);
+        }
+        let conn = self.connect(key).await?;
+        conn.active.store(1, Ordering::Release);
+        entry.conns.lock().expect("pool lock").push(conn.clone());
+        *entry.last_used.lock().expect("pool lock") = Instant::now();
+        Ok(StreamLease { conn, key_entry: entry.clone() })
+    }
+
+    /// Open a CONNECT stream for `key`. A connection found dead on use (GOAWAY between checkout and send) is
+    /// marked and the request retried once on a fresh checkout.
+    pub async fn send_connect(
+        &self,
+        key: &PoolKey,
+        make_req: &(dyn Fn() -> Request<()> + Sync),
+    ) -> Result<(ResponseFuture, SendStream<Bytes>, StreamLease), PoolError> {
+        let mut last_err = None;
+        for _ in 0..2 {
+            let lease = self.checkout(key).await?;
+            let ready = lease.conn.send.clone().ready().await;
+            let mut send = match ready {
+                Ok(s) => s,
+                Err(e) => {
+                    lease.conn.dead.store(true, Ordering::Release);
+                    last_err = Some(PoolError::Request(key.dst, e));
+                    continue;
+                }
+            };
+            match send.send_request(make_req(), false) {
+                Ok((resp, stream)) => return Ok((resp, stream, lease)),
+                Err(e) => {
+                    lease.conn.dead.store(true, Ordering::Release);
+                    last_err = Some(PoolError::Request(key.dst, e));
+                }
+            }
+        }
+        Err(last_err.expect("loop ran"))
+    }
+
+    async fn connect(&self, key: &PoolKey) -> Result<Arc<PooledConn>, PoolError> {
+        let cert = self.certs.get(&key.src_id).ok_or_else(|| PoolError::NoCertificate(key.src_id.to_string()))?;
+        let tls_cfg = client_config(&cert, key.dst_ids.clone(), self.certs.provider().clone())
+            .map_err(|e| PoolError::Config(e.to_string()))?;
+        let src = self.cfg.bind_source_ip.then_some(key.src);
+        let tcp = socket::connect(key.dst, src, self.cfg.connect_timeout())
+            .await
+            .map_err(|e| PoolError::Connect(key.dst, e))?;
+        // No SNI is sent (enable_sni = false); the name only satisfies the API.
+        let server_name = rustls::pki_types::ServerName::IpAddress(key.dst.ip().into());
+        let tls = tokio::time::timeout(
+            self.cfg.handshake_timeout(),
+            TlsConnector::from(Arc::new(tls_cfg)).connect(server_name, tcp),
+        )
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")))
+        .map_err(|e| {
+            self.metrics.tls_handshake_failures_outbound.fetch_add(1, Ordering::Relaxed);
+            PoolError::Tls(key.dst, e)
+        })?;
+        let (send, mut conn) =
+            builder(&self.cfg).handshake::<_, Bytes>(tls).await.map_err(|e| PoolError::H2Handshake(key.dst, e))?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let dead = Arc::new(AtomicBool::new(false));
+        let ping = conn.ping_pong();
+        let (metrics, events, force, dst, dead2) =
+            (self.metrics.clone(), self.events.clone(), self.drain.force.clone(), key.dst, dead.clone());
+        metrics.tunnels_opened_outbound.fetch_add(1, Ordering::Relaxed);
+        metrics.tunnels_active_outbound.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let ping_fut = async {
+                match ping {
+                    Some(p) => keepalive(p).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let why = tokio::select! {
+                r = conn => r.err().map(|e| e.to_string()),
+                why = ping_fut => Some(why.to_string()),
+                _ = force.cancelled() => Some("drained".to_string()),
+            };
+            dead2.store(true, Ordering::Release);
+            metrics.tunnels_active_outbound.fetch_sub(1, Ordering::Relaxed);
+            if let Some(why) = why {
+                events.log(
+                    Level::Debug,
+                    "HBONE pool connection ended",
+                    fields! {"dst.addr" => dst.to_string(), "id" => id, "reason" => why},
+                );
+            }
+        });
+        Ok(Arc::new(PooledConn {
+            send,
+            active: AtomicUsize::new(0),
+            dead,
+            max: self.cfg.pool_max_streams_per_connection as usize,
+        }))
+    }
+}

@@ -1,0 +1,187 @@
+//! SOCKS5 entry for a local workload's outbound traffic (RFC 1928: no authentication, CONNECT, IPv4/IPv6
+//! literals). Everything entering a workload's SOCKS5 listener has that workload as its source.
+//!
+//! Invariant: the success reply is sent only once the upstream is established (for HBONE, once the peer answered
+//! 200), and no client byte is read before it, so nothing is forwarded to a destination that was refused.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::outbound::{self, OutboundError, RouteError};
+use super::pool::PoolError;
+use super::ProxyInputs;
+use crate::drain::Drain;
+
+/// A client has this long to finish the SOCKS5 greeting and request.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub mod reply {
+    pub const SUCCEEDED: u8 = 0x00;
+    pub const GENERAL_FAILURE: u8 = 0x01;
+    pub const NOT_ALLOWED: u8 = 0x02;
+    pub const NETWORK_UNREACHABLE: u8 = 0x03;
+    pub const HOST_UNREACHABLE: u8 = 0x04;
+    pub const CONNECTION_REFUSED: u8 = 0x05;
+    pub const COMMAND_NOT_SUPPORTED: u8 = 0x07;
+    pub const ADDRESS_TYPE_NOT_SUPPORTED: u8 = 0x08;
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Socks5Error {
+    #[error("not SOCKS version 5 (got {0})")]
+    Version(u8),
+    #[error("client offers no acceptable authentication method")]
+    NoAcceptableAuth,
+    #[error("command {0} is not supported (CONNECT only)")]
+    Command(u8),
+    #[error("address type {0} is not supported (IPv4 and IPv6 literals only)")]
+    AddressType(u8),
+    #[error("I/O: {0}")]
+    Io(String),
+}
+
+impl From<std::io::Error> for Socks5Error {
+    fn from(e: std::io::Error) -> Self {
+        Socks5Error::Io(e.to_string())
+    }
+}
+
+/// The SOCKS5 reply code for an outbound failure.
+pub fn reply_code(e: &OutboundError) -> u8 {
+    use std::io::ErrorKind::*;
+    let io_code = |e: &std::io::Error| match e.kind() {
+        ConnectionRefused => reply::CONNECTION_REFUSED,
+        NetworkUnreachable => reply::NETWORK_UNREACHABLE,
+        HostUnreachable | TimedOut => reply::HOST_UNREACHABLE,
+        _ => reply::GENERAL_FAILURE,
+    };
+    match e {
+        OutboundError::Route(RouteError::SelfCall(_)) => reply::NOT_ALLOWED,
+        OutboundError::Route(_) => reply::HOST_UNREACHABLE,
+        OutboundError::Connect(_, io) => io_code(io),
+        OutboundError::Pool(PoolError::Connect(_, io)) => io_code(io),
+        OutboundError::Status(_, 503) => reply::CONNECTION_REFUSED,
+        OutboundError::Status(_, 401 | 403) => reply::NOT_ALLOWED,
+        _ => reply::GENERAL_FAILURE,
+    }
+}
+
+/// Read the greeting and the CONNECT request; answer the method selection. Returns the destination.
+pub async fn handshake<S: AsyncReadExt + AsyncWriteExt + Unpin>(
+    s: &mut S,
+) -> Result<SocketAddr, (Socks5Error, Option<u8>)> {
+    let io = |e: std::io::Error| (Socks5Error::from(e), None);
+    let mut hdr = [0u8; 2];
+    s.read_exact(&mut hdr).await.map_err(io)?;
+    if hdr[0] != 5 {
+        return Err((Socks5Error::Version(hdr[0]), None));
+    }
+    let mut methods = vec![0u8; hdr[1] as usize];
+    s.read_exact(&mut methods).await.map_err(io)?;
+    if !methods.contains(&0) {
+        s.write_all(&[5, 0xff]).await.map_err(io)?;
+        return Err((Socks5Error::NoAcceptableAuth, None));
+    }
+    s.write_all(&[5, 0]).await.map_err(io)?;
+    let mut req = [0u8; 4];
+    s.read_exact(&mut req).await.map_err(io)?;
+    if req[0] != 5 {
+        return Err((Socks5Error::Version(req[0]), None));
+    }
+    if req[1] != 1 {
+        return Err((Socks5Error::Command(req[1]), Some(reply::COMMAND_NOT_SUPPORTED)));
+    }
+    let ip = match req[3] {
+        1 => {
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).await.map_err(io)?;
+            Ipv4Addr::from(b).into()
+        }
+        4 => {
+            let mut b = [0u8; 16];
+            s.read_exact(&mut b).await.map_err(io)?;
+            Ipv6Addr::from(b).into()
+        }
+        other => return Err((Socks5Error::AddressType(other), Some(reply::ADDRESS_TYPE_NOT_SUPPORTED))),
+    };
+    let mut port = [0u8; 2];
+    s.read_exact(&mut port).await.map_err(io)?;
+    Ok(SocketAddr::new(ip, u16::from_be_bytes(port)))
+}
+
+pub async fn send_reply<S: AsyncWriteExt + Unpin>(s: &mut S, code: u8) -> std::io::Result<()> {
+    // BND.ADDR/BND.PORT are not meaningful for a proxy that hides its upstream socket: 0.0.0.0:0.
+    s.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0]).await
+}
+
+pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, src_uid: Arc<str>, drain: Drain) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
+            },
+            _ = drain.graceful.cancelled() => return,
+        };
+        let (pi, uid, force) = (pi.clone(), src_uid.clone(), drain.force.clone());
+        drain.tasks.spawn(async move {
+            let _ = stream.set_nodelay(true);
+            handle(&pi, &uid, stream, peer, &force).await;
+        });
+    }
+}
+
+async fn handle(
+    pi: &ProxyInputs,
+    src_uid: &str,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    force: &tokio_util::sync::CancellationToken,
+) {
+    let dst = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut stream)).await {
+        Ok(Ok(dst)) => dst,
+        Ok(Err((_e, code))) => {
+            if let Some(code) = code {
+                let _ = send_reply(&mut stream, code).await;
+            }
+            return;
+        }
+        Err(_) => return,
+    };
+    let started = Instant::now();
+    match outbound::connect(pi, src_uid, peer, dst).await {
+        Ok((routed, upstream)) => {
+            if send_reply(&mut stream, reply::SUCCEEDED).await.is_err() {
+                return;
+            }
+            let guard = pi.metrics.open(outbound::labels(Some(&routed), None));
+            outbound::relay(pi, stream, peer, &routed, upstream, guard, force).await;
+        }
+        Err((routed, err)) => {
+            let _ = send_reply(&mut stream, reply_code(&err)).await;
+            let source = pi.state.read().expect("state lock").workload(src_uid).cloned();
+            let mut guard = pi.metrics.open(outbound::labels(routed.as_ref(), source.as_deref()));
+            guard.fail(err.response_flag());
+            let mut f = crate::fields! {
+                "src.addr" => peer.to_string(),
+                "dst.addr" => dst.to_string(),
+                "direction" => "outbound",
+                "error" => err.to_string(),
+            };
+            if let Some(r) = &routed {
+                f.insert("dst.hbone_addr".into(), r.request.upstream.to_string().into());
+            }
+            let _ = started;
+            pi.events.push(crate::events::Event {
+                kind: "access",
+                level: crate::events::Level::Warn,
+                message: "connection failed".into(),
+                fields: f,
+            });
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The state model as it crosses the native boundary (camelCase JSON), and its validated form.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use serde::Deserialize;
+
+use super::{NetworkAddr, StateError};
+use crate::identity::Identity;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+pub enum Protocol {
+    #[serde(rename = "HBONE")]
+    Hbone,
+    #[default]
+    #[serde(rename = "TCP")]
+    Tcp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+pub enum WorkloadStatus {
+    #[default]
+    Healthy,
+    Unhealthy,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct Locality {
+    pub region: String,
+    pub zone: String,
+    pub subzone: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub namespace: String,
+    pub hostname: String,
+}
+
+impl ServiceKey {
+    pub fn parse(s: &str) -> Option<ServiceKey> {
+        let (ns, host) = s.split_once('/')?;
+        if ns.is_empty() || host.is_empty() {
+            return None;
+        }
+        Some(ServiceKey { namespace: ns.into(), hostname: host.into() })
+    }
+}
+
+impl std::fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.hostname)
+    }
+}
+
+/// A workload as TS sends it.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct WorkloadJson {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub service_account: String,
+    pub trust_domain: String,
+    pub workload_ips: Vec<String>,
+    pub network: String,
+    pub protocol: Protocol,
+    pub node: String,
+    pub status: WorkloadStatus,
+    pub capacity: Option<u32>,
+    pub canonical_name: String,
+    pub canonical_revision: String,
+    pub workload_name: String,
+    pub workload_type: String,
+    pub cluster_id: String,
+    pub locality: Locality,
+    pub services: HashMap<String, HashMap<String, u32>>,
+    pub authorization_policies: Vec<String>,
+    pub hostname: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ServiceJson {
+    pub name: String,
+    pub namespace: String,
+    pub hostname: String,
+    pub vips: Vec<String>,
+    pub ports: HashMap<String, u32>,
+    pub subject_alt_names: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct StateDelta {
+    pub full: bool,
+    pub workloads: Vec<WorkloadJson>,
+    pub removed_workloads: Vec<String>,
+    pub services: Vec<ServiceJson>,
+    pub removed_services: Vec<String>,
+}
+
+/// A validated workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub service_account: String,
+    pub trust_domain: String,
+    pub ips: Vec<IpAddr>,
+    pub network: String,
+    pub protocol: Protocol,
+    pub node: String,
+    pub status: WorkloadStatus,
+    pub capacity: u32,
+    pub canonical_name: String,
+    pub canonical_revision: String,
+    pub workload_name: String,
+    pub workload_type: String,
+    pub cluster_id: String,
+    pub locality: Locality,
+    /// service → (service port → target port) for this endpoint.
+    pub service_ports: HashMap<ServiceKey, HashMap<u16, u16>>,
+    pub authorization_policies: Vec<String>,
+    pub hostname: String,
+}
+
+impl Workload {
+    pub fn identity(&self) -> Identity {
+        Identity::new(&self.trust_domain, &self.namespace, &self.service_account)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    pub key: ServiceKey,
+    pub name: String,
+    pub vips: Vec<NetworkAddr>,
+    /// service port → target port (0: same as the service port).
+    pub ports: HashMap<u16, u16>,
+    pub subject_alt_names: Vec<Identity>,
+}
+
+fn port(what: &'static str, name: &str, v: u32) -> Result<u16, StateError> {
+    u16::try_from(v).map_err(|_| StateError::Invalid {
+        what,
+        name: name.into(),
+        problem: format!("port {v} is out of range"),
+    })
+}
+
+fn port_key(what: &'static str, name: &str, k: &str) -> Result<u16, StateError> {
+    k.parse::<u16>().map_err(|_| StateError::Invalid {
+        what,
+        name: name.into(),
+        problem: format!("port {k:?} is not a port number"),
+    })
+}
+
+fn port_map(what: &'static str, name: &str, m: &HashMap<String, u32>) -> Result<HashMap<u16, u16>, StateError> {
+    m.iter().map(|(k, v)| Ok((port_key(what, name, k)?, port(what, name, *v)?))).collect()
+}
+
+fn default_if_empty(s: &str, d: &str) -> String {
+    if s.is_empty() {
+        d.to_string()
+    } else {
+        s.to_string()
+    }
+}
+
+impl WorkloadJson {
+    fn validate(&self) -> Result<Workload, StateError> {
+        let bad = |problem: String| StateError::Invalid { what: "workload", name: self.uid.clone(), problem };
+        if self.uid.is_empty() {
+            return Err(StateError::Invalid {
+                what: "workload",
+                name: self.name.clone(),
+                problem: "uid is empty".into(),
+            });
+        }
+        let ips = self
+            .workload_ips
+            .iter()
+            .map(|s| s.parse::<IpAddr>().map_err(|_| bad(format!("{s:?} is not an IP address"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let service_ports = self
+            .services
+            .iter()
+            .map(|(k, m)| {
+                let key =
+                    ServiceKey::parse(k).ok_or_else(|| bad(format!("service key {k:?} is not namespace/hostname")))?;
+                Ok((key, port_map("workload", &self.uid, m)?))
+            })
+            .collect::<Result<HashMap<_, _>, StateError>>()?;
+        Ok(Workload {
+            uid: self.uid.clone(),
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            // Istio's defaults for an empty field.
+            service_account: default_if_empty(&self.service_account, "default"),
+            trust_domain: default_if_empty(&self.trust_domain, "cluster.local"),
+            ips,
+            network: self.network.clone(),
+            protocol: self.protocol,
+            node: self.node.clone(),
+            status: self.status,
+            capacity: self.capacity.unwrap_or(1),
+            canonical_name: self.canonical_name.clone(),
+            canonical_revision: self.canonical_revision.clone(),
+            workload_name: self.workload_name.clone(),
+            workload_type: self.workload_type.clone(),
+            cluster_id: self.cluster_id.clone(),
+            locality: self.locality.clone(),
+            service_ports,
+            authorization_policies: self.authorization_policies.clone(),
+            hostname: self.hostname.clone(),
+        })
+    }
+}
+
+impl ServiceJson {
+    fn validate(&self) -> Result<Service, StateError> {
+        let name = format!("{}/{}", self.namespace, self.hostname);
+        let bad = |problem: String| StateError::Invalid { what: "service", name: name.clone(), problem };
+        let key = ServiceKey::parse(&name).ok_or_else(|| bad("namespace and hostname are required".into()))?;
+        let vips = self
+            .vips
+            .iter()
+            .map(|v| {
+                let (net, ip) = v.rsplit_once('/').unwrap_or(("", v.as_str()));
+                let ip = ip.parse::<IpAddr>().map_err(|_| bad(format!("vip {v:?} is not <network>/<ip>")))?;
+                Ok((net.to_string(), ip))
+            })
+            .collect::<Result<Vec<_>, StateError>>()?;
+        let subject_alt_names = self
+            .subject_alt_names
+            .iter()
+            // Like ztunnel: SANs that are not SPIFFE identities are ignored, not fatal.
+            .filter_map(|s| s.parse::<Identity>().ok())
+            .collect();
+        Ok(Service {
+            key,
+            name: self.name.clone(),
+            vips,
+            ports: port_map("service", &name, &self.ports)?,
+            subject_alt_names,
+        })
+    }
+}
+
+impl StateDelta {
+    /// Validate every resource; the delta applies whole or not at all.
+    pub fn validate(&self) -> Result<(Vec<Workload>, Vec<Service>), StateError> {
+        let workloads = self.workloads.iter().map(WorkloadJson::validate).collect::<Result<Vec<_>, _>>()?;
+        let services = self.services.iter().map(ServiceJson::validate).collect::<Result<Vec<_>, _>>()?;
+        Ok((workloads, services))
+    }
+}

@@ -1,0 +1,116 @@
+//! rustls configuration for HBONE: TLS 1.3 only, AES-GCM suites, ALPN h2, SPIFFE verification both ways.
+
+mod verify;
+
+pub use verify::{ExpectedIdentities, SpiffeClientVerifier, SpiffeServerVerifier};
+
+use std::sync::Arc;
+
+use rustls::client::Resumption;
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, ServerConfig};
+
+use crate::identity::{CertStore, Identity, InstalledCert};
+
+pub const ALPN_H2: &[u8] = b"h2";
+
+#[cfg(feature = "aws-lc-rs")]
+pub const CRYPTO_PROVIDER: &str = "aws-lc-rs";
+#[cfg(all(feature = "ring", not(feature = "aws-lc-rs")))]
+pub const CRYPTO_PROVIDER: &str = "ring";
+
+#[cfg(feature = "aws-lc-rs")]
+fn base_provider() -> CryptoProvider {
+    rustls::crypto::aws_lc_rs::default_provider()
+}
+#[cfg(all(feature = "ring", not(feature = "aws-lc-rs")))]
+fn base_provider() -> CryptoProvider {
+    rustls::crypto::ring::default_provider()
+}
+
+/// The provider HBONE uses: Istio's suite list (TLS 1.3 AES-256-GCM and AES-128-GCM; no ChaCha20).
+pub fn provider() -> Arc<CryptoProvider> {
+    use rustls::CipherSuite::{TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384};
+    let mut p = base_provider();
+    p.cipher_suites.retain(|s| matches!(s.suite(), TLS13_AES_256_GCM_SHA384 | TLS13_AES_128_GCM_SHA256));
+    Arc::new(p)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("TLS_CONFIG: {0}")]
+    Config(#[from] rustls::Error),
+    #[error("NO_CERTIFICATE: {0}")]
+    NoCertificate(String),
+}
+
+/// Resolves the server certificate of one local workload at each handshake, so a rotated certificate is used
+/// by the next handshake without rebuilding the config.
+#[derive(Debug)]
+struct WorkloadCertResolver {
+    store: Arc<CertStore>,
+    identity: Identity,
+}
+
+impl std::fmt::Debug for CertStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CertStore")
+    }
+}
+
+impl ResolvesServerCert for WorkloadCertResolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.store.get(&self.identity).map(|c| c.certified.clone())
+    }
+}
+
+/// The inbound (15008) server config of one local workload.
+pub fn server_config(store: Arc<CertStore>, identity: Identity) -> Result<ServerConfig, TlsError> {
+    let provider = store.provider().clone();
+    let verifier = Arc::new(SpiffeClientVerifier::new(store.clone(), identity.clone()));
+    let mut cfg = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(Arc::new(WorkloadCertResolver { store, identity }));
+    cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
+    // No tickets and no session cache: every connection authenticates with a full handshake (as ztunnel).
+    cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    cfg.send_tls13_tickets = 0;
+    Ok(cfg)
+}
+
+/// The client certificate of one pooled connection: fixed for its lifetime (a rotated certificate is used by the
+/// next connection).
+#[derive(Debug)]
+struct FixedClientCert(Arc<CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for FixedClientCert {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[rustls::SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// The outbound config for one pooled connection: our workload's certificate, and a verifier that accepts only the
+/// expected SPIFFE identities. Built per new TLS connection (not per stream), like ztunnel.
+pub fn client_config(
+    cert: &InstalledCert,
+    expected: ExpectedIdentities,
+    provider: Arc<CryptoProvider>,
+) -> Result<ClientConfig, TlsError> {
+    let verifier = Arc::new(SpiffeServerVerifier::new(cert.roots.clone(), expected, provider.clone()));
+    let mut cfg = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_client_cert_resolver(Arc::new(FixedClientCert(cert.certified.clone())));
+    cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
+    cfg.enable_sni = false;
+    cfg.resumption = Resumption::disabled();
+    Ok(cfg)
+}

@@ -1,0 +1,57 @@
+// Certificates made with the openssl CLI, independently of ztunnel-node's own Rust code: foreign CAs, other
+// trust domains, several SANs, and leaf certificates signed by the built-in CA's root straight from LOCAL_CA_DIR.
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+function openssl(args, cwd) {
+  return execFileSync('openssl', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+}
+
+export function tempDir(prefix = 'ztn-test-') {
+  return mkdtempSync(join(tmpdir(), prefix));
+}
+
+/** A self-signed P-256 CA: { certPath, keyPath, certPem }. */
+export function makeCa(dir, name = 'test-ca') {
+  const keyPath = join(dir, `${name}.key`);
+  const certPath = join(dir, `${name}.crt`);
+  openssl([
+    'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
+    '-keyout', keyPath, '-out', certPath, '-days', '2', '-subj', `/O=${name}`,
+    '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign',
+  ], dir);
+  return { certPath, keyPath, certPem: readFileSync(certPath, 'utf8') };
+}
+
+/** The built-in CA of a LOCAL_CA_DIR, used by openssl directly. */
+export function builtinCa(caDir) {
+  const certPath = join(caDir, 'root-cert.pem');
+  return { certPath, keyPath: join(caDir, 'root-key.pem'), certPem: readFileSync(certPath, 'utf8') };
+}
+
+let serial = 1000;
+
+/** A P-256 leaf with the given URI SANs signed by `ca`: { certPem, keyPem, chainPem }. */
+export function makeLeaf(dir, ca, uris, name = `leaf${serial}`) {
+  const keyPath = join(dir, `${name}.key`);
+  const csrPath = join(dir, `${name}.csr`);
+  const certPath = join(dir, `${name}.crt`);
+  const extPath = join(dir, `${name}.ext`);
+  openssl(['req', '-new', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
+    '-keyout', keyPath, '-out', csrPath, '-subj', '/O=test'], dir);
+  const san = uris.map((u) => `URI:${u}`).join(',');
+  writeFileSync(extPath, [
+    san ? `subjectAltName=${san}` : '',
+    'keyUsage=critical,digitalSignature,keyEncipherment',
+    'extendedKeyUsage=serverAuth,clientAuth',
+    'basicConstraints=critical,CA:FALSE',
+  ].filter(Boolean).join('\n') + '\n');
+  openssl(['x509', '-req', '-in', csrPath, '-CA', ca.certPath, '-CAkey', ca.keyPath, '-set_serial', String(serial++),
+    '-days', '1', '-extfile', extPath, '-out', certPath], dir);
+  const certPem = readFileSync(certPath, 'utf8');
+  return { certPem, keyPem: readFileSync(keyPath, 'utf8'), chainPem: certPem + ca.certPem };
+}
+
+export const spiffe = (ns, sa, td = 'cluster.local') => `spiffe://${td}/ns/${ns}/sa/${sa}`;

@@ -1,0 +1,77 @@
+// The admin server's routes and answers (spec §7.1), against fake handlers.
+/* global fetch */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createAdminServer } from '../../dist/admin/admin-server.js';
+import { listen, closeServer } from '../../dist/admin/http.js';
+import { createLogs } from '../../dist/log/logger.js';
+
+async function start(t, overrides = {}) {
+  const quits = [];
+  const logs = createLogs({ filter: { level: 'info', targets: {} }, format: 'json', sink: { write: () => {} } });
+  const server = createAdminServer({
+    logs,
+    quit: (reason) => quits.push(reason),
+    configDump: () => ({ workloads: [], services: [], policies: [], stagedServices: [], staticConfig: null, certificates: [], config: {}, version: {} }),
+    ...overrides,
+  });
+  const addr = await listen(server, { host: '127.0.0.1', port: 0 });
+  t.after(() => closeServer(server));
+  const req = async (path, method = 'GET') => {
+    const res = await fetch(`http://127.0.0.1:${addr.port}${path}`, { method });
+    return { status: res.status, body: await res.text(), type: res.headers.get('content-type') };
+  };
+  return { req, quits, logs };
+}
+
+test('/quitquitquit: POST starts the shutdown and says so; other methods 405', async (t) => {
+  const { req, quits } = await start(t);
+  assert.equal((await req('/quitquitquit', 'GET')).status, 405);
+  assert.deepEqual(quits, []);
+  const r = await req('/quitquitquit', 'POST');
+  assert.deepEqual([r.status, r.body], [200, 'shutdown now\n']);
+  assert.deepEqual(quits, ['admin /quitquitquit']);
+});
+
+test('/config_dump is pretty JSON with the top-level keys in order', async (t) => {
+  const { req } = await start(t);
+  const r = await req('/config_dump');
+  assert.equal(r.status, 200);
+  assert.equal(r.type, 'application/json');
+  assert.match(r.body, /^\{\n {2}"workloads": \[\]/);
+  assert.deepEqual(Object.keys(JSON.parse(r.body)), ['workloads', 'services', 'policies', 'stagedServices', 'staticConfig', 'certificates', 'config', 'version']);
+});
+
+test('/config_dump failures are a 500 with the reason', async (t) => {
+  const { req } = await start(t, {
+    configDump: () => {
+      throw new Error('boom');
+    },
+  });
+  const r = await req('/config_dump');
+  assert.deepEqual([r.status, r.body], [500, 'config dump failed: boom\n']);
+});
+
+test('/logging: POST shows and changes the filter; bad levels 400; GET 405', async (t) => {
+  const { req, logs } = await start(t);
+  assert.equal((await req('/logging', 'POST')).body, 'current log level is info\n');
+  assert.equal((await req('/logging?level=access=debug', 'POST')).body, 'current log level is info,access=debug\n');
+  assert.equal(logs.forTarget('access').level, 'debug');
+  assert.equal((await req('/logging?level=warn', 'POST')).body, 'current log level is warn\n');
+  assert.equal(logs.forTarget('access').level, 'warn');
+  assert.equal(logs.root.level, 'warn');
+  const bad = await req('/logging?level=chatty', 'POST');
+  assert.equal(bad.status, 400);
+  assert.match(bad.body, /"chatty" is not a level/);
+  assert.equal((await req('/logging?reset', 'POST')).body, 'current log level is info\n');
+  assert.equal((await req('/logging', 'GET')).status, 405);
+});
+
+test('/ is an HTML index; unknown paths 404', async (t) => {
+  const { req } = await start(t);
+  const index = await req('/');
+  assert.equal(index.status, 200);
+  assert.match(index.type, /text\/html/);
+  assert.match(index.body, /href="\/config_dump"/);
+  assert.equal((await req('/stats')).status, 404);
+});

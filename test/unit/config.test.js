@@ -1,0 +1,178 @@
+// Config parsing: env + flags through the one schema, defaults, derived values, and error messages.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { loadConfig, configForDump, terminationDeadlineMs, workerThreads } from '../../dist/config/index.js';
+import { parseDurationMs } from '../../dist/config/duration.js';
+import { ConfigError } from '../../dist/errors.js';
+
+const LOCAL = { PROXY_MODE: 'local', NODE_NAME: 'node-a', LOCAL_CA_DIR: '/tmp/ca' };
+
+test('defaults match ztunnel', () => {
+  const c = loadConfig({ env: {}, cpuCount: 4 });
+  assert.equal(c.proxyMode, 'shared');
+  assert.equal(c.clusterId, 'Kubernetes');
+  assert.equal(c.trustDomain, 'cluster.local');
+  assert.equal(c.network, '');
+  assert.equal(c.poolMaxStreamsPerConnection, 100);
+  assert.equal(c.poolUnusedReleaseTimeoutMs, 300_000);
+  assert.deepEqual(c.http2, { streamWindowSize: 4194304, connectionWindowSize: 16777216, frameSize: 1048576 });
+  assert.equal(c.connectionTimeoutMs, 10_000);
+  assert.equal(c.terminationDeadlineMs, 5_000);
+  assert.equal(c.secretTtlMs, 24 * 3600_000);
+  assert.equal(c.logFormat, 'plain');
+  assert.deepEqual(c.logFilter, { level: 'info', targets: {} });
+  assert.equal(c.socks5Enabled, false);
+  assert.deepEqual(c.adminAddr, { host: '127.0.0.1', port: 15000 });
+  assert.deepEqual(c.statsAddr, { host: '0.0.0.0', port: 15020 });
+  assert.deepEqual(c.readinessAddr, { host: '0.0.0.0', port: 15021 });
+  assert.equal(c.xdsAddress, 'https://localhost:15012');
+  assert.equal(loadConfig({ env: { KUBERNETES_SERVICE_HOST: '10.0.0.1' } }).xdsAddress, 'https://istiod.istio-system.svc:15012');
+});
+
+test('the config is frozen', () => {
+  const c = loadConfig({ env: {} });
+  assert.ok(Object.isFrozen(c));
+  assert.ok(Object.isFrozen(c.http2));
+  assert.throws(() => {
+    c.nodeName = 'x';
+  }, TypeError);
+});
+
+test('flags win over env, in both --flag value and --flag=value forms', () => {
+  const c = loadConfig({ env: { NODE_NAME: 'from-env', TRUST_DOMAIN: 'env.td' }, args: ['--node-name', 'from-flag', '--trust-domain=flag.td'] });
+  assert.equal(c.nodeName, 'from-flag');
+  assert.equal(c.trustDomain, 'flag.td');
+  assert.equal(loadConfig({ env: { NODE_NAME: 'from-env' } }).nodeName, 'from-env');
+});
+
+test('positional args are recorded in proxyArgs, not parsed', () => {
+  const c = loadConfig({ env: {}, args: ['ztunnel', '--network', 'n1'], allArgs: ['proxy', 'ztunnel', '--network', 'n1'] });
+  assert.equal(c.proxyArgs, 'proxy ztunnel --network n1');
+  assert.equal(c.network, 'n1');
+});
+
+test('boolean flag without a value means true', () => {
+  assert.equal(loadConfig({ env: {}, args: ['--unstable-enable-socks5'] }).socks5Enabled, true);
+  assert.equal(loadConfig({ env: {}, args: ['--unstable-enable-socks5', 'false'] }).socks5Enabled, false);
+  // Local mode turns SOCKS5 on unless told otherwise.
+  assert.equal(loadConfig({ env: LOCAL }).socks5Enabled, true);
+  assert.equal(loadConfig({ env: { ...LOCAL, UNSTABLE_ENABLE_SOCKS5: 'false' } }).socks5Enabled, false);
+});
+
+test('ISTIO_META_CLUSTER_ID wins over CLUSTER_ID env; a --cluster-id flag wins over both', () => {
+  assert.equal(loadConfig({ env: { CLUSTER_ID: 'a', ISTIO_META_CLUSTER_ID: 'meta' } }).clusterId, 'meta');
+  assert.equal(loadConfig({ env: { CLUSTER_ID: 'a' } }).clusterId, 'a');
+  assert.equal(loadConfig({ env: { ISTIO_META_CLUSTER_ID: 'meta' }, args: ['--cluster-id', 'flag'] }).clusterId, 'flag');
+});
+
+test('XDS_ADDRESS "" disables XDS; local mode disables it by default', () => {
+  assert.equal(loadConfig({ env: { XDS_ADDRESS: '' } }).xdsAddress, null);
+  assert.equal(loadConfig({ env: LOCAL }).xdsAddress, null);
+  assert.equal(loadConfig({ env: { XDS_ADDRESS: 'istiod:15012' } }).xdsAddress, 'https://istiod:15012');
+});
+
+test('empty env values mean unset (except where "" is a value)', () => {
+  assert.equal(loadConfig({ env: { CONNECTION_TIMEOUT: '' } }).connectionTimeoutMs, 10_000);
+  assert.equal(loadConfig({ env: { NETWORK: '' } }).network, '');
+});
+
+test('durations in Go syntax', () => {
+  assert.equal(parseDurationMs('500ms'), 500);
+  assert.equal(parseDurationMs('10s'), 10_000);
+  assert.equal(parseDurationMs('5m'), 300_000);
+  assert.equal(parseDurationMs('24h'), 86_400_000);
+  assert.equal(parseDurationMs('1h30m'), 5_400_000);
+  assert.equal(parseDurationMs('1.5h'), 5_400_000);
+  assert.equal(parseDurationMs('0'), 0);
+  assert.equal(parseDurationMs('1500us'), 1.5);
+  for (const bad of ['', '10', 'ms', '-5s', '5 s', '5x', '1h 30m']) assert.equal(parseDurationMs(bad), undefined, bad);
+  const c = loadConfig({ env: { CONNECTION_TIMEOUT: '1m30s', POOL_UNUSED_RELEASE_TIMEOUT: '90s', SECRET_TTL: '1h' } });
+  assert.equal(c.connectionTimeoutMs, 90_000);
+  assert.equal(c.poolUnusedReleaseTimeoutMs, 90_000);
+  assert.equal(c.secretTtlMs, 3_600_000);
+});
+
+test('termination deadline rule: explicit > grace period (N>10: N-5, else N-1, min 1 s) > 5 s', () => {
+  assert.equal(terminationDeadlineMs(undefined, undefined), 5_000);
+  assert.equal(terminationDeadlineMs(undefined, 30), 25_000);
+  assert.equal(terminationDeadlineMs(undefined, 11), 6_000);
+  assert.equal(terminationDeadlineMs(undefined, 10), 9_000);
+  assert.equal(terminationDeadlineMs(undefined, 2), 1_000);
+  assert.equal(terminationDeadlineMs(undefined, 1), 1_000);
+  assert.equal(terminationDeadlineMs(undefined, 0), 1_000);
+  assert.equal(terminationDeadlineMs(2_500, 30), 2_500);
+  assert.equal(loadConfig({ env: { TERMINATION_GRACE_PERIOD_SECONDS: '30' } }).terminationDeadlineMs, 25_000);
+  assert.equal(loadConfig({ env: { TERMINATION_GRACE_PERIOD_SECONDS: '30', CONNECTION_TERMINATION_DEADLINE: '3s' } }).terminationDeadlineMs, 3_000);
+});
+
+test('worker threads: explicit count, percent, 0 = all, CPU limits, default floor of 2', () => {
+  const wt = (env, cores) => loadConfig({ env, cpuCount: cores }).numWorkerThreads;
+  assert.equal(wt({}, 16), 4); // ceil(16 * 0.25)
+  assert.equal(wt({}, 4), 2); // floor of 2
+  assert.equal(wt({}, 1), 2);
+  assert.equal(wt({ ZTUNNEL_WORKER_THREADS: '3' }, 16), 3);
+  assert.equal(wt({ ZTUNNEL_WORKER_THREADS: '0' }, 16), 16);
+  assert.equal(wt({ ZTUNNEL_WORKER_THREADS: '50%' }, 6), 3);
+  assert.equal(wt({ ZTUNNEL_WORKER_THREADS: '10%' }, 4), 1); // ceil, at least 1
+  assert.equal(wt({ ZTUNNEL_CPU_LIMIT: '8' }, 64), 2);
+  assert.equal(wt({ ZTUNNEL_RESOURCE_CPU_LIMIT: '3' }, 64), 3);
+  assert.equal(wt({ ZTUNNEL_RESOURCE_CPU_LIMIT: '2', ZTUNNEL_RESOURCE_CPU_REQUEST: '2.5' }, 64), 3);
+  assert.equal(wt({ ZTUNNEL_RESOURCE_CPU_REQUEST: '5' }, 8), 5);
+  assert.equal(wt({ ZTUNNEL_WORKER_THREADS: '0', ZTUNNEL_RESOURCE_CPU_LIMIT: '1.5' }, 64), 2);
+  assert.equal(workerThreads({}, 40), 10);
+});
+
+test('bad values are errors naming the variable or flag and the problem', () => {
+  const err = (input) => {
+    try {
+      loadConfig(input);
+    } catch (e) {
+      assert.ok(e instanceof ConfigError, `expected ConfigError, got ${e}`);
+      assert.equal(e.code, 'CONFIG_INVALID');
+      return e.message;
+    }
+    assert.fail('expected a ConfigError');
+  };
+  assert.match(err({ env: { ZTUNNEL_WORKER_THREADS: 'lots' } }), /ZTUNNEL_WORKER_THREADS: "lots" is not a thread count/);
+  assert.match(err({ env: {}, args: ['--ztunnel-worker-threads=150%'] }), /--ztunnel-worker-threads: "150%": a percentage/);
+  assert.match(err({ env: { CONNECTION_TIMEOUT: '10' } }), /CONNECTION_TIMEOUT: "10" is not a duration/);
+  assert.match(err({ env: { PROXY_MODE: 'sidecar' } }), /PROXY_MODE: "sidecar" is not one of shared\|dedicated\|local/);
+  assert.match(err({ env: { ADMIN_ADDR: '127.0.0.1' } }), /ADMIN_ADDR: "127.0.0.1" is not host:port/);
+  assert.match(err({ env: { STATS_ADDR: '0.0.0.0:70000' } }), /STATS_ADDR: .*out of range/);
+  assert.match(err({ env: { POOL_MAX_STREAMS_PER_CONNECTION: '0' } }), /POOL_MAX_STREAMS_PER_CONNECTION: "0" is not an integer between 1/);
+  assert.match(err({ env: { RUST_LOG: 'loud' } }), /RUST_LOG: "loud" is not a level/);
+  assert.match(err({ env: { LOG_FORMAT: 'yaml' } }), /LOG_FORMAT: "yaml" is not one of plain\|json/);
+  assert.match(err({ env: { UNSTABLE_ENABLE_SOCKS5: 'yes' } }), /UNSTABLE_ENABLE_SOCKS5: "yes" is not a boolean/);
+  assert.match(err({ env: { LOCAL_XDS_PATH: 'a.yaml', LOCAL_XDS: 'workloads: []' } }), /LOCAL_XDS: is exclusive with LOCAL_XDS_PATH/);
+  assert.match(err({ env: { PROXY_MODE: 'local', NODE_NAME: 'n' } }), /LOCAL_CA_DIR: is required when PROXY_MODE=local/);
+  assert.match(err({ env: { PROXY_MODE: 'local', LOCAL_CA_DIR: '/x' } }), /NODE_NAME: is required when PROXY_MODE=local/);
+  assert.match(err({ env: { PROXY_MODE: 'dedicated' } }), /PROXY_WORKLOAD_INFO: is required/);
+  assert.match(err({ env: {}, args: ['--no-such-flag'] }), /unknown flag --no-such-flag/);
+  assert.match(err({ env: {}, args: ['--node-name'] }), /--node-name: needs a value/);
+  // Several problems are reported together.
+  const both = err({ env: { CONNECTION_TIMEOUT: 'x', HTTP2_FRAME_SIZE: 'y' } });
+  assert.match(both, /CONNECTION_TIMEOUT/);
+  assert.match(both, /HTTP2_FRAME_SIZE/);
+});
+
+test('RUST_LOG with target directives', () => {
+  const c = loadConfig({ env: { RUST_LOG: 'warn,access=debug' } });
+  assert.deepEqual(c.logFilter, { level: 'warn', targets: { access: 'debug' } });
+});
+
+test('IPv6 admin addresses', () => {
+  assert.deepEqual(loadConfig({ env: { STATS_ADDR: '[::]:15020' } }).statsAddr, { host: '::', port: 15020 });
+});
+
+test('configForDump is camelCase and renders durations and addresses', () => {
+  const d = configForDump(loadConfig({ env: { ...LOCAL, CONNECTION_TIMEOUT: '1500ms' }, cpuCount: 8 }));
+  assert.equal(d.proxyMode, 'local');
+  assert.equal(d.numWorkerThreads, 2);
+  assert.equal(d.adminAddr, '127.0.0.1:15000');
+  assert.equal(d.connectionTimeout, '1.5s');
+  assert.equal(d.selfTerminationDeadline, '5s');
+  assert.equal(d.logFilter, 'info');
+  for (const key of Object.keys(d)) assert.match(key, /^[a-z][A-Za-z0-9]*$/, `${key} is not camelCase`);
+  // The dump is JSON-serializable as-is.
+  assert.deepEqual(JSON.parse(JSON.stringify(d)).nodeName, 'node-a');
+});

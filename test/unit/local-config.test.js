@@ -1,0 +1,215 @@
+// The local config file: strict validation with file + path + problem in every message, and conversion to the
+// state model.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { loadLocalConfig, parseLocalConfig } from '../../dist/config/local.js';
+import { LocalConfigError } from '../../dist/errors.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'ztn-local-'));
+test.after(() => rmSync(dir, { recursive: true, force: true }));
+
+function writeYaml(name, text) {
+  const path = join(dir, name);
+  writeFileSync(path, text);
+  return path;
+}
+
+async function loadError(path) {
+  try {
+    await loadLocalConfig({ localXdsPath: path, localXds: null });
+  } catch (err) {
+    assert.ok(err instanceof LocalConfigError, `expected LocalConfigError, got ${err}`);
+    assert.equal(err.code, 'LOCAL_CONFIG_INVALID');
+    return err.message;
+  }
+  assert.fail(`${path} should not load`);
+}
+
+const GOOD_WORKLOAD = `
+- uid: c1//v1/Pod/default/a
+  name: a
+  namespace: default
+  workloadIps: ["10.0.0.1"]
+`;
+
+test('bad IP: file, path and problem', async () => {
+  const path = writeYaml('bad-ip.yaml', `workloads:${GOOD_WORKLOAD}- uid: b
+  name: b
+  namespace: default
+  workloadIps: ["300.1.1.1"]
+`);
+  assert.equal(await loadError(path), `${path}: workloads[1].workloadIps[0]: "300.1.1.1" is not an IP address`);
+});
+
+test('unknown field is rejected, with its path', async () => {
+  const path = writeYaml('unknown.yaml', `workloads:
+- uid: a
+  name: a
+  namespace: default
+  serviceAcount: typo
+`);
+  assert.equal(await loadError(path), `${path}: workloads[0].serviceAcount: unknown field "serviceAcount"`);
+  const top = writeYaml('unknown-top.yaml', 'workload: []\n');
+  assert.equal(await loadError(top), `${top}: workload: unknown field "workload"`);
+});
+
+test('bad CIDR in a policy and in cidrVips', async () => {
+  const path = writeYaml('bad-cidr.yaml', `policies:
+- name: p
+  namespace: default
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - sourceIps: ["10.0.0.0/8", "10.0.0.0/40"]
+`);
+  assert.equal(await loadError(path), `${path}: policies[0].rules[0][0][0].sourceIps[1]: "10.0.0.0/40" is not a CIDR (e.g. 10.0.0.0/8)`);
+  const svc = writeYaml('bad-cidr-vip.yaml', `services:
+- {name: s, namespace: ns, hostname: s.example, cidrVips: ["net/10.0.0.0/33"]}
+`);
+  assert.match(await loadError(svc), /services\[0\]\.cidrVips\[0\]: "net\/10\.0\.0\.0\/33" is not a CIDR/);
+});
+
+test('duplicate uid names both entries', async () => {
+  const path = writeYaml('dup.yaml', `workloads:${GOOD_WORKLOAD}${GOOD_WORKLOAD}`);
+  assert.equal(await loadError(path), `${path}: workloads[1].uid: duplicate uid "c1//v1/Pod/default/a" (also workloads[0])`);
+});
+
+test('missing file names the file', async () => {
+  const path = join(dir, 'does-not-exist.yaml');
+  assert.equal(await loadError(path), `${path}: cannot read the local config: no such file`);
+});
+
+test('YAML syntax errors carry a position', async () => {
+  const path = writeYaml('syntax.yaml', 'workloads:\n  - uid: [a\n');
+  assert.match(await loadError(path), new RegExp(`^${path.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: line \\d+, column \\d+: invalid YAML`));
+});
+
+test('type errors, enums, missing required fields, bad keys', () => {
+  const msg = (text) => {
+    try {
+      parseLocalConfig(text, 'x.yaml');
+    } catch (err) {
+      return err.message;
+    }
+    assert.fail('should not parse');
+  };
+  assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, capacity: "two"}]'), 'x.yaml: workloads[0].capacity: expected number, got string "two"');
+  assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, protocol: UDP}]'), 'x.yaml: workloads[0].protocol: "UDP" is not one of HBONE|TCP');
+  assert.equal(msg('workloads: [{uid: a, namespace: n}]'), 'x.yaml: workloads[0].name: missing required field');
+  assert.equal(
+    msg('workloads: [{uid: a, name: a, namespace: n, services: {"no-slash": {80: 8080}}}]'),
+    'x.yaml: workloads[0].services["no-slash"]: invalid key: "no-slash" is not <namespace>/<hostname>',
+  );
+  assert.equal(msg('services: [{name: s, namespace: n, hostname: h, vips: ["10.0.0.1"]}]'), 'x.yaml: services[0].vips[0]: "10.0.0.1" is not <network>/<ip> (e.g. "/10.0.0.1")');
+  assert.equal(msg('policies: [{name: p, scope: Namespace, action: Audit}]'), 'x.yaml: policies[0].action: "Audit" is not one of Allow|Deny');
+  // Every problem in the document is reported, one per line.
+  assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, workloadIps: ["x", "y"]}]').split('\n').length, 2);
+});
+
+test('inline LOCAL_XDS is named LOCAL_XDS in errors', async () => {
+  await assert.rejects(loadLocalConfig({ localXdsPath: null, localXds: 'workloads: [{uid: a}]' }), /^LocalConfigError: LOCAL_XDS: workloads\[0\]\.name: missing required field/);
+});
+
+test('nothing configured → null; an empty file is an empty config', async () => {
+  assert.equal(await loadLocalConfig({ localXdsPath: null, localXds: null }), null);
+  const empty = await loadLocalConfig({ localXdsPath: writeYaml('empty.yaml', ''), localXds: null });
+  assert.deepEqual([empty.workloads, empty.services, empty.policies], [[], [], []]);
+});
+
+test('a good file converts to the model, with defaults filled in', () => {
+  const cfg = parseLocalConfig(`
+workloads:
+- uid: Kubernetes//Pod/default/sleep
+  name: sleep
+  namespace: default
+  serviceAccount: sleep
+  workloadIps: ["127.0.1.10"]
+  protocol: HBONE
+  node: node-a
+  workloadType: Deployment
+  waypoint: {destination: "/10.0.0.9"}
+  locality: {region: r1}
+  services:
+    "default/echo.default.svc.cluster.local": {80: 8080}
+services:
+- name: echo
+  namespace: default
+  hostname: echo.default.svc.cluster.local
+  vips: ["/127.10.0.10"]
+  cidrVips: ["10.1.0.0/16"]
+  ports: {80: 8080}
+policies:
+- name: allow-sleep
+  namespace: default
+  scope: WorkloadSelector
+  action: Allow
+  rules:
+  - - - principals: [{Exact: cluster.local/ns/default/sa/sleep}, {Presence: []}]
+        destinationPorts: [8080]
+`, 'good.yaml');
+  assert.deepEqual(cfg.workloads, [{
+    uid: 'Kubernetes//Pod/default/sleep',
+    name: 'sleep',
+    namespace: 'default',
+    serviceAccount: 'sleep',
+    trustDomain: 'cluster.local',
+    workloadIps: ['127.0.1.10'],
+    network: '',
+    protocol: 'HBONE',
+    networkMode: 'Standard',
+    node: 'node-a',
+    hostname: '',
+    status: 'Healthy',
+    capacity: 1,
+    canonicalName: '',
+    canonicalRevision: '',
+    workloadName: '',
+    workloadType: 'deployment',
+    clusterId: '',
+    locality: { region: 'r1', zone: '', subzone: '' },
+    services: { 'default/echo.default.svc.cluster.local': { 80: 8080 } },
+    authorizationPolicies: [],
+    waypoint: { destination: '/10.0.0.9', hboneMtlsPort: 15008 },
+    networkGateway: null,
+    applicationTunnel: null,
+    nativeTunnel: false,
+  }]);
+  assert.deepEqual(cfg.services, [{
+    name: 'echo',
+    namespace: 'default',
+    hostname: 'echo.default.svc.cluster.local',
+    vips: ['/127.10.0.10'],
+    cidrVips: ['/10.1.0.0/16'],
+    ports: { 80: 8080 },
+    subjectAltNames: [],
+    canonical: false,
+    waypoint: null,
+    loadBalancer: null,
+    ipFamilies: null,
+    visibility: null,
+  }]);
+  const [policy] = cfg.policies;
+  assert.equal(policy.dryRun, false);
+  assert.deepEqual(policy.rules[0][0][0].principals, [{ Exact: 'cluster.local/ns/default/sa/sleep' }, { Presence: [] }]);
+  assert.deepEqual(policy.rules[0][0][0].destinationPorts, [8080]);
+  assert.deepEqual(policy.rules[0][0][0].notSourceIps, []);
+  // The raw document is kept as written, for config_dump's staticConfig.
+  assert.equal(cfg.raw.workloads[0].workloadType, 'Deployment');
+});
+
+test('the shipped examples are valid', async () => {
+  const example = (name) => fileURLToPath(new URL(`../../examples/${name}`, import.meta.url));
+  for (const file of [example('demo.yaml'), example('localhost.yaml')]) {
+    const cfg = await loadLocalConfig({ localXdsPath: file, localXds: null });
+    assert.ok(cfg.workloads.length > 0, file);
+  }
+  const demo = await loadLocalConfig({ localXdsPath: example('demo.yaml'), localXds: null });
+  assert.deepEqual(demo.workloads.map((w) => [w.name, w.node, w.workloadIps[0], w.protocol]), [
+    ['sleep', 'node-a', '127.0.1.10', 'HBONE'],
+    ['echo', 'node-b', '127.0.2.10', 'HBONE'],
+  ]);
+});

@@ -1,0 +1,129 @@
+// Metrics rendering is a pure function of the native MetricsSnapshot (no native module needed).
+/* global fetch */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { Metrics, TRAFFIC_LABELS, OPENMETRICS_CONTENT_TYPE } from '../../dist/admin/metrics.js';
+import { createStatsServer } from '../../dist/admin/stats-server.js';
+import { listen, closeServer } from '../../dist/admin/http.js';
+import { parsePrometheusText, sumSamples } from '../../dist/cli/prom-text.js';
+
+const INBOUND = {
+  labels: {
+    reporter: 'destination',
+    source_workload: 'sleep',
+    source_workload_namespace: 'default',
+    source_principal: 'spiffe://cluster.local/ns/default/sa/sleep',
+    destination_workload: 'echo',
+    destination_principal: 'spiffe://cluster.local/ns/default/sa/echo',
+    request_protocol: 'tcp',
+    response_flags: '-',
+    connection_security_policy: 'mutual_tls',
+    source_app: '',
+  },
+  opened: 3,
+  closed: 2,
+  failed: 1,
+  sent: 1000,
+  received: 250,
+};
+const OUTBOUND = { labels: { reporter: 'source', source_workload: 'sleep' }, opened: 7, closed: 7, failed: 0, sent: 10, received: 20 };
+
+function fakeSource(snapshots) {
+  let calls = 0;
+  return {
+    get calls() {
+      return calls;
+    },
+    snapshot: () => snapshots[Math.min(calls++, snapshots.length - 1)],
+  };
+}
+
+const snap = (connections, source = 0, destination = 0) => ({ connections, socketsOpen: { source, destination } });
+
+test('counters carry the native cumulative values and every traffic label', async () => {
+  const src = fakeSource([snap([INBOUND, OUTBOUND], 1, 2)]);
+  const m = new Metrics({ snapshot: src.snapshot, istioVersion: '1.24.0', defaultMetrics: false });
+  const { contentType, body } = await m.render();
+  assert.equal(contentType, 'text/plain; charset=utf-8');
+  assert.equal(src.calls, 1, 'one native read per scrape');
+  const samples = parsePrometheusText(body);
+  const opened = samples.filter((s) => s.name === 'istio_tcp_connections_opened_total');
+  assert.equal(opened.length, 2);
+  for (const s of opened) assert.deepEqual(Object.keys(s.labels), [...TRAFFIC_LABELS]);
+  const inbound = opened.find((s) => s.labels.reporter === 'destination');
+  assert.equal(inbound.value, 3);
+  assert.equal(inbound.labels.connection_security_policy, 'mutual_tls');
+  assert.equal(inbound.labels.destination_service, 'unknown', 'missing label renders unknown');
+  assert.equal(inbound.labels.source_app, 'unknown', 'empty label renders unknown');
+  assert.equal(sumSamples(samples, 'istio_tcp_connections_closed_total', { reporter: 'destination' }), 2);
+  assert.equal(sumSamples(samples, 'istio_tcp_connections_failed_total', { reporter: 'destination' }), 1);
+  assert.equal(sumSamples(samples, 'istio_tcp_sent_bytes_total', { reporter: 'destination' }), 1000);
+  assert.equal(sumSamples(samples, 'istio_tcp_received_bytes_total', { reporter: 'destination' }), 250);
+  assert.equal(sumSamples(samples, 'istio_tcp_sent_bytes_total', { reporter: 'source' }), 10);
+  assert.equal(sumSamples(samples, 'istio_tcp_sockets_open', { reporter: 'source' }), 1);
+  assert.equal(sumSamples(samples, 'istio_tcp_sockets_open', { reporter: 'destination' }), 2);
+  assert.equal(sumSamples(samples, 'istio_build', { component: 'ztunnel', tag: '1.24.0' }), 1);
+  assert.match(body, /# TYPE istio_tcp_connections_opened_total counter/);
+});
+
+test('a scrape reflects the latest snapshot, not a running sum', async () => {
+  const src = fakeSource([snap([INBOUND]), snap([{ ...INBOUND, opened: 5 }]), snap([])]);
+  const m = new Metrics({ snapshot: src.snapshot, istioVersion: null, defaultMetrics: false });
+  const opened = async () => sumSamples(parsePrometheusText((await m.render()).body), 'istio_tcp_connections_opened_total');
+  assert.equal(await opened(), 3);
+  assert.equal(await opened(), 5);
+  assert.equal(await opened(), 0);
+  const body = (await m.render()).body;
+  assert.match(body, /istio_build\{component="ztunnel",tag="unknown"\} 1/);
+});
+
+test('concurrent scrapes each read one snapshot', async () => {
+  const src = fakeSource([snap([INBOUND]), snap([{ ...INBOUND, opened: 9, closed: 9 }])]);
+  const m = new Metrics({ snapshot: src.snapshot, istioVersion: null, defaultMetrics: false });
+  const [a, b] = await Promise.all([m.render(), m.render()]);
+  assert.equal(src.calls, 2);
+  const sa = parsePrometheusText(a.body);
+  const sb = parsePrometheusText(b.body);
+  assert.deepEqual([sumSamples(sa, 'istio_tcp_connections_opened_total'), sumSamples(sa, 'istio_tcp_connections_closed_total')], [3, 2]);
+  assert.deepEqual([sumSamples(sb, 'istio_tcp_connections_opened_total'), sumSamples(sb, 'istio_tcp_connections_closed_total')], [9, 9]);
+});
+
+test('OpenMetrics when the Accept header asks for it, and Prometheus text still works afterwards', async () => {
+  const m = new Metrics({ snapshot: () => snap([OUTBOUND]), istioVersion: null, defaultMetrics: false });
+  const om = await m.render('application/openmetrics-text;version=1.0.0,text/plain;q=0.5');
+  assert.equal(om.contentType, OPENMETRICS_CONTENT_TYPE);
+  assert.match(om.body, /# TYPE istio_tcp_connections_opened counter/);
+  assert.match(om.body, /^istio_tcp_connections_opened_total\{reporter="source"/m);
+  assert.match(om.body, /# EOF\n$/);
+  const text = await m.render('text/plain');
+  assert.match(text.body, /# TYPE istio_tcp_connections_opened_total counter/);
+  assert.doesNotMatch(text.body, /# EOF/);
+});
+
+test('labels the snapshot has beyond the traffic labels are ignored, not an error', async () => {
+  const m = new Metrics({
+    snapshot: () => snap([{ ...OUTBOUND, labels: { ...OUTBOUND.labels, source_zone: 'z1' } }]),
+    istioVersion: null,
+    defaultMetrics: false,
+  });
+  const s = parsePrometheusText((await m.render()).body).find((x) => x.name === 'istio_tcp_connections_opened_total');
+  assert.equal(s.value, 7);
+  assert.equal('source_zone' in s.labels, false);
+});
+
+test('the stats server serves /metrics and /stats/prometheus, with process fd gauges', async (t) => {
+  const m = new Metrics({ snapshot: () => snap([OUTBOUND]), istioVersion: null, defaultMetrics: true });
+  const server = createStatsServer(m);
+  const addr = await listen(server, { host: '127.0.0.1', port: 0 });
+  t.after(() => closeServer(server));
+  for (const path of ['/metrics', '/stats/prometheus']) {
+    const res = await fetch(`http://127.0.0.1:${addr.port}${path}`);
+    assert.equal(res.status, 200);
+    const samples = parsePrometheusText(await res.text());
+    assert.equal(sumSamples(samples, 'istio_tcp_connections_opened_total'), 7);
+    if (process.platform === 'linux') assert.ok(samples.some((s) => s.name === 'process_open_fds' && s.value > 0));
+  }
+  const res = await fetch(`http://127.0.0.1:${addr.port}/other`);
+  assert.equal(res.status, 404);
+  await res.text();
+});

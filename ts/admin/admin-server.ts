@@ -1,0 +1,76 @@
+// The admin server (ADMIN_ADDR, default 127.0.0.1:15000; local-only because it can stop the proxy).
+// Routes and answers follow ztunnel (spec §7.1) so istioctl and existing runbooks keep working.
+import { createServer, type Server } from 'node:http';
+import { formatLogFilter, parseLogFilter } from '../log/filter.js';
+import type { Logs } from '../log/logger.js';
+import { pathOf, queryOf, reply } from './http.js';
+
+export interface AdminHandlers {
+  /** The whole /config_dump document, keys in output order. */
+  configDump(): Promise<Record<string, unknown>> | Record<string, unknown>;
+  /** Starts a graceful shutdown; must return promptly (the reply is sent after it returns). */
+  quit(reason: string): void;
+  logs: Logs;
+}
+
+/** ztunnel's admin headers timeout: admin requests are tiny, a slow client is a stuck one. */
+export const ADMIN_HEADERS_TIMEOUT_MS = 2_000;
+
+const ENDPOINTS: ReadonlyArray<[string, string]> = [
+  ['/config_dump', 'dump the current state: workloads, services, policies, certificates, config, version'],
+  ['/logging', 'POST: show the log filter; ?level=<level> or ?level=<target>=<level>,... to change it; ?reset'],
+  ['/quitquitquit', 'POST: start a graceful shutdown'],
+];
+
+const LOGGING_HELP =
+  'usage: POST /logging[?level=<off|error|warn|info|debug|trace> | ?level=<target>=<level>,... | ?reset]\n';
+
+function indexHtml(): string {
+  const rows = ENDPOINTS.map(([path, what]) => `<li><a href="${path}">${path}</a>: ${what}</li>`).join('\n');
+  return `<!doctype html>\n<html><head><title>ztunnel-node admin</title></head><body>\n<h1>ztunnel-node admin</h1>\n<ul>\n${rows}\n</ul>\n</body></html>\n`;
+}
+
+export function createAdminServer(h: AdminHandlers): Server {
+  const server = createServer((req, res) => {
+    const path = pathOf(req);
+    switch (path) {
+      case '/':
+        return reply(res, 200, indexHtml(), 'text/html; charset=utf-8');
+      case '/config_dump':
+        Promise.resolve()
+          .then(() => h.configDump())
+          .then(
+            (dump) => reply(res, 200, `${JSON.stringify(dump, null, 2)}\n`, 'application/json'),
+            (err: unknown) => reply(res, 500, `config dump failed: ${err instanceof Error ? err.message : String(err)}\n`),
+          );
+        return;
+      case '/quitquitquit':
+        if (req.method !== 'POST') return reply(res, 405, 'Invalid HTTP method\n');
+        reply(res, 200, 'shutdown now\n');
+        h.quit('admin /quitquitquit');
+        return;
+      case '/logging':
+        return logging(h.logs, req.method, queryOf(req), (status, body) => reply(res, status, body));
+      default:
+        return reply(res, 404, 'Not found\n');
+    }
+  });
+  server.headersTimeout = ADMIN_HEADERS_TIMEOUT_MS;
+  server.requestTimeout = 10 * ADMIN_HEADERS_TIMEOUT_MS;
+  return server;
+}
+
+function logging(logs: Logs, method: string | undefined, query: URLSearchParams, send: (status: number, body: string) => void): void {
+  if (method !== 'POST') return send(405, LOGGING_HELP);
+  if (query.has('reset')) {
+    logs.reset();
+  } else if (query.has('level')) {
+    const value = query.get('level') ?? '';
+    // A bare level replaces the filter (like RUST_LOG=debug); target directives are added to the current one.
+    const replaces = value.split(',').some((d) => d.trim() !== '' && !d.includes('='));
+    const next = parseLogFilter(value, replaces ? undefined : logs.filter());
+    if (typeof next === 'string') return send(400, `invalid level: ${next}\n${LOGGING_HELP}`);
+    logs.setFilter(next);
+  }
+  send(200, `current log level is ${formatLogFilter(logs.filter())}\n`);
+}

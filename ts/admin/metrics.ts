@@ -1,0 +1,135 @@
+// Prometheus metrics (spec §7.3). The dataplane counts in Rust; this module only renders.
+//
+// Invariants:
+// - The native MetricsSnapshot is read ONCE per scrape, and every istio_ metric of that scrape comes from that
+//   one snapshot (a lock serializes scrapes, so two concurrent scrapes cannot mix snapshots).
+// - Counters are set to the native cumulative values (reset + inc in collect()), never accumulated here, so a
+//   scrape is a pure function of the snapshot.
+// - Every traffic label is present on every sample; a missing or empty value renders "unknown", as ztunnel does.
+import { Counter, Gauge, Registry, collectDefaultMetrics, type RegistryContentType } from 'prom-client';
+import type { MetricsSnapshot } from '../native/types.js';
+
+/** ztunnel's CommonTrafficLabels, in its order. */
+export const TRAFFIC_LABELS = [
+  'reporter',
+  'source_workload',
+  'source_canonical_service',
+  'source_canonical_revision',
+  'source_workload_namespace',
+  'source_principal',
+  'source_app',
+  'source_version',
+  'source_cluster',
+  'destination_service',
+  'destination_service_namespace',
+  'destination_service_name',
+  'destination_workload',
+  'destination_canonical_service',
+  'destination_canonical_revision',
+  'destination_workload_namespace',
+  'destination_principal',
+  'destination_app',
+  'destination_version',
+  'destination_cluster',
+  'request_protocol',
+  'response_flags',
+  'connection_security_policy',
+] as const;
+
+type TrafficLabel = (typeof TRAFFIC_LABELS)[number];
+type CounterField = 'opened' | 'closed' | 'failed' | 'sent' | 'received';
+
+const COUNTERS: ReadonlyArray<{ name: string; help: string; field: CounterField }> = [
+  { name: 'istio_tcp_connections_opened_total', help: 'The total number of TCP connections opened', field: 'opened' },
+  { name: 'istio_tcp_connections_closed_total', help: 'The total number of TCP connections closed', field: 'closed' },
+  { name: 'istio_tcp_connections_failed_total', help: 'The total number of TCP connections that failed to establish (unstable)', field: 'failed' },
+  { name: 'istio_tcp_sent_bytes_total', help: 'The size of total bytes sent during response in case of a TCP connection', field: 'sent' },
+  { name: 'istio_tcp_received_bytes_total', help: 'The size of total bytes received during request in case of a TCP connection', field: 'received' },
+];
+
+export const PROMETHEUS_CONTENT_TYPE = 'text/plain; charset=utf-8';
+export const OPENMETRICS_CONTENT_TYPE = Registry.OPENMETRICS_CONTENT_TYPE;
+
+export function trafficLabels(labels: Record<string, string>): Record<TrafficLabel, string> {
+  const out = {} as Record<TrafficLabel, string>;
+  for (const name of TRAFFIC_LABELS) {
+    const v = labels[name];
+    out[name] = v === undefined || v === '' ? 'unknown' : v;
+  }
+  return out;
+}
+
+export interface MetricsOptions {
+  /** Reads the native counters (Dataplane.metrics). */
+  snapshot: () => MetricsSnapshot;
+  /** ISTIO_META_ISTIO_VERSION, the istio_build tag. */
+  istioVersion: string | null;
+  /** process_open_fds, process_max_fds and the other prom-client process metrics (off in unit tests). */
+  defaultMetrics?: boolean;
+}
+
+type ContentType = RegistryContentType;
+
+export class Metrics {
+  private current: MetricsSnapshot = { connections: [], socketsOpen: { source: 0, destination: 0 } };
+  // prom-client renames counters in place when rendering OpenMetrics, so each format gets its own registry
+  // (built on first use) instead of switching one registry's content type.
+  private readonly registries = new Map<ContentType, Registry<ContentType>>();
+  private lock: Promise<unknown> = Promise.resolve();
+
+  constructor(private readonly opts: MetricsOptions) {}
+
+  /** Renders all metrics; OpenMetrics when `accept` asks for it (spec §7.3). */
+  render(accept?: string): Promise<{ contentType: string; body: string }> {
+    const openMetrics = accept?.includes('application/openmetrics-text') ?? false;
+    const type: ContentType = openMetrics ? Registry.OPENMETRICS_CONTENT_TYPE : Registry.PROMETHEUS_CONTENT_TYPE;
+    const run = this.lock.then(async () => {
+      this.current = this.opts.snapshot();
+      const body = await this.registry(type).metrics();
+      return { contentType: openMetrics ? OPENMETRICS_CONTENT_TYPE : PROMETHEUS_CONTENT_TYPE, body };
+    });
+    this.lock = run.catch(() => undefined);
+    return run;
+  }
+
+  private registry(type: ContentType): Registry<ContentType> {
+    let reg = this.registries.get(type);
+    if (reg) return reg;
+    reg = new Registry<ContentType>();
+    reg.setContentType(type);
+    // An accessor, because prom-client calls collect() with `this` bound to the metric.
+    const current = () => this.current;
+    for (const c of COUNTERS) {
+      new Counter({
+        name: c.name,
+        help: c.help,
+        labelNames: TRAFFIC_LABELS,
+        registers: [reg],
+        collect() {
+          this.reset();
+          for (const conn of current().connections) this.inc(trafficLabels(conn.labels), conn[c.field]);
+        },
+      });
+    }
+    new Gauge({
+      name: 'istio_tcp_sockets_open',
+      help: 'The current number of open TCP sockets (unstable)',
+      labelNames: ['reporter'],
+      registers: [reg],
+      collect() {
+        this.set({ reporter: 'source' }, current().socketsOpen.source);
+        this.set({ reporter: 'destination' }, current().socketsOpen.destination);
+      },
+    });
+    const build = new Gauge({
+      name: 'istio_build',
+      help: 'Istio component build info',
+      labelNames: ['component', 'tag'],
+      registers: [reg],
+    });
+    build.set({ component: 'ztunnel', tag: this.opts.istioVersion ?? 'unknown' }, 1);
+    if (this.opts.defaultMetrics ?? true) collectDefaultMetrics({ register: reg });
+    this.registries.set(type, reg);
+    return reg;
+  }
+}

@@ -1,0 +1,120 @@
+// `ztunnel-node`: proxy (the daemon; the default, as in ztunnel), version, demo, help.
+// Exit codes: 0 ok, 1 runtime failure, 2 configuration error (message on stderr).
+import { CONFIG_KEYS, describeKey, flagFor, loadConfig } from '../config/index.js';
+import { isConfigError } from '../errors.js';
+import { runProxy } from '../lifecycle/proxy.js';
+import { createLogs } from '../log/logger.js';
+import { nativeVersion } from '../native/index.js';
+import { packageVersion } from '../version.js';
+import { DEMO_USAGE, runDemo } from './demo.js';
+
+export const EXIT_OK = 0;
+export const EXIT_FAILURE = 1;
+export const EXIT_CONFIG = 2;
+
+const USAGE = `usage: ztunnel-node <command> [flags]
+
+commands:
+  proxy [args...]   run the node proxy (default; extra arguments are recorded as config.proxyArgs)
+  version           print the version and the native build
+  demo              two proxies on loopback, one mTLS connection between them, and what it looked like
+  help              this text ("<command> --help" for a command's flags)
+`;
+
+function proxyUsage(): string {
+  const rows = CONFIG_KEYS.map((key) => {
+    const flag = `${flagFor(key)} <value>`;
+    return `  ${flag.padEnd(44)} ${key}\n  ${''.padEnd(44)}   ${describeKey(key)}`;
+  });
+  return `usage: ztunnel-node proxy [args...] [flags]
+
+Every flag has an environment variable of the same name (flags win). Durations: 500ms, 10s, 5m, 1h30m.
+
+${rows.join('\n')}
+`;
+}
+
+const isHelp = (a: string) => a === '--help' || a === '-h' || a === 'help';
+
+export async function main(argv: readonly string[], env: Readonly<Record<string, string | undefined>>): Promise<number> {
+  const [first, ...rest] = argv;
+  // ztunnel runs the proxy when no command is given; flags alone mean the same.
+  const command = first === undefined || (first.startsWith('-') && !isHelp(first)) ? 'proxy' : first;
+  const args = command === 'proxy' && first !== 'proxy' ? [...argv] : rest;
+  switch (command) {
+    case 'help':
+    case '--help':
+    case '-h':
+      process.stdout.write(USAGE);
+      return EXIT_OK;
+    case 'proxy':
+      if (args.some(isHelp)) {
+        process.stdout.write(proxyUsage());
+        return EXIT_OK;
+      }
+      return proxy(args, argv, env);
+    case 'version':
+      if (args.some(isHelp)) {
+        process.stdout.write('usage: ztunnel-node version\n');
+        return EXIT_OK;
+      }
+      return version();
+    case 'demo':
+      if (args.some(isHelp)) {
+        process.stdout.write(DEMO_USAGE);
+        return EXIT_OK;
+      }
+      return runDemo(args, env);
+    default:
+      process.stderr.write(`ztunnel-node: unknown command "${command}"\n\n${USAGE}`);
+      return EXIT_CONFIG;
+  }
+}
+
+async function proxy(args: readonly string[], allArgs: readonly string[], env: Readonly<Record<string, string | undefined>>): Promise<number> {
+  let config;
+  try {
+    config = loadConfig({ env, args, allArgs });
+  } catch (err) {
+    return reportStartupError(err);
+  }
+  const logs = createLogs({ filter: config.logFilter, format: config.logFormat });
+  try {
+    const handle = await runProxy(config, logs);
+    return await handle.closed;
+  } catch (err) {
+    if (isConfigError(err)) return reportStartupError(err);
+    logs.root.fatal({ err: err instanceof Error ? err.message : String(err), code: (err as { code?: string }).code }, 'ztunnel-node failed to start');
+    return EXIT_FAILURE;
+  }
+}
+
+function reportStartupError(err: unknown): number {
+  if (isConfigError(err)) {
+    process.stderr.write(`ztunnel-node: ${err.message}\n`);
+    return EXIT_CONFIG;
+  }
+  process.stderr.write(`ztunnel-node: ${err instanceof Error ? err.message : String(err)}\n`);
+  return EXIT_FAILURE;
+}
+
+function version(): number {
+  process.stdout.write(`ztunnel-node ${packageVersion()}\n`);
+  try {
+    const v = nativeVersion();
+    process.stdout.write(
+      `native: ${v.version} (${v.buildProfile} build)\ncrypto provider: ${v.cryptoProvider}\nrust version: ${v.rustVersion ?? 'unknown'}\n`,
+    );
+    return EXIT_OK;
+  } catch (err) {
+    process.stderr.write(`ztunnel-node: ${err instanceof Error ? err.message : String(err)}\n`);
+    return EXIT_FAILURE;
+  }
+}
+
+// Run when executed (bin/ztunnel-node.js imports this module), not when imported by tests.
+export async function run(): Promise<void> {
+  const code = await main(process.argv.slice(2), process.env);
+  // Exit explicitly: a native runtime or a stray handle must not keep a finished command alive.
+  process.exit(code);
+}

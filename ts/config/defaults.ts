@@ -1,0 +1,47 @@
+// Default values, each with the reason it is what it is. Most are ztunnel's (spec §6.2) so that a chart written
+// for ztunnel behaves the same with ztunnel-node.
+import type { SocketAddress } from './address.js';
+
+/** ztunnel's default; `shared` is what the Istio chart deploys (one proxy per node serving pods in-pod). */
+export const DEFAULT_PROXY_MODE = 'shared';
+/** What istiod calls a cluster when nobody named it (ztunnel and istiod agree on this literal). */
+export const DEFAULT_CLUSTER_ID = 'Kubernetes';
+/** Kubernetes' default cluster DNS domain. */
+export const DEFAULT_CLUSTER_DOMAIN = 'cluster.local';
+/** Istio's default trust domain; SPIFFE ids are spiffe://<td>/ns/<ns>/sa/<sa>. */
+export const DEFAULT_TRUST_DOMAIN = 'cluster.local';
+/** istiod inside the cluster (chosen when KUBERNETES_SERVICE_HOST is set, as ztunnel does). */
+export const DEFAULT_ISTIOD_IN_CLUSTER = 'https://istiod.istio-system.svc:15012';
+/** istiod port-forwarded for development outside a cluster. */
+export const DEFAULT_ISTIOD_LOCAL = 'https://localhost:15012';
+/** Port dialed on HBONE peers; fixed by the HBONE protocol. */
+export const HBONE_PORT = 15008;
+/** SOCKS5 listener port of each local workload (ztunnel's unstable SOCKS5 port). */
+export const SOCKS5_PORT = 15080;
+/** Streams multiplexed on one pooled HBONE connection before a new one is opened (ztunnel's default). */
+export const DEFAULT_POOL_MAX_STREAMS_PER_CONNECTION = 100;
+/** Idle pooled connections are released after 5 minutes (ztunnel's default). */
+export const DEFAULT_POOL_UNUSED_RELEASE_TIMEOUT_MS = 5 * 60_000;
+/** HTTP/2 windows and frame size: ztunnel's values, sized for bulk TCP over one multiplexed connection. */
+export const DEFAULT_HTTP2_STREAM_WINDOW_SIZE = 4 * 1024 * 1024;
+export const DEFAULT_HTTP2_CONNECTION_WINDOW_SIZE = 16 * 1024 * 1024;
+export const DEFAULT_HTTP2_FRAME_SIZE = 1024 * 1024;
+/** Upstream connect timeout (ztunnel's); long enough for a cold peer, short enough to surface NetworkPolicy drops. */
+export const DEFAULT_CONNECTION_TIMEOUT_MS = 10_000;
+/** Drain deadline when neither CONNECTION_TERMINATION_DEADLINE nor the grace period is given (ztunnel's 5 s). */
+export const DEFAULT_TERMINATION_DEADLINE_MS = 5_000;
+/** Requested certificate lifetime: 24 h, what istiod issues by default. */
+export const DEFAULT_SECRET_TTL_MS = 24 * 3_600_000;
+/** Default thread floor: one thread is a single point of latency for every connection on the node. */
+export const MIN_DEFAULT_WORKER_THREADS = 2;
+/** Without a CPU limit ztunnel takes a quarter of the node's cores; the node runs the workloads too. */
+export const DEFAULT_WORKER_CORE_FRACTION = 0.25;
+/** Admin is local-only: it can shut the proxy down and dump config. */
+export const DEFAULT_ADMIN_ADDR: SocketAddress = { host: '127.0.0.1', port: 15000 };
+/**
+ * ztunnel binds [::]:15020; we bind 0.0.0.0 because an IPv6-disabled host would fail to bind [::] and a scraper
+ * on IPv4 is the common case. Set STATS_ADDR=[::]:15020 for dual stack.
+ */
+export const DEFAULT_STATS_ADDR: SocketAddress = { host: '0.0.0.0', port: 15020 };
+/** Readiness must be reachable by the kubelet on the pod IP; same IPv4 reasoning as stats. */
+export const DEFAULT_READINESS_ADDR: SocketAddress = { host: '0.0.0.0', port: 15021 };

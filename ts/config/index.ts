@@ -1,0 +1,213 @@
+// Config is parsed once (here), validated once (schema.ts), frozen, and passed in. Nothing else in ts/ reads
+// process.env. Precedence: CLI flag > environment variable > default (defaults.ts).
+import { availableParallelism } from 'node:os';
+import type { z } from 'zod';
+import { ConfigError } from '../errors.js';
+import { formatLogFilter, type LogFilter } from '../log/filter.js';
+import { formatSocketAddress, type SocketAddress } from './address.js';
+import * as D from './defaults.js';
+import { formatDurationMs } from './duration.js';
+import { parseFlags } from './flags.js';
+import {
+  CONFIG_KEYS,
+  EMPTY_IS_VALUE,
+  configSchema,
+  flagFor,
+  type ConfigKey,
+  type LogFormat,
+  type ProxyMode,
+  type RawConfig,
+  type WorkerThreadsSetting,
+} from './schema.js';
+
+export type { LogFormat, ProxyMode } from './schema.js';
+export type { SocketAddress } from './address.js';
+export { flagFor, CONFIG_KEYS, describeKey } from './schema.js';
+
+export interface Config {
+  readonly proxyMode: ProxyMode;
+  readonly proxyWorkloadInfo: { readonly namespace: string; readonly name: string; readonly serviceAccount: string } | null;
+  readonly localXdsPath: string | null;
+  readonly localXds: string | null;
+  /** null: XDS disabled. */
+  readonly xdsAddress: string | null;
+  /** null: no remote CA. */
+  readonly caAddress: string | null;
+  readonly nodeName: string | null;
+  readonly clusterId: string;
+  readonly clusterDomain: string;
+  readonly trustDomain: string;
+  readonly network: string;
+  readonly istioVersion: string | null;
+  readonly poolMaxStreamsPerConnection: number;
+  readonly poolUnusedReleaseTimeoutMs: number;
+  readonly http2: { readonly streamWindowSize: number; readonly connectionWindowSize: number; readonly frameSize: number };
+  readonly connectionTimeoutMs: number;
+  readonly terminationDeadlineMs: number;
+  readonly numWorkerThreads: number;
+  readonly secretTtlMs: number;
+  readonly logFilter: LogFilter;
+  readonly logFormat: LogFormat;
+  readonly socks5Enabled: boolean;
+  readonly localCaDir: string | null;
+  readonly adminAddr: SocketAddress;
+  readonly statsAddr: SocketAddress;
+  readonly readinessAddr: SocketAddress;
+  /** All command-line arguments, space-joined (ztunnel records them the same way). */
+  readonly proxyArgs: string;
+}
+
+export interface ConfigInput {
+  env: Readonly<Record<string, string | undefined>>;
+  /** Arguments after the subcommand. */
+  args?: readonly string[];
+  /** All command-line arguments, recorded as `proxyArgs`; defaults to `args`. */
+  allArgs?: readonly string[];
+  /** Cores of this machine (tests pass a fixed number). */
+  cpuCount?: number;
+}
+
+/** Parses env + flags into a frozen Config. Throws ConfigError naming every bad variable/flag. */
+export function loadConfig(input: ConfigInput): Config {
+  const args = input.args ?? [];
+  const flags = parseFlags(args);
+  const raw: Partial<Record<ConfigKey, string>> = {};
+  const fromFlag = new Set<ConfigKey>();
+  for (const key of CONFIG_KEYS) {
+    const envValue = input.env[key];
+    if (envValue !== undefined && (envValue !== '' || EMPTY_IS_VALUE.has(key))) raw[key] = envValue;
+    const flagValue = flags.values[key];
+    if (flagValue !== undefined) {
+      raw[key] = flagValue;
+      fromFlag.add(key);
+    }
+  }
+  const parsed = configSchema.safeParse(raw);
+  if (!parsed.success) throw new ConfigError(formatIssues(parsed.error.issues, raw, fromFlag));
+  return deepFreeze(resolve(parsed.data, fromFlag, input.cpuCount ?? availableParallelism(), input.allArgs ?? args));
+}
+
+function formatIssues(issues: readonly z.core.$ZodIssue[], raw: Partial<Record<ConfigKey, string>>, fromFlag: Set<ConfigKey>): string {
+  const lines = issues.map((issue) => {
+    const key = issue.path[0] as ConfigKey | undefined;
+    if (key === undefined) return issue.message;
+    const name = fromFlag.has(key) ? flagFor(key) : key;
+    // Custom messages already quote the value; zod's built-in ones do not.
+    const value = raw[key];
+    const quoted = issue.code === 'custom' || value === undefined ? '' : ` (got "${value}")`;
+    return `${name}: ${issue.message}${quoted}`;
+  });
+  return `invalid configuration: ${lines.join('; ')}`;
+}
+
+function resolve(raw: RawConfig, fromFlag: Set<ConfigKey>, cpuCount: number, allArgs: readonly string[]): Config {
+  const proxyMode = raw.PROXY_MODE ?? D.DEFAULT_PROXY_MODE;
+  // Local mode is loopback-only: no istiod unless asked for explicitly.
+  const istiod = proxyMode === 'local'
+    ? ''
+    : raw.KUBERNETES_SERVICE_HOST
+      ? D.DEFAULT_ISTIOD_IN_CLUSTER
+      : D.DEFAULT_ISTIOD_LOCAL;
+  const xds = raw.XDS_ADDRESS ?? istiod;
+  const ca = raw.CA_ADDRESS ?? istiod;
+  // ISTIO_META_CLUSTER_ID wins over CLUSTER_ID (ztunnel), except that a --cluster-id flag wins over any env.
+  const clusterId =
+    (fromFlag.has('CLUSTER_ID') ? raw.CLUSTER_ID : undefined) ??
+    raw.ISTIO_META_CLUSTER_ID ??
+    raw.CLUSTER_ID ??
+    D.DEFAULT_CLUSTER_ID;
+  return {
+    proxyMode,
+    proxyWorkloadInfo: raw.PROXY_WORKLOAD_INFO ?? null,
+    localXdsPath: raw.LOCAL_XDS_PATH ?? null,
+    localXds: raw.LOCAL_XDS ?? null,
+    xdsAddress: xds === '' ? null : xds,
+    caAddress: ca === '' ? null : ca,
+    nodeName: raw.NODE_NAME ?? null,
+    clusterId,
+    clusterDomain: raw.CLUSTER_DOMAIN ?? D.DEFAULT_CLUSTER_DOMAIN,
+    trustDomain: raw.TRUST_DOMAIN ?? D.DEFAULT_TRUST_DOMAIN,
+    network: raw.NETWORK ?? '',
+    istioVersion: raw.ISTIO_META_ISTIO_VERSION ?? null,
+    poolMaxStreamsPerConnection: raw.POOL_MAX_STREAMS_PER_CONNECTION ?? D.DEFAULT_POOL_MAX_STREAMS_PER_CONNECTION,
+    poolUnusedReleaseTimeoutMs: Math.ceil(raw.POOL_UNUSED_RELEASE_TIMEOUT ?? D.DEFAULT_POOL_UNUSED_RELEASE_TIMEOUT_MS),
+    http2: {
+      streamWindowSize: raw.HTTP2_STREAM_WINDOW_SIZE ?? D.DEFAULT_HTTP2_STREAM_WINDOW_SIZE,
+      connectionWindowSize: raw.HTTP2_CONNECTION_WINDOW_SIZE ?? D.DEFAULT_HTTP2_CONNECTION_WINDOW_SIZE,
+      frameSize: raw.HTTP2_FRAME_SIZE ?? D.DEFAULT_HTTP2_FRAME_SIZE,
+    },
+    connectionTimeoutMs: Math.ceil(raw.CONNECTION_TIMEOUT ?? D.DEFAULT_CONNECTION_TIMEOUT_MS),
+    terminationDeadlineMs: terminationDeadlineMs(raw.CONNECTION_TERMINATION_DEADLINE, raw.TERMINATION_GRACE_PERIOD_SECONDS),
+    numWorkerThreads: workerThreads(raw, cpuCount),
+    secretTtlMs: Math.ceil(raw.SECRET_TTL ?? D.DEFAULT_SECRET_TTL_MS),
+    logFilter: raw.RUST_LOG ?? { level: 'info', targets: {} },
+    logFormat: raw.LOG_FORMAT ?? 'plain',
+    // Local mode has no traffic capture: SOCKS5 is the only way a local workload's traffic enters the mesh.
+    socks5Enabled: raw.UNSTABLE_ENABLE_SOCKS5 ?? proxyMode === 'local',
+    localCaDir: raw.LOCAL_CA_DIR ?? null,
+    adminAddr: raw.ADMIN_ADDR ?? D.DEFAULT_ADMIN_ADDR,
+    statsAddr: raw.STATS_ADDR ?? D.DEFAULT_STATS_ADDR,
+    readinessAddr: raw.READINESS_ADDR ?? D.DEFAULT_READINESS_ADDR,
+    proxyArgs: allArgs.join(' '),
+  };
+}
+
+/**
+ * ztunnel's rule (spec §9): an explicit deadline wins; else from the pod's grace period leave time for the
+ * kubelet's SIGKILL (N-5 s for long grace periods, N-1 s for short ones), never under 1 s; else 5 s.
+ */
+export function terminationDeadlineMs(explicitMs: number | undefined, gracePeriodSeconds: number | undefined): number {
+  if (explicitMs !== undefined) return Math.ceil(explicitMs);
+  if (gracePeriodSeconds !== undefined) {
+    const seconds = gracePeriodSeconds > 10 ? gracePeriodSeconds - 5 : gracePeriodSeconds - 1;
+    return Math.max(seconds, 1) * 1000;
+  }
+  return D.DEFAULT_TERMINATION_DEADLINE_MS;
+}
+
+/** Worker threads per spec §0. The core count honours container CPU limits before the machine's count. */
+export function workerThreads(
+  raw: Pick<RawConfig, 'ZTUNNEL_WORKER_THREADS' | 'ZTUNNEL_CPU_LIMIT' | 'ZTUNNEL_RESOURCE_CPU_LIMIT' | 'ZTUNNEL_RESOURCE_CPU_REQUEST'>,
+  cpuCount: number,
+): number {
+  const cores = Math.max(1, Math.ceil(raw.ZTUNNEL_RESOURCE_CPU_LIMIT ?? raw.ZTUNNEL_CPU_LIMIT ?? cpuCount));
+  const setting: WorkerThreadsSetting | undefined = raw.ZTUNNEL_WORKER_THREADS;
+  let n: number;
+  if (setting?.kind === 'count') {
+    n = setting.count === 0 ? cores : setting.count;
+  } else if (setting?.kind === 'percent') {
+    n = Math.ceil((cores * setting.percent) / 100);
+  } else {
+    const request = Math.ceil(raw.ZTUNNEL_RESOURCE_CPU_REQUEST ?? 0);
+    n = raw.ZTUNNEL_RESOURCE_CPU_LIMIT !== undefined
+      ? Math.max(Math.ceil(raw.ZTUNNEL_RESOURCE_CPU_LIMIT), request)
+      : Math.max(Math.ceil(cores * D.DEFAULT_WORKER_CORE_FRACTION), request, D.MIN_DEFAULT_WORKER_THREADS);
+  }
+  return Math.max(1, n);
+}
+
+/** The `config` key of /config_dump: the whole runtime config, camelCase, with durations and addresses rendered. */
+export function configForDump(cfg: Config): Record<string, unknown> {
+  return {
+    ...cfg,
+    // Inline YAML can be long and is already visible under staticConfig; say whether it was given.
+    localXds: cfg.localXds === null ? null : '<inline>',
+    poolUnusedReleaseTimeout: formatDurationMs(cfg.poolUnusedReleaseTimeoutMs),
+    connectionTimeout: formatDurationMs(cfg.connectionTimeoutMs),
+    selfTerminationDeadline: formatDurationMs(cfg.terminationDeadlineMs),
+    secretTtl: formatDurationMs(cfg.secretTtlMs),
+    logFilter: formatLogFilter(cfg.logFilter),
+    adminAddr: formatSocketAddress(cfg.adminAddr),
+    statsAddr: formatSocketAddress(cfg.statsAddr),
+    readinessAddr: formatSocketAddress(cfg.readinessAddr),
+    hbonePort: D.HBONE_PORT,
+  };
+}
+
+function deepFreeze<T>(value: T): T {
+  if (value !== null && typeof value === 'object' && !Object.isFrozen(value)) {
+    Object.freeze(value);
+    for (const v of Object.values(value)) deepFreeze(v);
+  }
+  return value;
+}

@@ -1,0 +1,302 @@
+// The local config file (LOCAL_XDS_PATH / LOCAL_XDS; spec §6.1): workloads, services and policies in ztunnel's
+// camelCase YAML. Validation is strict, like ztunnel's `deny_unknown_fields`: a typo must fail loudly, not turn
+// into a silently missing field. Every error names the file, the path inside the document
+// (`workloads[1].workloadIps[0]`) and the problem. This is the edge where untyped YAML becomes the state model;
+// nothing past here sees the raw document (except config_dump's `staticConfig`, which shows it as given).
+import { readFile } from 'node:fs/promises';
+import { isIP } from 'node:net';
+import { parseDocument } from 'yaml';
+import { z } from 'zod';
+import { LocalConfigError } from '../errors.js';
+import type { Policy, ServiceInfo, StateSnapshot, StringMatch, WorkloadInfo } from '../state/model.js';
+import { policyKey, serviceKey } from '../state/model.js';
+
+export interface LocalConfig extends StateSnapshot {
+  /** The parsed document as written, for config_dump's `staticConfig`. */
+  raw: unknown;
+  /** Where it came from: the file path, or "LOCAL_XDS" for inline YAML. */
+  source: string;
+}
+
+// ---- field schemas -------------------------------------------------------------------------------------------
+
+const ip = () => z.string().refine((s) => isIP(s) !== 0, { error: (iss) => `"${String(iss.input)}" is not an IP address` });
+
+function isCidr(s: string): boolean {
+  const slash = s.lastIndexOf('/');
+  if (slash < 0) return false;
+  const family = isIP(s.slice(0, slash));
+  const len = s.slice(slash + 1);
+  if (family === 0 || !/^\d{1,3}$/.test(len)) return false;
+  return Number(len) <= (family === 4 ? 32 : 128);
+}
+
+const cidr = () =>
+  z.string().refine(isCidr, { error: (iss) => `"${String(iss.input)}" is not a CIDR (e.g. 10.0.0.0/8)` });
+
+/** "<network>/<ip>"; the network may be empty ("/10.0.0.1"). */
+const networkAddress = () =>
+  z.string().refine((s) => s.includes('/') && isIP(s.slice(s.indexOf('/') + 1)) !== 0, {
+    error: (iss) => `"${String(iss.input)}" is not <network>/<ip> (e.g. "/10.0.0.1")`,
+  });
+
+/** "<network>/<cidr>" or a bare CIDR (network ""); normalized to "<network>/<cidr>". */
+const networkCidr = () =>
+  z.string().transform((s, ctx) => {
+    if (isCidr(s)) {
+      const first = s.indexOf('/');
+      // "net/10.0.0.0/8" has a network; "10.0.0.0/8" alone does not.
+      if (first === s.lastIndexOf('/')) return `/${s}`;
+    }
+    const first = s.indexOf('/');
+    if (first >= 0 && isCidr(s.slice(first + 1))) return s;
+    ctx.issues.push({ code: 'custom', input: s, message: `"${s}" is not a CIDR (e.g. 10.0.0.0/24 or net/10.0.0.0/24)` });
+    return z.NEVER;
+  });
+
+const port = () =>
+  z.number().int().min(1, { error: (iss) => `${String(iss.input)} is not a port (1-65535)` }).max(65535, {
+    error: (iss) => `${String(iss.input)} is not a port (1-65535)`,
+  });
+
+/** Map keys are strings in YAML→JS; a service port key must be 1-65535. */
+const portKey = () =>
+  z.string().refine((s) => /^\d{1,5}$/.test(s) && Number(s) >= 1 && Number(s) <= 65535, {
+    error: (iss) => `"${String(iss.input)}" is not a port (1-65535)`,
+  });
+
+/** servicePort -> targetPort; target 0 means "same as the service port". */
+const portMap = () =>
+  z.record(portKey(), z.number().int().min(0).max(65535, { error: (iss) => `${String(iss.input)} is not a port (0-65535)` }));
+
+const namespacedHost = () =>
+  z.string().refine((s) => /^[^/]+\/[^/]+$/.test(s), { error: (iss) => `"${String(iss.input)}" is not <namespace>/<hostname>` });
+
+const gatewayAddress = () =>
+  z.strictObject({
+    destination: z.string().refine((s) => /^[^/]*\/.+$/.test(s), {
+      error: (iss) => `"${String(iss.input)}" is not <network>/<ip> or <namespace>/<hostname>`,
+    }),
+    hboneMtlsPort: port().default(15008),
+  });
+
+const lowerEnum = <const T extends readonly [string, ...string[]]>(values: T) =>
+  z.string().transform((s, ctx): T[number] => {
+    const v = s.toLowerCase();
+    if ((values as readonly string[]).includes(v)) return v as T[number];
+    ctx.issues.push({ code: 'custom', input: s, message: `"${s}" is not one of ${values.join('|')} (any case)` });
+    return z.NEVER;
+  });
+
+/** Exactly one of Exact/Prefix/Suffix/Presence, as ztunnel's StringMatching serializes. */
+const stringMatch = () =>
+  z
+    .strictObject({
+      Exact: z.string().optional(),
+      Prefix: z.string().optional(),
+      Suffix: z.string().optional(),
+      Presence: z.tuple([]).optional(),
+    })
+    .transform((m, ctx): StringMatch => {
+      const set = (['Exact', 'Prefix', 'Suffix', 'Presence'] as const).filter((k) => m[k] !== undefined);
+      if (set.length !== 1) {
+        ctx.issues.push({ code: 'custom', input: m, message: 'expected exactly one of Exact, Prefix, Suffix, Presence' });
+        return z.NEVER;
+      }
+      if (m.Exact !== undefined) return { Exact: m.Exact };
+      if (m.Prefix !== undefined) return { Prefix: m.Prefix };
+      if (m.Suffix !== undefined) return { Suffix: m.Suffix };
+      return { Presence: [] };
+    });
+
+const serviceAccountMatch = () => z.strictObject({ namespace: z.string(), serviceAccount: z.string() });
+
+// ---- document schema -----------------------------------------------------------------------------------------
+
+const workloadSchema = z.strictObject({
+  uid: z.string().min(1, { error: 'must not be empty' }),
+  name: z.string().min(1, { error: 'must not be empty' }),
+  namespace: z.string().min(1, { error: 'must not be empty' }),
+  serviceAccount: z.string().default('default'),
+  trustDomain: z.string().default('cluster.local'),
+  workloadIps: z.array(ip()).default([]),
+  network: z.string().default(''),
+  protocol: z.enum(['HBONE', 'TCP']).default('TCP'),
+  networkMode: z.enum(['Standard', 'HostNetwork']).default('Standard'),
+  node: z.string().default(''),
+  hostname: z.string().default(''),
+  status: z.enum(['Healthy', 'Unhealthy']).default('Healthy'),
+  capacity: z.number().int().min(0).default(1),
+  canonicalName: z.string().default(''),
+  canonicalRevision: z.string().default(''),
+  workloadName: z.string().default(''),
+  workloadType: lowerEnum(['deployment', 'cronjob', 'pod', 'job']).default('deployment'),
+  clusterId: z.string().default(''),
+  locality: z
+    .strictObject({ region: z.string().default(''), zone: z.string().default(''), subzone: z.string().default('') })
+    .default({ region: '', zone: '', subzone: '' }),
+  services: z.record(namespacedHost(), portMap()).default({}),
+  authorizationPolicies: z.array(z.string()).default([]),
+  waypoint: gatewayAddress().nullable().default(null),
+  networkGateway: gatewayAddress().nullable().default(null),
+  applicationTunnel: z
+    .strictObject({ protocol: z.enum(['NONE', 'PROXY']).default('NONE'), port: port().nullable().default(null) })
+    .nullable()
+    .default(null),
+  nativeTunnel: z.boolean().default(false),
+});
+
+const serviceSchema = z.strictObject({
+  name: z.string().min(1, { error: 'must not be empty' }),
+  namespace: z.string().min(1, { error: 'must not be empty' }),
+  hostname: z.string().min(1, { error: 'must not be empty' }),
+  vips: z.array(networkAddress()).default([]),
+  cidrVips: z.array(networkCidr()).default([]),
+  ports: portMap().default({}),
+  subjectAltNames: z.array(z.string()).default([]),
+  canonical: z.boolean().default(false),
+  waypoint: gatewayAddress().nullable().default(null),
+  loadBalancer: z
+    .strictObject({
+      routingPreferences: z.array(z.enum(['Region', 'Zone', 'Subzone', 'Node', 'Cluster', 'Network'])).default([]),
+      mode: z.enum(['Standard', 'Strict', 'Failover', 'Passthrough']).default('Standard'),
+      healthPolicy: z.enum(['OnlyHealthy', 'AllowAll']).default('OnlyHealthy'),
+    })
+    .nullable()
+    .default(null),
+  ipFamilies: z.enum(['Dual', 'IPv4', 'IPv6']).nullable().default(null),
+  visibility: z.enum(['Public', 'Namespace']).nullable().default(null),
+});
+
+const matchSchema = z.strictObject({
+  namespaces: z.array(stringMatch()).default([]),
+  notNamespaces: z.array(stringMatch()).default([]),
+  principals: z.array(stringMatch()).default([]),
+  notPrincipals: z.array(stringMatch()).default([]),
+  serviceAccounts: z.array(serviceAccountMatch()).default([]),
+  notServiceAccounts: z.array(serviceAccountMatch()).default([]),
+  sourceIps: z.array(cidr()).default([]),
+  notSourceIps: z.array(cidr()).default([]),
+  destinationIps: z.array(cidr()).default([]),
+  notDestinationIps: z.array(cidr()).default([]),
+  destinationPorts: z.array(port()).default([]),
+  notDestinationPorts: z.array(port()).default([]),
+});
+
+const policySchema = z.strictObject({
+  name: z.string().min(1, { error: 'must not be empty' }),
+  // Global policies live under namespace "" (spec §8).
+  namespace: z.string().default(''),
+  scope: z.enum(['Global', 'Namespace', 'WorkloadSelector']),
+  action: z.enum(['Allow', 'Deny']),
+  dryRun: z.boolean().default(false),
+  rules: z.array(z.array(z.array(matchSchema))).default([]),
+});
+
+const documentSchema = z
+  .strictObject({
+    workloads: z.array(workloadSchema).default([]),
+    services: z.array(serviceSchema).default([]),
+    policies: z.array(policySchema).default([]),
+  })
+  .superRefine((doc, ctx) => {
+    const dup = (kind: string, keys: string[], field: string | null, what: string) => {
+      const seen = new Map<string, number>();
+      keys.forEach((key, i) => {
+        const first = seen.get(key);
+        if (first === undefined) {
+          seen.set(key, i);
+        } else {
+          ctx.addIssue({
+            code: 'custom',
+            path: field === null ? [kind, i] : [kind, i, field],
+            message: `duplicate ${what} "${key}" (also ${kind}[${first}])`,
+          });
+        }
+      });
+    };
+    dup('workloads', doc.workloads.map((w) => w.uid), 'uid', 'uid');
+    dup('services', doc.services.map(serviceKey), null, 'service');
+    dup('policies', doc.policies.map(policyKey), null, 'policy');
+  });
+
+// Compile-time proof that the schema produces the state model (a drift breaks the build, not a test).
+type Parsed = z.output<typeof documentSchema>;
+const _workloadFits = (w: Parsed['workloads'][number]): WorkloadInfo => w;
+const _serviceFits = (s: Parsed['services'][number]): ServiceInfo => s;
+const _policyFits = (p: Parsed['policies'][number]): Policy => p;
+
+// ---- error rendering -----------------------------------------------------------------------------------------
+
+/** `workloads[1].workloadIps[0]`, `workloads[0].services["default/echo"]` */
+export function formatPath(path: readonly PropertyKey[]): string {
+  let out = '';
+  for (const part of path) {
+    if (typeof part === 'number') out += `[${part}]`;
+    else if (typeof part === 'string' && /^[A-Za-z_$][\w$]*$/.test(part)) out += out === '' ? part : `.${part}`;
+    else out += `[${JSON.stringify(String(part))}]`;
+  }
+  return out === '' ? '(document)' : out;
+}
+
+function describeIssue(issue: z.core.$ZodIssue): string[] {
+  switch (issue.code) {
+    case 'unrecognized_keys':
+      return issue.keys.map((k) => `${formatPath([...issue.path, k])}: unknown field "${k}"`);
+    case 'invalid_key': {
+      const inner = issue.issues[0]?.message ?? issue.message;
+      return [`${formatPath(issue.path)}: invalid key: ${inner}`];
+    }
+    case 'invalid_value':
+      return [`${formatPath(issue.path)}: ${JSON.stringify(issue.input)} is not one of ${issue.values.map(String).join('|')}`];
+    case 'invalid_type':
+      if (issue.input === undefined) return [`${formatPath(issue.path)}: missing required field`];
+      return [`${formatPath(issue.path)}: expected ${issue.expected}, got ${describeValue(issue.input)}`];
+    default:
+      return [`${formatPath(issue.path)}: ${issue.message}`];
+  }
+}
+
+function describeValue(v: unknown): string {
+  if (v === null) return 'null';
+  if (Array.isArray(v)) return 'a list';
+  if (typeof v === 'object') return 'a mapping';
+  return `${typeof v} ${JSON.stringify(v)}`;
+}
+
+// ---- entry points --------------------------------------------------------------------------------------------
+
+/** Parses and validates one document. `source` names it in errors (a file path, or "LOCAL_XDS"). */
+export function parseLocalConfig(text: string, source: string): LocalConfig {
+  const doc = parseDocument(text, { uniqueKeys: true, prettyErrors: true });
+  if (doc.errors.length > 0) {
+    const first = doc.errors[0];
+    const where = first?.linePos?.[0] ? `line ${first.linePos[0].line}, column ${first.linePos[0].col}: ` : '';
+    // prettyErrors appends " at line L, column C:" and a source excerpt; we print the position ourselves.
+    const msg = (first?.message ?? 'invalid YAML').split('\n')[0]?.replace(/ at line \d+, column \d+:?$/, '');
+    throw new LocalConfigError(`${source}: ${where}invalid YAML: ${msg}`);
+  }
+  // An empty file is an empty config, as in ztunnel.
+  const raw: unknown = doc.toJS() ?? {};
+  const parsed = documentSchema.safeParse(raw, { reportInput: true });
+  if (!parsed.success) {
+    const lines = parsed.error.issues.flatMap(describeIssue).map((line) => `${source}: ${line}`);
+    throw new LocalConfigError(lines.join('\n'));
+  }
+  return { ...parsed.data, raw, source };
+}
+
+/** Loads LOCAL_XDS_PATH or LOCAL_XDS; null when neither is set. */
+export async function loadLocalConfig(cfg: { localXdsPath: string | null; localXds: string | null }): Promise<LocalConfig | null> {
+  if (cfg.localXds !== null) return parseLocalConfig(cfg.localXds, 'LOCAL_XDS');
+  if (cfg.localXdsPath === null) return null;
+  let text: string;
+  try {
+    text = await readFile(cfg.localXdsPath, 'utf8');
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    const problem = code === 'ENOENT' ? 'no such file' : code === 'EACCES' ? 'permission denied' : String(err);
+    throw new LocalConfigError(`${cfg.localXdsPath}: cannot read the local config: ${problem}`, { cause: err });
+  }
+  return parseLocalConfig(text, cfg.localXdsPath);
+}

@@ -1,0 +1,201 @@
+// The ONE schema for ztunnel-node's configuration. Keys are environment variable names (ztunnel's names where
+// ztunnel has the knob, spec §6.2); every key also has a CLI flag derived mechanically from it
+// (NODE_NAME <-> --node-name), so docs, `--help` and parsing cannot drift apart. Values arrive as strings from
+// either source and each field schema converts and validates its own string; cross-field rules live in
+// `superRefine` below. Defaults are NOT here: they depend on other fields (mode, CPU count) and live, named and
+// explained, in defaults.ts and are applied in index.ts.
+import { z } from 'zod';
+import { parseDurationMs } from './duration.js';
+import { parseSocketAddress, type SocketAddress } from './address.js';
+import { parseLogFilter, type LogFilter } from '../log/filter.js';
+
+type Ctx = z.core.$RefinementCtx<string>;
+
+function fail(ctx: Ctx, input: string, message: string): never {
+  ctx.issues.push({ code: 'custom', input, message });
+  return z.NEVER as never;
+}
+
+const text = () => z.string();
+
+const nonEmpty = () =>
+  z.string().transform((s, ctx) => (s.trim() === '' ? fail(ctx, s, 'must not be empty') : s.trim()));
+
+const positiveInt = (max = Number.MAX_SAFE_INTEGER) =>
+  z.string().transform((s, ctx) => {
+    const n = /^\d+$/.test(s.trim()) ? Number(s) : NaN;
+    if (!Number.isSafeInteger(n) || n < 1 || n > max) {
+      return fail(ctx, s, `"${s}" is not an integer between 1 and ${max}`);
+    }
+    return n;
+  });
+
+const nonNegativeInt = () =>
+  z.string().transform((s, ctx) => {
+    const n = /^\d+$/.test(s.trim()) ? Number(s) : NaN;
+    return Number.isSafeInteger(n) ? n : fail(ctx, s, `"${s}" is not a non-negative integer`);
+  });
+
+const cpuQuantity = () =>
+  z.string().transform((s, ctx) => {
+    const n = /^\d+(\.\d+)?$/.test(s.trim()) ? Number(s) : NaN;
+    return n > 0 ? n : fail(ctx, s, `"${s}" is not a positive number of cores`);
+  });
+
+const duration = () =>
+  z.string().transform((s, ctx) => {
+    const ms = parseDurationMs(s);
+    return ms === undefined ? fail(ctx, s, `"${s}" is not a duration (e.g. 500ms, 10s, 5m, 1h30m)`) : ms;
+  });
+
+const bool = () =>
+  z.string().transform((s, ctx) => {
+    const v = s.trim().toLowerCase();
+    if (v === 'true' || v === '1') return true;
+    if (v === 'false' || v === '0') return false;
+    return fail(ctx, s, `"${s}" is not a boolean (true|false)`);
+  });
+
+const address = () =>
+  z.string().transform((s, ctx): SocketAddress => {
+    const a = parseSocketAddress(s);
+    return typeof a === 'string' ? fail(ctx, s, a) : a;
+  });
+
+const oneOf = <const T extends readonly [string, ...string[]]>(values: T) =>
+  z.string().transform((s, ctx): T[number] => {
+    const v = s.trim();
+    return (values as readonly string[]).includes(v)
+      ? (v as T[number])
+      : fail(ctx, s, `"${s}" is not one of ${values.join('|')}`);
+  });
+
+/** "N" threads, "N%" of the cores, or "0" for all cores (ztunnel's ZTUNNEL_WORKER_THREADS). */
+export type WorkerThreadsSetting = { kind: 'count'; count: number } | { kind: 'percent'; percent: number };
+
+const workerThreads = () =>
+  z.string().transform((s, ctx): WorkerThreadsSetting => {
+    const v = s.trim();
+    const pct = /^(\d+(?:\.\d+)?)%$/.exec(v);
+    if (pct) {
+      const percent = Number(pct[1]);
+      if (percent > 0 && percent <= 100) return { kind: 'percent', percent };
+      return fail(ctx, s, `"${s}": a percentage must be in (0, 100]`);
+    }
+    if (/^\d+$/.test(v) && Number.isSafeInteger(Number(v))) return { kind: 'count', count: Number(v) };
+    return fail(ctx, s, `"${s}" is not a thread count, "N%" of the cores, or 0 (all cores)`);
+  });
+
+const logFilter = () =>
+  z.string().transform((s, ctx): LogFilter => {
+    const f = parseLogFilter(s);
+    return typeof f === 'string' ? fail(ctx, s, f) : f;
+  });
+
+const workloadInfo = () =>
+  z.string().transform((s, ctx) => {
+    const parts = s.trim().split('/');
+    if (parts.length !== 3 || parts.some((p) => p === '')) {
+      return fail(ctx, s, `"${s}" is not namespace/name/serviceaccount`);
+    }
+    const [namespace, name, serviceAccount] = parts as [string, string, string];
+    return { namespace, name, serviceAccount };
+  });
+
+const url = () =>
+  z.string().transform((s, ctx) => {
+    const v = s.trim();
+    if (v === '') return ''; // "" disables the client (ztunnel semantics)
+    // ztunnel accepts "host:port" and assumes https.
+    const withScheme = /^[a-z][a-z0-9+.-]*:\/\//i.test(v) ? v : `https://${v}`;
+    try {
+      return new URL(withScheme).toString().replace(/\/$/, '');
+    } catch {
+      return fail(ctx, s, `"${s}" is not an address (https://host:port)`);
+    }
+  });
+
+export const PROXY_MODES = ['shared', 'dedicated', 'local'] as const;
+export type ProxyMode = (typeof PROXY_MODES)[number];
+export const LOG_FORMATS = ['plain', 'json'] as const;
+export type LogFormat = (typeof LOG_FORMATS)[number];
+
+// Every field is optional: absence means "use the default" (defaults.ts). The description is the --help text.
+const fields = {
+  PROXY_MODE: oneOf(PROXY_MODES).optional().describe('shared (in-pod, default) | dedicated | local (loopback demo mode)'),
+  PROXY_WORKLOAD_INFO: workloadInfo().optional().describe('namespace/name/serviceaccount (required in dedicated mode)'),
+  LOCAL_XDS_PATH: nonEmpty().optional().describe('local config YAML file (workloads, services, policies)'),
+  LOCAL_XDS: nonEmpty().optional().describe('local config YAML inline (exclusive with LOCAL_XDS_PATH)'),
+  XDS_ADDRESS: url().optional().describe('istiod XDS address; "" disables XDS (default: istiod, none in local mode)'),
+  CA_ADDRESS: url().optional().describe('istiod CA address; "" disables (default: istiod, none in local mode)'),
+  NODE_NAME: nonEmpty().optional().describe('this node; workloads with this node are local (required in local mode)'),
+  CLUSTER_ID: nonEmpty().optional().describe('cluster id (default Kubernetes; ISTIO_META_CLUSTER_ID wins over env)'),
+  ISTIO_META_CLUSTER_ID: nonEmpty().optional().describe('cluster id from proxy metadata (wins over CLUSTER_ID env)'),
+  ISTIO_META_ISTIO_VERSION: nonEmpty().optional().describe('Istio version for the istio_build metric tag'),
+  CLUSTER_DOMAIN: nonEmpty().optional().describe('cluster DNS domain (default cluster.local)'),
+  TRUST_DOMAIN: nonEmpty().optional().describe('trust domain of our own identity (default cluster.local)'),
+  NETWORK: text().optional().describe('network of this node (default "")'),
+  KUBERNETES_SERVICE_HOST: text().optional().describe('set inside Kubernetes; selects the in-cluster istiod address'),
+  POOL_MAX_STREAMS_PER_CONNECTION: positiveInt(2 ** 31 - 1).optional().describe('HBONE streams per pooled connection (100)'),
+  POOL_UNUSED_RELEASE_TIMEOUT: duration().optional().describe('idle pooled connection eviction (5m)'),
+  HTTP2_STREAM_WINDOW_SIZE: positiveInt(2 ** 31 - 1).optional().describe('HTTP/2 stream window bytes (4194304)'),
+  HTTP2_CONNECTION_WINDOW_SIZE: positiveInt(2 ** 31 - 1).optional().describe('HTTP/2 connection window bytes (16777216)'),
+  HTTP2_FRAME_SIZE: positiveInt(2 ** 24 - 1).optional().describe('HTTP/2 max frame size bytes (1048576)'),
+  CONNECTION_TIMEOUT: duration().optional().describe('upstream connect timeout (10s)'),
+  CONNECTION_TERMINATION_DEADLINE: duration().optional().describe('drain deadline (default from TERMINATION_GRACE_PERIOD_SECONDS, else 5s)'),
+  TERMINATION_GRACE_PERIOD_SECONDS: nonNegativeInt().optional().describe('pod grace period; drain deadline N-5s if N>10 else N-1s (min 1s)'),
+  ZTUNNEL_WORKER_THREADS: workerThreads().optional().describe('dataplane threads: N, N% of cores, or 0 = all cores'),
+  ZTUNNEL_CPU_LIMIT: cpuQuantity().optional().describe('cores to size thread pools by (default: all)'),
+  ZTUNNEL_RESOURCE_CPU_LIMIT: cpuQuantity().optional().describe('container CPU limit (cores); wins over ZTUNNEL_CPU_LIMIT'),
+  ZTUNNEL_RESOURCE_CPU_REQUEST: cpuQuantity().optional().describe('container CPU request (cores)'),
+  SECRET_TTL: duration().optional().describe('requested certificate lifetime (24h)'),
+  RUST_LOG: logFilter().optional().describe('log filter: level[,target=level...] (info)'),
+  LOG_FORMAT: oneOf(LOG_FORMATS).optional().describe('plain | json (plain)'),
+  UNSTABLE_ENABLE_SOCKS5: bool().optional().describe('SOCKS5 listener on :15080 per local workload (default: on in local mode)'),
+  LOCAL_CA_DIR: nonEmpty().optional().describe('directory of the built-in CA root (created if absent; required in local mode)'),
+  ADMIN_ADDR: address().optional().describe('admin server (127.0.0.1:15000)'),
+  STATS_ADDR: address().optional().describe('Prometheus server (0.0.0.0:15020)'),
+  READINESS_ADDR: address().optional().describe('readiness server (0.0.0.0:15021)'),
+};
+
+export type ConfigKey = keyof typeof fields;
+
+/** Keys whose CLI flag may be given without a value (`--unstable-enable-socks5` means true). */
+export const BOOLEAN_KEYS: ReadonlySet<ConfigKey> = new Set<ConfigKey>(['UNSTABLE_ENABLE_SOCKS5']);
+
+/**
+ * Keys where an empty string is a value, not "unset". Kubernetes manifests often carry `value: ""`; for every
+ * other key that means "use the default".
+ */
+export const EMPTY_IS_VALUE: ReadonlySet<ConfigKey> = new Set<ConfigKey>(['XDS_ADDRESS', 'CA_ADDRESS', 'NETWORK']);
+
+export const configSchema = z.object(fields).superRefine((raw, ctx) => {
+  if (raw.LOCAL_XDS_PATH !== undefined && raw.LOCAL_XDS !== undefined) {
+    ctx.addIssue({ code: 'custom', path: ['LOCAL_XDS'], message: 'is exclusive with LOCAL_XDS_PATH; set only one' });
+  }
+  const mode = raw.PROXY_MODE ?? 'shared';
+  if (mode === 'dedicated' && raw.PROXY_WORKLOAD_INFO === undefined) {
+    ctx.addIssue({ code: 'custom', path: ['PROXY_WORKLOAD_INFO'], message: 'is required when PROXY_MODE=dedicated' });
+  }
+  if (mode === 'local') {
+    if (raw.NODE_NAME === undefined) {
+      ctx.addIssue({ code: 'custom', path: ['NODE_NAME'], message: 'is required when PROXY_MODE=local (it selects the local workloads)' });
+    }
+    if (raw.LOCAL_CA_DIR === undefined) {
+      ctx.addIssue({ code: 'custom', path: ['LOCAL_CA_DIR'], message: 'is required when PROXY_MODE=local (the built-in CA signs the local workloads\' certificates)' });
+    }
+  }
+});
+
+export type RawConfig = z.output<typeof configSchema>;
+
+export const CONFIG_KEYS = Object.keys(fields) as ConfigKey[];
+
+export function describeKey(key: ConfigKey): string {
+  return fields[key].description ?? '';
+}
+
+/** NODE_NAME -> --node-name */
+export function flagFor(key: ConfigKey): string {
+  return `--${key.toLowerCase().replace(/_/g, '-')}`;
+}

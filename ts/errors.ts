@@ -1,0 +1,100 @@
+// The error catalog: every failure that crosses a module boundary carries a stable `code` (what failed) and
+// `retryable` (whether trying again, unchanged, can help). Native errors arrive as `Error`s whose message starts
+// with `<CODE>: ` (docs/native-api.md); `fromNativeError` turns them into ZtunnelErrors so callers switch on
+// `code`, never on message text.
+
+export interface ErrorKind {
+  readonly retryable: boolean;
+  readonly description: string;
+}
+
+export const ERROR_CATALOG = {
+  // From the native module (prefixes of its error messages).
+  INVALID_STATE: { retryable: false, description: 'the dataplane rejected a state delta; the previous state stays' },
+  CERT_MISMATCH: { retryable: false, description: 'the certificate does not match the pending key; create a new CSR' },
+  BIND_FAILED: { retryable: true, description: 'a listener could not bind (address in use or not local)' },
+  CA_ERROR: { retryable: true, description: 'the local CA could not load or create its root' },
+  CSR_INVALID: { retryable: false, description: 'the CSR signature or identity did not verify' },
+  // Also emitted by the native module, though docs/native-api.md does not list them (yet).
+  INVALID_CONFIG: { retryable: false, description: 'the dataplane rejected its DataplaneConfig' },
+  INVALID_SPEC: { retryable: false, description: 'a local workload spec was malformed' },
+  INVALID_IDENTITY: { retryable: false, description: 'not a SPIFFE identity the dataplane accepts' },
+  CSR_FAILED: { retryable: true, description: 'key or CSR generation failed' },
+  CERT_INVALID: { retryable: false, description: 'the certificate chain or roots do not parse' },
+  NO_CERTIFICATE: { retryable: true, description: 'no certificate installed for the identity yet' },
+  TLS_CONFIG: { retryable: false, description: 'a TLS configuration could not be built from the certificate' },
+  RUNTIME: { retryable: false, description: 'the dataplane runtime failed' },
+  // From the TypeScript layer.
+  NATIVE_UNAVAILABLE: { retryable: false, description: 'no native binary for this platform' },
+  NATIVE_ERROR: { retryable: false, description: 'the native module failed without a known code' },
+  CONFIG_INVALID: { retryable: false, description: 'an environment variable or flag is invalid' },
+  LOCAL_CONFIG_INVALID: { retryable: false, description: 'the local config file is unreadable or invalid' },
+  CA_UNAVAILABLE: { retryable: true, description: 'the certificate authority could not sign' },
+} as const satisfies Record<string, ErrorKind>;
+
+export type ErrorCode = keyof typeof ERROR_CATALOG;
+
+export class ZtunnelError extends Error {
+  readonly code: ErrorCode;
+  readonly retryable: boolean;
+
+  constructor(code: ErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'ZtunnelError';
+    this.code = code;
+    this.retryable = ERROR_CATALOG[code].retryable;
+  }
+}
+
+/** An invalid environment variable or CLI flag; the message names the variable/flag and the problem. */
+export class ConfigError extends ZtunnelError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('CONFIG_INVALID', message, options);
+    this.name = 'ConfigError';
+  }
+}
+
+/** An invalid local config document; the message names the file, the path in the document and the problem. */
+export class LocalConfigError extends ZtunnelError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('LOCAL_CONFIG_INVALID', message, options);
+    this.name = 'LocalConfigError';
+  }
+}
+
+const NATIVE_CODES = [
+  'INVALID_STATE',
+  'CERT_MISMATCH',
+  'BIND_FAILED',
+  'CA_ERROR',
+  'CSR_INVALID',
+  'INVALID_CONFIG',
+  'INVALID_SPEC',
+  'INVALID_IDENTITY',
+  'CSR_FAILED',
+  'CERT_INVALID',
+  'NO_CERTIFICATE',
+  'TLS_CONFIG',
+  'RUNTIME',
+] as const satisfies readonly ErrorCode[];
+
+/**
+ * Maps an error thrown by the native module to a ZtunnelError. The `<CODE>: ` prefix is stripped from the message
+ * (the code is on `.code`); unknown messages become NATIVE_ERROR with the text unchanged.
+ */
+export function fromNativeError(err: unknown): ZtunnelError {
+  if (err instanceof ZtunnelError) return err;
+  const message = err instanceof Error ? err.message : String(err);
+  for (const code of NATIVE_CODES) {
+    const prefix = `${code}:`;
+    if (message.startsWith(prefix)) {
+      return new ZtunnelError(code, message.slice(prefix.length).trim(), { cause: err });
+    }
+  }
+  return new ZtunnelError('NATIVE_ERROR', message, { cause: err });
+}
+
+/** True for errors that are a user's configuration mistake (the CLI exits 2 for these). */
+export function isConfigError(err: unknown): err is ZtunnelError {
+  return err instanceof ZtunnelError && (err.code === 'CONFIG_INVALID' || err.code === 'LOCAL_CONFIG_INVALID');
+}

@@ -1,0 +1,22 @@
+// Native dataplane events -> logs. Access events go to the `access` target (ztunnel's access log target) so they
+// can be filtered separately (RUST_LOG=warn,access=info); other native logs go to `dataplane`.
+import type { Logger } from 'pino';
+import type { NativeEvent } from '../native/types.js';
+
+export function logNativeEvent(ev: NativeEvent, loggers: { access: Logger; dataplane: Logger }): void {
+  if (ev.kind === 'dropped') {
+    loggers.dataplane.warn({ count: ev.count }, 'dataplane event queue overflowed; events dropped');
+    return;
+  }
+  const logger = ev.kind === 'access' ? loggers.access : loggers.dataplane;
+  switch (ev.level) {
+    case 'error':
+      return logger.error(ev.fields, ev.message);
+    case 'warn':
+      return logger.warn(ev.fields, ev.message);
+    case 'debug':
+      return logger.debug(ev.fields, ev.message);
+    default:
+      return logger.info(ev.fields, ev.message);
+  }
+}

@@ -1,0 +1,160 @@
+// The typed face of the native module. Everything crosses as one JSON string per call (docs/native-api.md); this
+// file owns the stringify/parse and maps native error prefixes to the error catalog, so no other module sees raw
+// JSON or message prefixes.
+//
+// The binding is loaded lazily: `ztunnel-node --help`, config errors and the unit tests must work on a machine
+// that has no native binary yet.
+import { createRequire } from 'node:module';
+import type * as B from './binding.cjs';
+import { fromNativeError, ZtunnelError } from '../errors.js';
+import type {
+  BoundListeners,
+  DataplaneConfig,
+  InstalledCertificate,
+  ListenerInfo,
+  LocalWorkloadSpec,
+  MetricsSnapshot,
+  NativeEvent,
+  NativeVersion,
+  StateDelta,
+} from './types.js';
+
+export type * from './types.js';
+
+type Binding = typeof B;
+
+const require = createRequire(import.meta.url);
+let binding: Binding | undefined;
+
+/** `linux-x64-gnu`, `linux-arm64-musl`, `darwin-arm64`: the name a prebuilt binary would be published under. */
+export function platformTag(): string {
+  const base = `${process.platform}-${process.arch}`;
+  if (process.platform !== 'linux') return base;
+  const header = (process.report?.getReport() as { header?: { glibcVersionRuntime?: string } } | undefined)?.header;
+  return `${base}-${header?.glibcVersionRuntime ? 'gnu' : 'musl'}`;
+}
+
+function load(): Binding {
+  if (binding) return binding;
+  try {
+    // binding.cjs is the napi-rs loader; the native build copies it next to this file (dist/native/).
+    binding = require('./binding.cjs') as Binding;
+    return binding;
+  } catch (err) {
+    const reason = err instanceof Error ? err.message.split('\n')[0] : String(err);
+    throw new ZtunnelError(
+      'NATIVE_UNAVAILABLE',
+      `no native binary for ${platformTag()} (${reason}); run \`npm run build:native\` to build one`,
+      { cause: err },
+    );
+  }
+}
+
+function call<T>(fn: () => T): T {
+  try {
+    return fn();
+  } catch (err) {
+    throw fromNativeError(err);
+  }
+}
+
+async function callAsync<T>(fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    throw fromNativeError(err);
+  }
+}
+
+/** One running dataplane (a tokio runtime inside the native module). Unusable after `shutdown()`. */
+export class Dataplane {
+  private constructor(private readonly inner: B.Dataplane) {}
+
+  static open(cfg: DataplaneConfig): Dataplane {
+    const { Dataplane: Native } = load();
+    return new Dataplane(call(() => new Native(JSON.stringify(cfg))));
+  }
+
+  /** Throws ZtunnelError INVALID_STATE when rejected; the previous state stays. */
+  applyState(delta: StateDelta): void {
+    call(() => this.inner.applyState(JSON.stringify(delta)));
+  }
+
+  /** A PEM CSR for `identity` (a SPIFFE URI); the private key stays in Rust. Replaces any pending key. */
+  createCsr(identity: string): string {
+    return call(() => this.inner.createCsr(identity));
+  }
+
+  /** `chainPem`: leaf first, then intermediates. Throws CERT_MISMATCH if it does not match the pending key. */
+  installCertificate(identity: string, chainPem: string, rootsPem: string): void {
+    call(() => this.inner.installCertificate(identity, chainPem, rootsPem));
+  }
+
+  /** Binds the workload's listeners; rejects with BIND_FAILED. Resolves the actually bound addresses. */
+  async addLocalWorkload(spec: LocalWorkloadSpec): Promise<BoundListeners> {
+    const json = await callAsync(() => this.inner.addLocalWorkload(JSON.stringify(spec)));
+    return JSON.parse(json) as BoundListeners;
+  }
+
+  removeLocalWorkload(uid: string): Promise<void> {
+    return callAsync(() => this.inner.removeLocalWorkload(uid));
+  }
+
+  metrics(): MetricsSnapshot {
+    return JSON.parse(call(() => this.inner.metrics())) as MetricsSnapshot;
+  }
+
+  /** Events queued since the last call, oldest first. */
+  drainEvents(): NativeEvent[] {
+    return JSON.parse(call(() => this.inner.drainEvents())) as NativeEvent[];
+  }
+
+  certificates(): InstalledCertificate[] {
+    return JSON.parse(call(() => this.inner.certificates())) as InstalledCertificate[];
+  }
+
+  listeners(): ListenerInfo[] {
+    return JSON.parse(call(() => this.inner.listeners())) as ListenerInfo[];
+  }
+
+  /**
+   * Stop accepting, GOAWAY, wait up to `deadlineMs` for connections, close the rest. Idempotent. Resolves true
+   * when every connection finished before the deadline (false: some were closed forcibly).
+   */
+  drain(deadlineMs: number): Promise<boolean> {
+    return callAsync(() => this.inner.drain(deadlineMs));
+  }
+
+  /** Stops and joins the runtime. Call after `drain`. */
+  shutdown(): void {
+    call(() => this.inner.shutdown());
+  }
+}
+
+export function openDataplane(cfg: DataplaneConfig): Dataplane {
+  return Dataplane.open(cfg);
+}
+
+/** The built-in CA (LOCAL_CA_DIR): a root key and certificate kept on disk, shared by the daemons of one host. */
+export class LocalCa {
+  private constructor(private readonly inner: B.LocalCa) {}
+
+  /** Loads or creates `<dir>/root-cert.pem` and `<dir>/root-key.pem`. Throws CA_ERROR. */
+  static open(dir: string, trustDomain: string): LocalCa {
+    const { LocalCa: Native } = load();
+    return new LocalCa(call(() => Native.open(dir, trustDomain)));
+  }
+
+  rootPem(): string {
+    return call(() => this.inner.rootPem());
+  }
+
+  /** The chain PEM (leaf then root). Throws CSR_INVALID when the CSR does not verify or names another identity. */
+  sign(csrPem: string, identity: string, ttlSeconds: number): string {
+    return call(() => this.inner.sign(csrPem, identity, ttlSeconds));
+  }
+}
+
+export function nativeVersion(): NativeVersion {
+  return JSON.parse(call(() => load().version())) as NativeVersion;
+}

@@ -1,0 +1,132 @@
+// The JSON shapes that cross the native boundary, exactly as docs/native-api.md defines them. Keep this file and
+// that document identical: the Rust side deserializes these names, so a renamed field is a silent protocol break.
+
+export interface DataplaneConfig {
+  nodeName: string;
+  clusterId: string;
+  network: string;
+  trustDomain: string;
+  /** tokio worker threads (>= 1). */
+  workerThreads: number;
+  /** Port dialed on HBONE peers (15008). */
+  hbonePort: number;
+  poolMaxStreamsPerConnection: number;
+  poolUnusedReleaseTimeoutMs: number;
+  http2: { streamWindowSize: number; connectionWindowSize: number; frameSize: number };
+  connectTimeoutMs: number;
+  terminationDeadlineMs: number;
+  /** Include 15080 in the illegal ports. */
+  socks5Enabled: boolean;
+  /** Bind outbound sockets to the source workload's IP (local mode: peers then see the workload's address). */
+  bindSourceIp: boolean;
+}
+
+export type WorkloadProtocol = 'HBONE' | 'TCP';
+export type HealthStatus = 'Healthy' | 'Unhealthy';
+export type WorkloadType = 'deployment' | 'cronjob' | 'pod' | 'job';
+
+export interface Locality {
+  region: string;
+  zone: string;
+  subzone: string;
+}
+
+export interface Workload {
+  uid: string;
+  name: string;
+  namespace: string;
+  serviceAccount: string;
+  trustDomain: string;
+  workloadIps: string[];
+  network: string;
+  protocol: WorkloadProtocol;
+  node: string;
+  status: HealthStatus;
+  capacity: number;
+  canonicalName: string;
+  canonicalRevision: string;
+  workloadName: string;
+  workloadType: WorkloadType;
+  clusterId: string;
+  locality: Locality;
+  /** "ns/hostname" -> { "<servicePort>": targetPort } */
+  services: Record<string, Record<string, number>>;
+  authorizationPolicies: string[];
+  hostname: string;
+}
+
+export interface Service {
+  name: string;
+  namespace: string;
+  hostname: string;
+  /** "<network>/<ip>" */
+  vips: string[];
+  /** "<servicePort>" -> targetPort (0 = same as the service port) */
+  ports: Record<string, number>;
+  subjectAltNames: string[];
+}
+
+export interface StateDelta {
+  /** true: replace the whole state with what follows. */
+  full?: boolean;
+  workloads?: Workload[];
+  removedWorkloads?: string[];
+  services?: Service[];
+  /** "namespace/hostname" */
+  removedServices?: string[];
+}
+
+export interface ConnectionCounters {
+  labels: Record<string, string>;
+  opened: number;
+  closed: number;
+  failed: number;
+  sent: number;
+  received: number;
+}
+
+/** Counters are cumulative since the dataplane started. */
+export interface MetricsSnapshot {
+  connections: ConnectionCounters[];
+  socketsOpen: { source: number; destination: number };
+}
+
+export type EventLevel = 'info' | 'error' | 'debug' | 'warn';
+
+export type NativeEvent =
+  | { kind: 'access'; level: EventLevel; message: string; fields: Record<string, string | number> }
+  | { kind: 'log'; level: EventLevel; message: string; fields: Record<string, string | number> }
+  | { kind: 'dropped'; count: number };
+
+export interface LocalWorkloadSpec {
+  uid: string;
+  /** Inbound HBONE listener (HBONE workloads only). */
+  hboneAddr?: string;
+  /** SOCKS5 entry for the workload's outbound traffic. */
+  socksAddr?: string;
+}
+
+export interface BoundListeners {
+  uid: string;
+  hboneAddr?: string;
+  socksAddr?: string;
+}
+
+export type ListenerInfo = BoundListeners;
+
+export interface InstalledCertificate {
+  identity: string;
+  chainPem: string;
+  rootsPem: string;
+  notBefore: string;
+  notAfter: string;
+  serial: string;
+}
+
+export interface NativeVersion {
+  version: string;
+  cryptoProvider: 'aws-lc-rs' | 'ring';
+  buildProfile: 'release' | 'debug';
+  /** In docs/native-api.md, but the current native build omits it; readers fall back to "unknown". */
+  rustVersion?: string;
+}
