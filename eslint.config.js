@@ -1,5 +1,6 @@
 // Lint for the TypeScript layer and the JavaScript tests, scripts and benchmarks.
 import js from '@eslint/js';
+import globals from 'globals';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
@@ -8,13 +9,7 @@ export default tseslint.config(
   ...tseslint.configs.recommended,
   {
     files: ['**/*.{js,mjs,cjs}'],
-    languageOptions: {
-      globals: {
-        process: 'readonly', console: 'readonly', Buffer: 'readonly', setTimeout: 'readonly',
-        clearTimeout: 'readonly', setInterval: 'readonly', clearInterval: 'readonly', URL: 'readonly',
-        setImmediate: 'readonly', AbortController: 'readonly', structuredClone: 'readonly',
-      },
-    },
+    languageOptions: { globals: globals.node },
   },
   {
     rules: {

@@ -1,5 +1,4 @@
 // The admin server's routes and answers (spec §7.1), against fake handlers.
-/* global fetch */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createAdminServer } from '../../dist/admin/admin-server.js';

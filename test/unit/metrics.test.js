@@ -1,5 +1,4 @@
 // Metrics rendering is a pure function of the native MetricsSnapshot (no native module needed).
-/* global fetch */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Metrics, TRAFFIC_LABELS, OPENMETRICS_CONTENT_TYPE } from '../../dist/admin/metrics.js';

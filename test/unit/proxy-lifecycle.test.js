@@ -1,5 +1,4 @@
 // runProxy end to end against a fake dataplane and a fake CA (no native module): what an operator sees through
-/* global fetch */
 // readiness, config_dump, metrics and logs, and the shutdown sequence.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

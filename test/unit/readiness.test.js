@@ -1,5 +1,4 @@
 // Readiness: named pending tasks, the /healthz/ready answer, and the readiness server over real HTTP.
-/* global fetch */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Readiness, renderReadiness } from '../../dist/lifecycle/readiness.js';
