@@ -3,6 +3,7 @@
 import { createServer, type Server } from 'node:http';
 import { formatLogFilter, parseLogFilter } from '../log/filter.js';
 import type { Logs } from '../log/logger.js';
+import type { AuthorizeExplanation, AuthorizeRequest } from '../native/types.js';
 import { pathOf, queryOf, reply } from './http.js';
 
 export interface AdminHandlers {
@@ -11,6 +12,8 @@ export interface AdminHandlers {
   /** Starts a graceful shutdown; must return promptly (the reply is sent after it returns). */
   quit(reason: string): void;
   logs: Logs;
+  /** Explain an authorization decision with the dataplane's own evaluation (absent: 503). */
+  authorize?(req: AuthorizeRequest): AuthorizeExplanation;
 }
 
 /** ztunnel's admin headers timeout: admin requests are tiny, a slow client is a stuck one. */
@@ -20,7 +23,20 @@ const ENDPOINTS: ReadonlyArray<[string, string]> = [
   ['/config_dump', 'dump the current state: workloads, services, policies, certificates, config, version'],
   ['/logging', 'POST: show the log filter; ?level=<level> or ?level=<target>=<level>,... to change it; ?reset'],
   ['/quitquitquit', 'POST: start a graceful shutdown'],
+  ['/debug/authorize', '?src_identity=<spiffe id>&src_ip=<ip>&dst=<ip:port>: the L4 authorization decision and why'],
 ];
+
+const AUTHORIZE_HELP =
+  'usage: GET /debug/authorize?dst=<workload ip:port>[&src_ip=<ip>][&src_identity=<spiffe://...>] (no identity = plaintext)\n';
+
+/** Parse /debug/authorize's query. Returns the request, or the problem. */
+export function authorizeRequest(q: URLSearchParams): AuthorizeRequest | string {
+  const dst = q.get('dst');
+  if (dst === null || dst === '') return `dst is required\n${AUTHORIZE_HELP}`;
+  const srcIdentity = q.get('src_identity') ?? q.get('srcIdentity') ?? '';
+  const srcIp = q.get('src_ip') ?? q.get('srcIp') ?? '0.0.0.0';
+  return srcIdentity === '' ? { srcIp, dst } : { srcIdentity, srcIp, dst };
+}
 
 const LOGGING_HELP =
   'usage: POST /logging[?level=<off|error|warn|info|debug|trace> | ?level=<target>=<level>,... | ?reset]\n';
@@ -49,6 +65,17 @@ export function createAdminServer(h: AdminHandlers): Server {
         reply(res, 200, 'shutdown now\n');
         h.quit('admin /quitquitquit');
         return;
+      case '/debug/authorize': {
+        if (req.method !== 'GET') return reply(res, 405, AUTHORIZE_HELP);
+        if (h.authorize === undefined) return reply(res, 503, 'authorization is not available\n');
+        const r = authorizeRequest(queryOf(req));
+        if (typeof r === 'string') return reply(res, 400, r);
+        try {
+          return reply(res, 200, `${JSON.stringify(h.authorize(r), null, 2)}\n`, 'application/json');
+        } catch (err) {
+          return reply(res, 400, `${err instanceof Error ? err.message : String(err)}\n`);
+        }
+      }
       case '/logging':
         return logging(h.logs, req.method, queryOf(req), (status, body) => reply(res, status, body));
       default:

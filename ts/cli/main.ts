@@ -1,5 +1,6 @@
 // `ztunnel-node`: proxy (the daemon; the default, as in ztunnel), version, demo, help.
 // Exit codes: 0 ok, 1 runtime failure, 2 configuration error (message on stderr).
+import { runAuthz } from './authz.js';
 import { CONFIG_KEYS, describeKey, flagFor, loadConfig } from '../config/index.js';
 import { isConfigError } from '../errors.js';
 import { runProxy } from '../lifecycle/proxy.js';
@@ -17,6 +18,7 @@ const USAGE = `usage: ztunnel-node <command> [flags]
 commands:
   proxy [args...]   run the node proxy (default; extra arguments are recorded as config.proxyArgs)
   version           print the version and the native build
+  authz check ...   explain how a running daemon's L4 authorization decides a connection
   demo              two proxies on loopback, one mTLS connection between them, and what it looked like
   help              this text ("<command> --help" for a command's flags)
 `;
@@ -59,6 +61,8 @@ export async function main(argv: readonly string[], env: Readonly<Record<string,
         return EXIT_OK;
       }
       return version();
+    case 'authz':
+      return runAuthz(args, env);
     case 'demo':
       if (args.some(isHelp)) {
         process.stdout.write(DEMO_USAGE);

@@ -45,6 +45,7 @@ export type DataplanePort = Pick<
   | 'installCertificate'
   | 'addLocalWorkload'
   | 'metrics'
+  | 'authorize'
   | 'drainEvents'
   | 'drain'
   | 'shutdown'
@@ -167,6 +168,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     const admin = createAdminServer({
       logs,
       quit: (reason) => void shutdown('graceful', reason),
+      authorize: (r) => dp.authorize(r),
       configDump: () => ({
         workloads: store.dumpWorkloads(),
         services: store.dumpServices(),

@@ -16,6 +16,8 @@ export declare class Dataplane {
   installCertificate(identity: string, chainPem: string, rootsPem: string): void
   addLocalWorkload(specJson: string): Promise<string>
   removeLocalWorkload(uid: string): Promise<void>
+  /** Explain the authorization decision for `{ srcIdentity?, srcIp, dst }` (admin `/debug/authorize`). */
+  authorize(requestJson: string): string
   metrics(): string
   drainEvents(): string
   certificates(): string

@@ -8,6 +8,8 @@ import { createRequire } from 'node:module';
 import type * as B from './binding.cjs';
 import { fromNativeError, ZtunnelError } from '../errors.js';
 import type {
+  AuthorizeExplanation,
+  AuthorizeRequest,
   BoundListeners,
   DataplaneConfig,
   InstalledCertificate,
@@ -102,6 +104,11 @@ export class Dataplane {
 
   metrics(): MetricsSnapshot {
     return JSON.parse(call(() => this.inner.metrics())) as MetricsSnapshot;
+  }
+
+  /** Explain the authorization decision for a hypothetical inbound connection (the enforcement code path). */
+  authorize(request: AuthorizeRequest): AuthorizeExplanation {
+    return JSON.parse(call(() => this.inner.authorize(JSON.stringify(request)))) as AuthorizeExplanation;
   }
 
   /** Events queued since the last call, oldest first. */

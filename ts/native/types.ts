@@ -1,3 +1,4 @@
+import type { NativePolicy } from '../policy/compile.js';
 // The JSON shapes that cross the native boundary, exactly as docs/native-api.md defines them. Keep this file and
 // that document identical: the Rust side deserializes these names, so a renamed field is a silent protocol break.
 
@@ -74,6 +75,25 @@ export interface StateDelta {
   services?: Service[];
   /** "namespace/hostname" */
   removedServices?: string[];
+  /** Compiled authorization policies (ts/policy/compile.ts), upserts by namespace/name. */
+  policies?: NativePolicy[];
+  /** "namespace/name" */
+  removedPolicies?: string[];
+}
+
+/** The answer of `authorize()` (admin /debug/authorize). */
+export interface AuthorizeExplanation {
+  workload: { uid: string; name: string; namespace: string };
+  decision: { allowed: boolean; policy?: string; rule?: number; reason: string };
+  considered: Array<{ policy: string; action: 'Allow' | 'Deny'; dryRun: boolean; via: 'global' | 'namespace' | 'workload'; matchedRule: number | null; known: boolean }>;
+}
+
+export interface AuthorizeRequest {
+  /** The source SPIFFE identity; absent for plaintext. */
+  srcIdentity?: string;
+  srcIp: string;
+  /** The destination workload address and target port, "ip:port". */
+  dst: string;
 }
 
 export interface ConnectionCounters {

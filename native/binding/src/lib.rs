@@ -62,6 +62,12 @@ impl Dataplane {
         Ok(())
     }
 
+    /// Explain the authorization decision for `{ srcIdentity?, srcIp, dst }` (admin `/debug/authorize`).
+    #[napi]
+    pub fn authorize(&self, request_json: String) -> Result<String> {
+        self.inner.authorize_json(&request_json).map_err(err)
+    }
+
     #[napi]
     pub fn metrics(&self) -> String {
         self.inner.metrics_json()

@@ -12,6 +12,7 @@ pub mod events;
 pub mod identity;
 pub mod metrics;
 pub mod proxy;
+pub mod rbac;
 pub mod socket;
 pub mod state;
 pub mod tls;
@@ -103,8 +104,15 @@ impl Dataplane {
         let events = Arc::new(Events::default());
         let pool = Pool::new(cfg.clone(), certs.clone(), metrics.clone(), events.clone(), drain.clone());
         handle.spawn(pool.clone().run_eviction());
-        let pi =
-            Arc::new(ProxyInputs { cfg, state: Arc::new(RwLock::new(State::default())), certs, metrics, events, pool });
+        let pi = Arc::new(ProxyInputs {
+            cfg,
+            state: Arc::new(RwLock::new(State::default())),
+            certs,
+            metrics,
+            events,
+            pool,
+            tracker: Arc::default(),
+        });
         Ok(Dataplane { rt: Mutex::new(Some(rt)), handle, pi, drain, local: Mutex::new(HashMap::new()) })
     }
 
@@ -127,8 +135,10 @@ impl Dataplane {
     }
 
     pub fn apply_state(&self, delta: StateDelta) -> Result<(), DataplaneError> {
-        delta.validate()?;
-        self.pi.state.write().expect("state lock").apply(delta)?;
+        let valid = delta.validate()?;
+        self.pi.state.write().expect("state lock").apply_valid(valid);
+        // Authorization is continuous: every tracked inbound connection is checked against the new state.
+        self.pi.tracker.reevaluate(&self.pi);
         Ok(())
     }
 
@@ -191,6 +201,36 @@ impl Dataplane {
         let mut v: Vec<_> = self.local.lock().expect("local lock").values().map(|w| w.bound.clone()).collect();
         v.sort_by(|a, b| a.uid.cmp(&b.uid));
         v
+    }
+
+    /// Explain the authorization decision for a hypothetical inbound connection (admin `/debug/authorize`).
+    /// Request JSON: `{ srcIdentity?: string, srcIp: string, dst: "ip:port" }`; the destination workload is the one
+    /// at `dst`'s IP on this node's network. The same `rbac` functions decide real connections.
+    pub fn authorize_json(&self, request: &str) -> Result<String, DataplaneError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase", deny_unknown_fields)]
+        struct Req {
+            src_identity: Option<String>,
+            src_ip: std::net::IpAddr,
+            dst: SocketAddr,
+        }
+        let req: Req = serde_json::from_str(request).map_err(|e| DataplaneError::Spec(e.to_string()))?;
+        let src_identity = match req.src_identity.as_deref().filter(|s| !s.is_empty()) {
+            Some(s) => Some(s.parse::<Identity>()?),
+            None => None,
+        };
+        let state = self.pi.state.read().expect("state lock");
+        let w = state
+            .workload_by_addr(&self.pi.cfg.network, req.dst.ip())
+            .ok_or_else(|| DataplaneError::Spec(format!("no workload has the address {}", req.dst.ip())))?;
+        let conn = rbac::Connection::new(src_identity, req.src_ip, req.dst.ip(), req.dst.port());
+        let explanation = rbac::explain(&state, w, &conn);
+        Ok(serde_json::json!({
+            "workload": { "uid": w.uid, "name": w.name, "namespace": w.namespace },
+            "decision": explanation.decision,
+            "considered": explanation.considered,
+        })
+        .to_string())
     }
 
     pub fn metrics_json(&self) -> String {

@@ -132,6 +132,10 @@ pub struct Metrics {
     pub tunnels_active_inbound: AtomicI64,
     pub tls_handshake_failures_inbound: AtomicU64,
     pub tls_handshake_failures_outbound: AtomicU64,
+    /// Inbound connections refused by authorization (at connect time).
+    pub authz_denied: AtomicU64,
+    /// Live inbound connections closed because a state change denied them.
+    pub authz_closed_by_policy: AtomicU64,
 }
 
 #[derive(Serialize)]
@@ -194,6 +198,10 @@ impl Metrics {
                 "inboundActive": self.tunnels_active_inbound.load(Ordering::Relaxed),
                 "inboundHandshakeFailures": self.tls_handshake_failures_inbound.load(Ordering::Relaxed),
                 "outboundHandshakeFailures": self.tls_handshake_failures_outbound.load(Ordering::Relaxed),
+            },
+            "authorization": {
+                "denied": self.authz_denied.load(Ordering::Relaxed),
+                "closedByPolicyChange": self.authz_closed_by_policy.load(Ordering::Relaxed),
             }
         })
         .to_string()

@@ -31,6 +31,7 @@ use crate::events::{Event, Level};
 use crate::fields;
 use crate::identity::{spiffe_identity, Identity};
 use crate::metrics::{ConnectionInfo, Reporter, TrafficLabels};
+use crate::rbac;
 use crate::state::Workload;
 
 /// Why a CONNECT stream was refused, and with which status.
@@ -224,6 +225,24 @@ async fn handle_stream(
         }
     };
     let local = local.expect("validated");
+    // Register, then check: a policy change from here on re-evaluates this connection (tracker.rs).
+    let conn = rbac::Connection::new(Some(peer_id.clone()), peer.ip(), target.ip(), target.port());
+    let track = pi.tracker.register(Arc::from(local_uid), conn.clone());
+    let decision = {
+        let st = pi.state.read().expect("state lock");
+        let current = st.workload(local_uid).unwrap_or(&local);
+        if st.has_dry_run_policies() {
+            for (policy, action) in rbac::dry_run_matches(&st, current, &conn) {
+                pi.events.log(
+                    Level::Info,
+                    "dry-run policy matched",
+                    fields! {"policy" => policy, "action" => format!("{action:?}"), "src.identity" => peer_id.to_string(),
+                        "dst.addr" => target.to_string()},
+                );
+            }
+        }
+        rbac::authorize(&st, current, &conn)
+    };
     let mut guard = pi.metrics.open(TrafficLabels::new(&ConnectionInfo {
         reporter: Reporter::Destination,
         source: source.as_deref(),
@@ -233,6 +252,21 @@ async fn handle_stream(
         destination_service: None,
         mutual_tls: true,
     }));
+    if !decision.allowed {
+        respond_error(&mut respond, StatusCode::UNAUTHORIZED).await;
+        guard.fail("DENY");
+        pi.metrics.authz_denied.fetch_add(1, Ordering::Relaxed);
+        let mut f = fields! {
+            "src.addr" => peer.to_string(), "src.identity" => peer_id.to_string(),
+            "dst.addr" => target.to_string(), "dst.workload" => local.name.clone(), "direction" => "inbound",
+            "error" => format!("connection denied: {}", decision.reason),
+        };
+        if let Some(p) = &decision.policy {
+            f.insert("policy".into(), p.clone().into());
+        }
+        pi.events.push(Event { kind: "access", level: Level::Warn, message: "connection denied".into(), fields: f });
+        return;
+    }
     let upstream = match crate::socket::connect(target, None, pi.cfg.connect_timeout()).await {
         Ok(s) => s,
         Err(e) => {
@@ -258,11 +292,13 @@ async fn handle_stream(
     let result = tokio::select! {
         r = crate::copy::tcp_h2_bidirectional(upstream, send, req.into_body(), &to_peer, &from_peer) => r.map(|_| ()),
         _ = force.cancelled() => Err(std::io::Error::other("drained")),
+        _ = track.close.cancelled() => Err(std::io::Error::other("connection closed due to policy change")),
     };
     let (rx, tx) = (from_peer.get(), to_peer.get());
     if result.is_err() {
-        guard.fail("CONNECT");
+        guard.fail(if track.close.is_cancelled() { "DENY" } else { "CONNECT" });
     }
+    drop(track);
     log_complete(pi, peer, peer_id, &local, target, tx, rx, started, result.err().map(|e| e.to_string()));
 }
 

@@ -6,6 +6,7 @@ pub mod inbound;
 pub mod outbound;
 pub mod pool;
 pub mod socks5;
+pub mod tracker;
 
 use std::sync::{Arc, RwLock};
 
@@ -23,4 +24,5 @@ pub struct ProxyInputs {
     pub metrics: Arc<Metrics>,
     pub events: Arc<Events>,
     pub pool: Arc<pool::Pool>,
+    pub tracker: Arc<tracker::Tracker>,
 }

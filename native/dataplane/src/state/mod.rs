@@ -8,8 +8,9 @@
 //! service endpoints derived from each workload's `services` map.
 
 mod model;
+pub mod policy;
 
-pub use model::{Locality, Protocol, Service, ServiceKey, StateDelta, Workload, WorkloadStatus};
+pub use model::{Locality, Protocol, Service, ServiceKey, StateDelta, ValidDelta, Workload, WorkloadStatus};
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -35,18 +36,39 @@ pub struct State {
     /// service key → endpoint workload uid → (service port → target port). Kept even for services that have not
     /// arrived yet (ztunnel's "staged" endpoints), so arrival order does not matter.
     endpoints: HashMap<ServiceKey, BTreeMap<String, HashMap<u16, u16>>>,
+    policies: HashMap<String, Arc<policy::Policy>>,
+    /// GLOBAL-scope policies, sorted by key.
+    global_policies: Vec<Arc<policy::Policy>>,
+    /// NAMESPACE-scope policies by namespace, sorted by key.
+    namespace_policies: HashMap<String, Vec<Arc<policy::Policy>>>,
+    /// How many policies are dry-run: per-connection dry-run reporting costs nothing when there are none.
+    dry_run_policies: usize,
 }
 
 impl State {
+    /// Validate and apply (tests and small deltas; the dataplane validates outside its lock and calls
+    /// `apply_valid`).
     pub fn apply(&mut self, delta: StateDelta) -> Result<(), StateError> {
-        let (workloads, services) = delta.validate()?;
-        if delta.full {
+        self.apply_valid(delta.validate()?);
+        Ok(())
+    }
+
+    pub fn apply_valid(&mut self, delta: ValidDelta) {
+        let ValidDelta { full, workloads, removed_workloads, services, removed_services, policies, removed_policies } =
+            delta;
+        if full {
             *self = State::default();
         }
-        for uid in &delta.removed_workloads {
+        for key in &removed_policies {
+            self.remove_policy(key);
+        }
+        for p in policies {
+            self.insert_policy(p);
+        }
+        for uid in &removed_workloads {
             self.remove_workload(uid);
         }
-        for key in &delta.removed_services {
+        for key in &removed_services {
             if let Some(key) = ServiceKey::parse(key) {
                 self.remove_service(&key);
             }
@@ -57,7 +79,6 @@ impl State {
         for s in services {
             self.insert_service(s);
         }
-        Ok(())
     }
 
     fn insert_workload(&mut self, w: Workload) {
@@ -109,6 +130,66 @@ impl State {
                 }
             }
         }
+    }
+
+    fn insert_policy(&mut self, p: policy::Policy) {
+        let key = p.key();
+        self.remove_policy(&key);
+        let p = Arc::new(p);
+        if p.dry_run {
+            self.dry_run_policies += 1;
+        }
+        let insert_sorted = |v: &mut Vec<Arc<policy::Policy>>, p: Arc<policy::Policy>| {
+            let at = v.partition_point(|x| x.key() < p.key());
+            v.insert(at, p);
+        };
+        match p.scope {
+            policy::Scope::Global => insert_sorted(&mut self.global_policies, p.clone()),
+            policy::Scope::Namespace => {
+                insert_sorted(self.namespace_policies.entry(p.namespace.clone()).or_default(), p.clone())
+            }
+            policy::Scope::WorkloadSelector => {}
+        }
+        self.policies.insert(key, p);
+    }
+
+    fn remove_policy(&mut self, key: &str) {
+        let Some(old) = self.policies.remove(key) else { return };
+        if old.dry_run {
+            self.dry_run_policies -= 1;
+        }
+        match old.scope {
+            policy::Scope::Global => self.global_policies.retain(|p| !Arc::ptr_eq(p, &old)),
+            policy::Scope::Namespace => {
+                if let Some(v) = self.namespace_policies.get_mut(&old.namespace) {
+                    v.retain(|p| !Arc::ptr_eq(p, &old));
+                    if v.is_empty() {
+                        self.namespace_policies.remove(&old.namespace);
+                    }
+                }
+            }
+            policy::Scope::WorkloadSelector => {}
+        }
+    }
+
+    pub fn policy(&self, key: &str) -> Option<&Arc<policy::Policy>> {
+        self.policies.get(key)
+    }
+
+    pub fn global_policies(&self) -> &[Arc<policy::Policy>] {
+        &self.global_policies
+    }
+
+    pub fn namespace_policies(&self, namespace: &str) -> &[Arc<policy::Policy>] {
+        self.namespace_policies.get(namespace).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    pub fn has_dry_run_policies(&self) -> bool {
+        self.dry_run_policies > 0
+    }
+
+    pub fn policy_count(&self) -> usize {
+        self.policies.len()
     }
 
     pub fn workload(&self, uid: &str) -> Option<&Arc<Workload>> {

@@ -99,6 +99,21 @@ pub struct StateDelta {
     pub removed_workloads: Vec<String>,
     pub services: Vec<ServiceJson>,
     pub removed_services: Vec<String>,
+    pub policies: Vec<super::policy::PolicyJson>,
+    /// "namespace/name"
+    pub removed_policies: Vec<String>,
+}
+
+/// A delta whose every resource validated.
+#[derive(Debug, Default)]
+pub struct ValidDelta {
+    pub full: bool,
+    pub workloads: Vec<Workload>,
+    pub removed_workloads: Vec<String>,
+    pub services: Vec<Service>,
+    pub removed_services: Vec<String>,
+    pub policies: Vec<super::policy::Policy>,
+    pub removed_policies: Vec<String>,
 }
 
 /// A validated workload.
@@ -253,9 +268,19 @@ impl ServiceJson {
 
 impl StateDelta {
     /// Validate every resource; the delta applies whole or not at all.
-    pub fn validate(&self) -> Result<(Vec<Workload>, Vec<Service>), StateError> {
+    /// Validate every resource, without touching any state: the delta applies whole or not at all.
+    pub fn validate(self) -> Result<ValidDelta, StateError> {
         let workloads = self.workloads.iter().map(WorkloadJson::validate).collect::<Result<Vec<_>, _>>()?;
         let services = self.services.iter().map(ServiceJson::validate).collect::<Result<Vec<_>, _>>()?;
-        Ok((workloads, services))
+        let policies = self.policies.iter().map(super::policy::PolicyJson::validate).collect::<Result<Vec<_>, _>>()?;
+        Ok(ValidDelta {
+            full: self.full,
+            workloads,
+            removed_workloads: self.removed_workloads,
+            services,
+            removed_services: self.removed_services,
+            policies,
+            removed_policies: self.removed_policies,
+        })
     }
 }

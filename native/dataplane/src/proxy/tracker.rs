@@ -1,0 +1,95 @@
+//! Inbound connections under continuous authorization.
+//!
+//! Invariants:
+//! - A connection is registered BEFORE its first authorization check. A state change writes the new state first
+//!   and re-evaluates the registered connections after, so a change can never fall between a connection's check
+//!   and its registration.
+//! - Re-evaluation uses the same pure `rbac::authorize` as the first check; a connection now denied is closed
+//!   through its own token (the connection's task drops both sockets), and counted and logged.
+//! - Lock order: state (read) before the tracker's map. Registration takes only the map.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+
+use super::ProxyInputs;
+use crate::events::{Event, Level};
+use crate::rbac;
+
+struct Tracked {
+    local_uid: Arc<str>,
+    conn: rbac::Connection,
+    close: CancellationToken,
+}
+
+#[derive(Default)]
+pub struct Tracker {
+    next: AtomicU64,
+    conns: Mutex<HashMap<u64, Tracked>>,
+}
+
+/// A registered connection; unregisters when dropped. `close` fires when a policy change denies it.
+pub struct TrackGuard {
+    tracker: Arc<Tracker>,
+    id: u64,
+    pub close: CancellationToken,
+}
+
+impl Drop for TrackGuard {
+    fn drop(&mut self) {
+        self.tracker.conns.lock().expect("tracker lock").remove(&self.id);
+    }
+}
+
+impl Tracker {
+    pub fn register(self: &Arc<Self>, local_uid: Arc<str>, conn: rbac::Connection) -> TrackGuard {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let close = CancellationToken::new();
+        self.conns.lock().expect("tracker lock").insert(id, Tracked { local_uid, conn, close: close.clone() });
+        TrackGuard { tracker: self.clone(), id, close }
+    }
+
+    pub fn len(&self) -> usize {
+        self.conns.lock().expect("tracker lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Re-check every tracked connection against the current state; close the ones now denied.
+    pub fn reevaluate(&self, pi: &ProxyInputs) {
+        let state = pi.state.read().expect("state lock");
+        let conns = self.conns.lock().expect("tracker lock");
+        for t in conns.values() {
+            if t.close.is_cancelled() {
+                continue;
+            }
+            let decision = match state.workload(&t.local_uid) {
+                Some(w) => rbac::authorize(&state, w, &t.conn),
+                None => continue, // the workload's own removal drains its listeners and connections
+            };
+            if decision.allowed {
+                continue;
+            }
+            t.close.cancel();
+            pi.metrics.authz_closed_by_policy.fetch_add(1, Ordering::Relaxed);
+            pi.events.push(Event {
+                kind: "access",
+                level: Level::Warn,
+                message: "connection closed due to policy change".into(),
+                fields: crate::fields! {
+                    "src.addr" => t.conn.src_ip.to_string(),
+                    "src.identity" => t.conn.src_identity.as_ref().map(|i| i.to_string()).unwrap_or_default(),
+                    "dst.addr" => std::net::SocketAddr::new(t.conn.dst_ip, t.conn.dst_port).to_string(),
+                    "dst.workload" => t.local_uid.to_string(),
+                    "direction" => "inbound",
+                    "policy" => decision.policy.clone().unwrap_or_default(),
+                    "reason" => decision.reason,
+                },
+            });
+        }
+    }
+}

@@ -1,0 +1,103 @@
+// Policy compilation: the TS model of an authorization policy (from the local config or xDS) → the compact form the
+// Rust dataplane evaluates (docs/native-api.md, `NativePolicy`).
+//
+// What compiling does, and why here (the control side) rather than per connection:
+// - principals are compared without `spiffe://` (Istio's rule); exact and prefix values written with the scheme
+//   are stripped once, here;
+// - CIDRs are normalized ("10.0.0.1" → "10.0.0.1/32") and string matchers become tagged variants;
+// - the result is validated again by Rust (INVALID_STATE names the policy), so a bad policy never half-applies.
+// Evaluation semantics live in native/dataplane/src/rbac.rs (the README's "Authorization" section).
+import { isIP } from 'node:net';
+import type { Policy, PolicyMatch, StringMatch } from '../state/model.js';
+
+export type NativeStringMatch = { exact: string } | { prefix: string } | { suffix: string } | { presence: true };
+
+export interface NativeMatch {
+  namespaces?: NativeStringMatch[];
+  notNamespaces?: NativeStringMatch[];
+  principals?: NativeStringMatch[];
+  notPrincipals?: NativeStringMatch[];
+  serviceAccounts?: Array<{ namespace: string; serviceAccount: string }>;
+  notServiceAccounts?: Array<{ namespace: string; serviceAccount: string }>;
+  sourceIps?: string[];
+  notSourceIps?: string[];
+  destinationIps?: string[];
+  notDestinationIps?: string[];
+  destinationPorts?: number[];
+  notDestinationPorts?: number[];
+}
+
+export interface NativePolicy {
+  name: string;
+  namespace: string;
+  scope: Policy['scope'];
+  action: Policy['action'];
+  dryRun: boolean;
+  rules: NativeMatch[][][];
+}
+
+const SPIFFE = 'spiffe://';
+
+function stringMatch(m: StringMatch, stripSpiffe: boolean): NativeStringMatch {
+  const strip = (v: string) => (stripSpiffe && v.startsWith(SPIFFE) ? v.slice(SPIFFE.length) : v);
+  if ('Exact' in m) return { exact: strip(m.Exact) };
+  if ('Prefix' in m) return { prefix: strip(m.Prefix) };
+  if ('Suffix' in m) return { suffix: m.Suffix };
+  return { presence: true };
+}
+
+/** "10.0.0.1" → "10.0.0.1/32"; "fd00::/8" unchanged. Throws on anything that is not an IP or CIDR. */
+export function normalizeCidr(cidr: string): string {
+  const [ip, prefix, ...rest] = cidr.split('/');
+  const family = isIP(ip ?? '');
+  const max = family === 4 ? 32 : 128;
+  const bits = prefix === undefined ? max : Number(prefix);
+  if (family === 0 || rest.length > 0 || !Number.isInteger(bits) || bits < 0 || bits > max || (prefix !== undefined && !/^\d+$/.test(prefix))) {
+    throw new Error(`${JSON.stringify(cidr)} is not an IP address or CIDR`);
+  }
+  return `${ip}/${bits}`;
+}
+
+function compileMatch(m: PolicyMatch): NativeMatch {
+  const out: NativeMatch = {};
+  const strings = (list: StringMatch[], strip: boolean) => list.map((x) => stringMatch(x, strip));
+  if (m.namespaces.length) out.namespaces = strings(m.namespaces, false);
+  if (m.notNamespaces.length) out.notNamespaces = strings(m.notNamespaces, false);
+  if (m.principals.length) out.principals = strings(m.principals, true);
+  if (m.notPrincipals.length) out.notPrincipals = strings(m.notPrincipals, true);
+  if (m.serviceAccounts.length) out.serviceAccounts = m.serviceAccounts.map((s) => ({ ...s }));
+  if (m.notServiceAccounts.length) out.notServiceAccounts = m.notServiceAccounts.map((s) => ({ ...s }));
+  if (m.sourceIps.length) out.sourceIps = m.sourceIps.map(normalizeCidr);
+  if (m.notSourceIps.length) out.notSourceIps = m.notSourceIps.map(normalizeCidr);
+  if (m.destinationIps.length) out.destinationIps = m.destinationIps.map(normalizeCidr);
+  if (m.notDestinationIps.length) out.notDestinationIps = m.notDestinationIps.map(normalizeCidr);
+  if (m.destinationPorts.length) out.destinationPorts = [...new Set(m.destinationPorts)];
+  if (m.notDestinationPorts.length) out.notDestinationPorts = [...new Set(m.notDestinationPorts)];
+  return out;
+}
+
+export function compilePolicy(p: Policy): NativePolicy {
+  return {
+    name: p.name,
+    namespace: p.namespace,
+    scope: p.scope,
+    action: p.action,
+    dryRun: p.dryRun,
+    rules: p.rules.map((rule) => rule.map((clause) => clause.map(compileMatch))),
+  };
+}
+
+/**
+ * WORKLOAD_SELECTOR keys that workloads name but that are not known: each such workload denies every inbound
+ * connection until the policy arrives (fail closed). Returned for the log line and the metric.
+ */
+export function missingPolicyReferences(
+  workloads: Iterable<{ uid: string; authorizationPolicies: string[] }>,
+  known: (key: string) => boolean,
+): Array<{ uid: string; policy: string }> {
+  const out: Array<{ uid: string; policy: string }> = [];
+  for (const w of workloads) {
+    for (const key of w.authorizationPolicies) if (!known(key)) out.push({ uid: w.uid, policy: key });
+  }
+  return out;
+}
