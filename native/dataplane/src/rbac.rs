@@ -98,17 +98,18 @@ fn field<T>(pos: &[T], neg: &[T], any: impl Fn(&[T]) -> bool) -> bool {
 }
 
 fn match_holds(m: &Match, c: &Connection) -> bool {
+    // Cheapest and most selective fields first: ports and addresses are integer compares.
     let ns = c.src_identity.as_ref().map(|i| i.namespace.as_str());
-    field(&m.namespaces, &m.not_namespaces, |l| string_matches(l, ns))
-        && field(&m.principals, &m.not_principals, |l| string_matches(l, c.principal.as_deref()))
+    field(&m.destination_ports, &m.not_destination_ports, |l| l.contains(&c.dst_port))
+        && field(&m.destination_ips, &m.not_destination_ips, |l| l.iter().any(|cidr| cidr.contains(c.dst_ip)))
+        && field(&m.source_ips, &m.not_source_ips, |l| l.iter().any(|cidr| cidr.contains(c.src_ip)))
+        && field(&m.namespaces, &m.not_namespaces, |l| string_matches(l, ns))
         && field(&m.service_accounts, &m.not_service_accounts, |l| {
             c.src_identity.as_ref().is_some_and(|i| {
                 l.iter().any(|sa| sa.namespace == i.namespace && sa.service_account == i.service_account)
             })
         })
-        && field(&m.source_ips, &m.not_source_ips, |l| l.iter().any(|cidr| cidr.contains(c.src_ip)))
-        && field(&m.destination_ips, &m.not_destination_ips, |l| l.iter().any(|cidr| cidr.contains(c.dst_ip)))
-        && field(&m.destination_ports, &m.not_destination_ports, |l| l.contains(&c.dst_port))
+        && field(&m.principals, &m.not_principals, |l| string_matches(l, c.principal.as_deref()))
 }
 
 /// The index of the first matching rule, if any.
@@ -169,17 +170,17 @@ fn final_decision(have_allow: bool, deny: Option<(String, usize)>, allow: Option
     }
 }
 
-/// The decision with every policy considered (for `/debug/authorize`). Same answer as `authorize`.
+/// The decision with every policy considered (for `/debug/authorize`). Same answer as `authorize`: the first
+/// entry, in evaluation order, that is a missing policy or a matching enforced DENY decides; then the ALLOWs.
 pub fn explain(state: &State, w: &Workload, c: &Connection) -> Explanation {
     let mut considered = Vec::new();
-    let mut missing: Option<String> = None;
-    let mut deny: Option<(String, usize)> = None;
+    let mut denied: Option<Decision> = None;
     let mut allow: Option<(String, usize)> = None;
     let mut have_allow = false;
     for entry in policy_set(state, w) {
         let (via, p) = match entry {
             Entry::Missing(key) => {
-                missing.get_or_insert_with(|| key.to_string());
+                denied.get_or_insert_with(|| missing_decision(key));
                 considered.push(Considered {
                     policy: key.to_string(),
                     action: Action::Deny,
@@ -205,7 +206,9 @@ pub fn explain(state: &State, w: &Workload, c: &Connection) -> Explanation {
             continue;
         }
         match (p.action, matched) {
-            (Action::Deny, Some(rule)) if deny.is_none() => deny = Some((p.key(), rule)),
+            (Action::Deny, Some(rule)) => {
+                denied.get_or_insert_with(|| final_decision(false, Some((p.key(), rule)), None));
+            }
             (Action::Allow, m) => {
                 have_allow = true;
                 if let (Some(rule), None) = (m, &allow) {
@@ -215,43 +218,37 @@ pub fn explain(state: &State, w: &Workload, c: &Connection) -> Explanation {
             _ => {}
         }
     }
-    let decision = match missing {
-        Some(key) => missing_decision(&key),
-        None => final_decision(have_allow, deny, allow),
-    };
+    let decision = denied.unwrap_or_else(|| final_decision(have_allow, None, allow));
     Explanation { decision, considered }
 }
 
-/// The decision alone: the per-connection path (no explanation, keys formatted only for the decider).
+/// The decision alone: the per-connection path (one pass, no explanation, keys formatted only for the decider).
 pub fn authorize(state: &State, w: &Workload, c: &Connection) -> Decision {
-    if let Some(key) = policy_set(state, w).find_map(|e| match e {
-        Entry::Missing(k) => Some(k),
-        Entry::Known(..) => None,
-    }) {
-        return missing_decision(key);
-    }
     let mut have_allow = false;
-    let mut allow: Option<(String, usize)> = None;
+    let mut allow: Option<(&Arc<Policy>, usize)> = None;
     for entry in policy_set(state, w) {
-        let Entry::Known(_, p) = entry else { continue };
+        let p = match entry {
+            Entry::Missing(key) => return missing_decision(key),
+            Entry::Known(_, p) => p,
+        };
         if p.dry_run {
             continue;
         }
         match p.action {
             Action::Deny => {
                 if let Some(rule) = policy_matches(p, c) {
-                    return final_decision(have_allow, Some((p.key(), rule)), None);
+                    return final_decision(false, Some((p.key(), rule)), None);
                 }
             }
             Action::Allow => {
                 have_allow = true;
                 if allow.is_none() {
-                    allow = policy_matches(p, c).map(|rule| (p.key(), rule));
+                    allow = policy_matches(p, c).map(|rule| (p, rule));
                 }
             }
         }
     }
-    final_decision(have_allow, None, allow)
+    final_decision(have_allow, None, allow.map(|(p, rule)| (p.key(), rule)))
 }
 
 /// Dry-run policies that would have changed the decision's outcome are reported, never enforced.

@@ -135,11 +135,28 @@ pub struct Match {
     pub not_destination_ips: Vec<Cidr>,
     pub destination_ports: Vec<u16>,
     pub not_destination_ports: Vec<u16>,
+    /// Every list empty (computed once: the evaluator asks on every connection).
+    pub empty: bool,
 }
 
 impl Match {
     pub fn is_empty(&self) -> bool {
-        *self == Match::default()
+        self.empty
+    }
+
+    fn compute_empty(&mut self) {
+        self.empty = self.namespaces.is_empty()
+            && self.not_namespaces.is_empty()
+            && self.principals.is_empty()
+            && self.not_principals.is_empty()
+            && self.service_accounts.is_empty()
+            && self.not_service_accounts.is_empty()
+            && self.source_ips.is_empty()
+            && self.not_source_ips.is_empty()
+            && self.destination_ips.is_empty()
+            && self.not_destination_ips.is_empty()
+            && self.destination_ports.is_empty()
+            && self.not_destination_ports.is_empty();
     }
 }
 
@@ -186,7 +203,7 @@ impl PolicyJson {
                         clause
                             .iter()
                             .map(|m| {
-                                Ok(Match {
+                                let mut out = Match {
                                     namespaces: m.namespaces.clone(),
                                     not_namespaces: m.not_namespaces.clone(),
                                     principals: m.principals.clone(),
@@ -199,7 +216,10 @@ impl PolicyJson {
                                     not_destination_ips: cidrs(&m.not_destination_ips)?,
                                     destination_ports: ports(&m.destination_ports)?,
                                     not_destination_ports: ports(&m.not_destination_ports)?,
-                                })
+                                    empty: false,
+                                };
+                                out.compute_empty();
+                                Ok(out)
                             })
                             .collect::<Result<Vec<_>, StateError>>()
                     })
