@@ -55,3 +55,8 @@ export function makeLeaf(dir, ca, uris, name = `leaf${serial}`) {
 }
 
 export const spiffe = (ns, sa, td = 'cluster.local') => `spiffe://${td}/ns/${ns}/sa/${sa}`;
+
+/** A leaf signed by the built-in CA of `caDir` (root-cert.pem + root-key.pem, as the daemons created them). */
+export function builtinLeaf(dir, caDir, uris, name) {
+  return makeLeaf(dir, builtinCa(caDir), uris, name);
+}

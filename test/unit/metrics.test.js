@@ -110,6 +110,45 @@ test('labels the snapshot has beyond the traffic labels are ignored, not an erro
   assert.equal('source_zone' in s.labels, false);
 });
 
+test('the HBONE tunnel counters render per direction, and as 0 when the snapshot has none', async () => {
+  const tunnels = {
+    outboundOpened: 2,
+    outboundActive: 1,
+    inboundAccepted: 5,
+    inboundActive: 3,
+    inboundHandshakeFailures: 4,
+    outboundHandshakeFailures: 6,
+  };
+  const src = fakeSource([{ ...snap([OUTBOUND]), tunnels }, { ...snap([OUTBOUND]), tunnels: { ...tunnels, outboundActive: 0 } }, snap([])]);
+  const m = new Metrics({ snapshot: src.snapshot, istioVersion: null, defaultMetrics: false });
+  const render = async () => parsePrometheusText((await m.render()).body);
+  const value = (samples, name, direction) => {
+    const found = samples.filter((s) => s.name === name && s.labels.direction === direction);
+    assert.equal(found.length, 1, `${name}{direction="${direction}"} present once`);
+    assert.deepEqual(Object.keys(found[0].labels), ['direction']);
+    return found[0].value;
+  };
+  let s = await render();
+  assert.equal(value(s, 'ztunnel_node_hbone_connections_opened_total', 'outbound'), 2);
+  assert.equal(value(s, 'ztunnel_node_hbone_connections_opened_total', 'inbound'), 5);
+  assert.equal(value(s, 'ztunnel_node_hbone_connections_active', 'outbound'), 1);
+  assert.equal(value(s, 'ztunnel_node_hbone_connections_active', 'inbound'), 3);
+  assert.equal(value(s, 'ztunnel_node_tls_handshake_failures_total', 'outbound'), 6);
+  assert.equal(value(s, 'ztunnel_node_tls_handshake_failures_total', 'inbound'), 4);
+  s = await render();
+  assert.equal(value(s, 'ztunnel_node_hbone_connections_active', 'outbound'), 0, 'the gauge follows the snapshot down');
+  assert.equal(value(s, 'ztunnel_node_hbone_connections_opened_total', 'outbound'), 2, 'counters are not accumulated');
+  s = await render();
+  for (const name of ['ztunnel_node_hbone_connections_opened_total', 'ztunnel_node_hbone_connections_active', 'ztunnel_node_tls_handshake_failures_total']) {
+    assert.equal(value(s, name, 'outbound'), 0);
+    assert.equal(value(s, name, 'inbound'), 0);
+  }
+  const body = (await m.render()).body;
+  assert.match(body, /# TYPE ztunnel_node_hbone_connections_opened_total counter/);
+  assert.match(body, /# TYPE ztunnel_node_hbone_connections_active gauge/);
+  assert.match(body, /# TYPE ztunnel_node_tls_handshake_failures_total counter/);
+});
+
 test('the stats server serves /metrics and /stats/prometheus, with process fd gauges', async (t) => {
   const m = new Metrics({ snapshot: () => snap([OUTBOUND]), istioVersion: null, defaultMetrics: true });
   const server = createStatsServer(m);

@@ -6,6 +6,9 @@
 // - Counters are set to the native cumulative values (reset + inc in collect()), never accumulated here, so a
 //   scrape is a pure function of the snapshot.
 // - Every traffic label is present on every sample; a missing or empty value renders "unknown", as ztunnel does.
+// - The HBONE tunnel counters (the snapshot's `tunnels`: pooled outbound connections, accepted inbound ones, TLS
+//   handshake failures) are ztunnel-node's own, so they carry the `ztunnel_node_` prefix, not `istio_`. A snapshot
+//   without `tunnels` renders them as 0.
 import { Counter, Gauge, Registry, collectDefaultMetrics, type RegistryContentType } from 'prom-client';
 import type { MetricsSnapshot } from '../native/types.js';
 
@@ -47,6 +50,59 @@ const COUNTERS: ReadonlyArray<{ name: string; help: string; field: CounterField 
   { name: 'istio_tcp_received_bytes_total', help: 'The size of total bytes received during request in case of a TCP connection', field: 'received' },
 ];
 
+/** HBONE connections (TLS + HTTP/2), not the TCP connections tunnelled inside them; `snapshot_json` in metrics.rs. */
+export interface TunnelCounters {
+  outboundOpened: number;
+  outboundActive: number;
+  inboundAccepted: number;
+  inboundActive: number;
+  inboundHandshakeFailures: number;
+  outboundHandshakeFailures: number;
+}
+
+/** What one scrape reads: the native snapshot, whose JSON also carries the tunnel counters. */
+export type ScrapeSnapshot = MetricsSnapshot & { tunnels?: Partial<TunnelCounters> };
+
+const NO_TUNNELS: TunnelCounters = {
+  outboundOpened: 0,
+  outboundActive: 0,
+  inboundAccepted: 0,
+  inboundActive: 0,
+  inboundHandshakeFailures: 0,
+  outboundHandshakeFailures: 0,
+};
+
+/** name, type, help, and which snapshot field each direction reads. */
+const TUNNEL_METRICS: ReadonlyArray<{
+  name: string;
+  type: 'counter' | 'gauge';
+  help: string;
+  outbound: keyof TunnelCounters;
+  inbound: keyof TunnelCounters;
+}> = [
+  {
+    name: 'ztunnel_node_hbone_connections_opened_total',
+    type: 'counter',
+    help: 'HBONE (mTLS + HTTP/2) connections established: outbound by the pool, inbound accepted on 15008',
+    outbound: 'outboundOpened',
+    inbound: 'inboundAccepted',
+  },
+  {
+    name: 'ztunnel_node_hbone_connections_active',
+    type: 'gauge',
+    help: 'HBONE (mTLS + HTTP/2) connections currently open',
+    outbound: 'outboundActive',
+    inbound: 'inboundActive',
+  },
+  {
+    name: 'ztunnel_node_tls_handshake_failures_total',
+    type: 'counter',
+    help: 'HBONE TLS handshakes that failed (peer certificate refused, protocol mismatch, timeout)',
+    outbound: 'outboundHandshakeFailures',
+    inbound: 'inboundHandshakeFailures',
+  },
+];
+
 export const PROMETHEUS_CONTENT_TYPE = 'text/plain; charset=utf-8';
 export const OPENMETRICS_CONTENT_TYPE = Registry.OPENMETRICS_CONTENT_TYPE;
 
@@ -61,7 +117,7 @@ export function trafficLabels(labels: Record<string, string>): Record<TrafficLab
 
 export interface MetricsOptions {
   /** Reads the native counters (Dataplane.metrics). */
-  snapshot: () => MetricsSnapshot;
+  snapshot: () => ScrapeSnapshot;
   /** ISTIO_META_ISTIO_VERSION, the istio_build tag. */
   istioVersion: string | null;
   /** process_open_fds, process_max_fds and the other prom-client process metrics (off in unit tests). */
@@ -71,7 +127,7 @@ export interface MetricsOptions {
 type ContentType = RegistryContentType;
 
 export class Metrics {
-  private current: MetricsSnapshot = { connections: [], socketsOpen: { source: 0, destination: 0 } };
+  private current: ScrapeSnapshot = { connections: [], socketsOpen: { source: 0, destination: 0 } };
   // prom-client renames counters in place when rendering OpenMetrics, so each format gets its own registry
   // (built on first use) instead of switching one registry's content type.
   private readonly registries = new Map<ContentType, Registry<ContentType>>();
@@ -121,6 +177,30 @@ export class Metrics {
         this.set({ reporter: 'destination' }, current().socketsOpen.destination);
       },
     });
+    const tunnels = (): TunnelCounters => ({ ...NO_TUNNELS, ...current().tunnels });
+    for (const t of TUNNEL_METRICS) {
+      const common = { name: t.name, help: t.help, labelNames: ['direction'] as const, registers: [reg] };
+      if (t.type === 'gauge') {
+        new Gauge({
+          ...common,
+          collect() {
+            const now = tunnels();
+            this.set({ direction: 'outbound' }, now[t.outbound]);
+            this.set({ direction: 'inbound' }, now[t.inbound]);
+          },
+        });
+      } else {
+        new Counter({
+          ...common,
+          collect() {
+            const now = tunnels();
+            this.reset();
+            this.inc({ direction: 'outbound' }, now[t.outbound]);
+            this.inc({ direction: 'inbound' }, now[t.inbound]);
+          },
+        });
+      }
+    }
     const build = new Gauge({
       name: 'istio_build',
       help: 'Istio component build info',

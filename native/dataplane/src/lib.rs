@@ -112,6 +112,8 @@ impl Dataplane {
             events,
             pool,
             tracker: Arc::default(),
+            sockets: Arc::new(socket::DefaultSockets),
+            preserve_source: false,
         });
         Ok(Dataplane { rt: Mutex::new(Some(rt)), handle, pi, drain, local: Mutex::new(HashMap::new()) })
     }

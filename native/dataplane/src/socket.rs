@@ -1,4 +1,8 @@
-//! Socket setup shared by every listener and upstream connection.
+//! Socket creation shared by every listener and upstream connection.
+//!
+//! Every socket ztunnel-node creates comes from a `SocketFactory`: in local mode the daemon's own network namespace;
+//! in-pod, the pod's namespace with `SO_MARK` set, so the pod's iptables rules let ztunnel-node's own traffic through
+//! instead of capturing it again (security.md I5).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -10,10 +14,39 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 /// Listen backlog; matches ztunnel's in-pod listeners.
 const BACKLOG: i32 = 128;
 
+pub trait SocketFactory: Send + Sync + 'static {
+    /// A new TCP socket, in the right network namespace, with the right mark.
+    fn tcp(&self, domain: Domain) -> io::Result<Socket>;
+}
+
+/// Sockets of the daemon's own network namespace, unmarked.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DefaultSockets;
+
+impl SocketFactory for DefaultSockets {
+    fn tcp(&self, domain: Domain) -> io::Result<Socket> {
+        Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ListenOptions {
+    /// SO_REUSEPORT, so a new daemon can bind beside a draining one.
+    pub reuse_port: bool,
+    /// IP_TRANSPARENT (best effort): accepted sockets may then answer for any address (needed with TPROXY).
+    pub transparent: bool,
+}
+
 /// Bind a listener. Must be called inside the runtime context.
-pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+pub fn listen_with(f: &dyn SocketFactory, addr: SocketAddr, opts: ListenOptions) -> io::Result<TcpListener> {
+    let sock = f.tcp(Domain::for_address(addr))?;
     sock.set_reuse_address(true)?;
+    if opts.reuse_port {
+        sock.set_reuse_port(true)?;
+    }
+    if opts.transparent {
+        set_transparent(&sock, addr.is_ipv4());
+    }
     sock.set_nonblocking(true)?;
     if addr.is_ipv6() {
         sock.set_only_v6(false)?;
@@ -23,17 +56,70 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     TcpListener::from_std(sock.into())
 }
 
-/// Connect with a deadline, optionally from a given source IP, with TCP_NODELAY set.
-pub async fn connect(dst: SocketAddr, src: Option<IpAddr>, timeout: Duration) -> io::Result<TcpStream> {
-    let sock = if dst.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
-    if let Some(ip) = src {
-        if ip.is_ipv4() == dst.is_ipv4() {
-            sock.bind(SocketAddr::new(ip, 0))?;
-        }
+pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    listen_with(&DefaultSockets, addr, ListenOptions::default())
+}
+
+/// Best effort: IP_TRANSPARENT needs CAP_NET_ADMIN. Returns whether it took.
+pub fn set_transparent(sock: &Socket, v4: bool) -> bool {
+    if v4 {
+        sock.set_ip_transparent_v4(true).is_ok()
+    } else {
+        // IPV6_TRANSPARENT has no socket2 wrapper.
+        set_int_opt(sock, libc::IPPROTO_IPV6, libc::IPV6_TRANSPARENT, 1)
     }
-    sock.set_nodelay(true)?;
+}
+
+fn set_int_opt(sock: &Socket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid fd, and a pointer to an int that outlives the call, with its size.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            &value as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
+/// How an upstream connection is made.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ConnectOptions {
+    /// Bind to this source address first (port 0 = any).
+    pub bind: Option<SocketAddr>,
+    /// Set IP_TRANSPARENT so `bind` may be an address this host does not own (original source preservation).
+    pub transparent: bool,
+}
+
+/// Connect with a deadline, TCP_NODELAY set.
+pub async fn connect_with(
+    f: &dyn SocketFactory,
+    dst: SocketAddr,
+    opts: ConnectOptions,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let sock = f.tcp(Domain::for_address(dst))?;
+    if let Some(src) = opts.bind.filter(|s| s.is_ipv4() == dst.is_ipv4()) {
+        if opts.transparent {
+            set_transparent(&sock, src.is_ipv4());
+            // IP_FREEBIND as well: the address may not be configured here at all.
+            let _ = sock.set_freebind_v4(true);
+        }
+        sock.bind(&src.into())?;
+    }
+    sock.set_tcp_nodelay(true)?;
+    sock.set_nonblocking(true)?;
+    let sock = TcpSocket::from_std_stream(sock.into());
     match tokio::time::timeout(timeout, sock.connect(dst)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, format!("connection to {dst} timed out"))),
     }
+}
+
+/// Connect from the daemon's own namespace, optionally from a given source IP.
+pub async fn connect(dst: SocketAddr, src: Option<IpAddr>, timeout: Duration) -> io::Result<TcpStream> {
+    let opts = ConnectOptions { bind: src.map(|ip| SocketAddr::new(ip, 0)), transparent: false };
+    connect_with(&DefaultSockets, dst, opts, timeout).await
 }

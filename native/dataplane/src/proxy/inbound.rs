@@ -267,7 +267,12 @@ async fn handle_stream(
         pi.events.push(Event { kind: "access", level: Level::Warn, message: "connection denied".into(), fields: f });
         return;
     }
-    let upstream = match crate::socket::connect(target, None, pi.cfg.connect_timeout()).await {
+    // In-pod, the application sees the client's IP (ENABLE_ORIG_SRC); the port is left to the kernel.
+    let opts = crate::socket::ConnectOptions {
+        bind: pi.preserve_source.then_some(SocketAddr::new(peer.ip(), 0)),
+        transparent: pi.preserve_source,
+    };
+    let upstream = match crate::socket::connect_with(&*pi.sockets, target, opts, pi.cfg.connect_timeout()).await {
         Ok(s) => s,
         Err(e) => {
             let err = InboundError::Upstream(target, e.to_string());

@@ -25,4 +25,8 @@ pub struct ProxyInputs {
     pub events: Arc<Events>,
     pub pool: Arc<pool::Pool>,
     pub tracker: Arc<tracker::Tracker>,
+    /// Where this proxy's sockets are created (the daemon's namespace, or a pod's, marked).
+    pub sockets: Arc<dyn crate::socket::SocketFactory>,
+    /// Inbound connections to the application keep the client's source IP (IP_TRANSPARENT), in-pod only.
+    pub preserve_source: bool,
 }

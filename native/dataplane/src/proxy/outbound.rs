@@ -240,7 +240,9 @@ pub async fn connect(
     match protocol {
         Protocol::Tcp => {
             let bind: Option<IpAddr> = pi.cfg.bind_source_ip.then_some(src_ip);
-            match crate::socket::connect(upstream_addr, bind, pi.cfg.connect_timeout()).await {
+            let opts =
+                crate::socket::ConnectOptions { bind: bind.map(|ip| SocketAddr::new(ip, 0)), transparent: false };
+            match crate::socket::connect_with(&*pi.sockets, upstream_addr, opts, pi.cfg.connect_timeout()).await {
                 Ok(s) => Ok((routed, Upstream::Tcp(s))),
                 Err(e) => Err((Some(routed), OutboundError::Connect(upstream_addr, e))),
             }

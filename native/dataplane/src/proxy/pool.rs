@@ -141,6 +141,7 @@ impl KeyEntry {
 
 pub struct Pool {
     cfg: Arc<Config>,
+    sockets: Arc<dyn crate::socket::SocketFactory>,
     certs: Arc<CertStore>,
     metrics: Arc<Metrics>,
     events: Arc<Events>,
@@ -157,8 +158,20 @@ impl Pool {
         events: Arc<Events>,
         drain: Drain,
     ) -> Arc<Pool> {
+        Pool::with_sockets(cfg, Arc::new(crate::socket::DefaultSockets), certs, metrics, events, drain)
+    }
+
+    pub fn with_sockets(
+        cfg: Arc<Config>,
+        sockets: Arc<dyn crate::socket::SocketFactory>,
+        certs: Arc<CertStore>,
+        metrics: Arc<Metrics>,
+        events: Arc<Events>,
+        drain: Drain,
+    ) -> Arc<Pool> {
         Arc::new(Pool {
             cfg,
+            sockets,
             certs,
             metrics,
             events,
@@ -265,8 +278,12 @@ impl Pool {
         let cert = self.certs.get(&key.src_id).ok_or_else(|| PoolError::NoCertificate(key.src_id.to_string()))?;
         let tls_cfg = client_config(&cert, key.dst_ids.clone(), self.certs.provider().clone())
             .map_err(|e| PoolError::Config(e.to_string()))?;
-        let src = self.cfg.bind_source_ip.then_some(key.src);
-        let tcp = socket::connect(key.dst, src, self.cfg.connect_timeout())
+        // Pool connections never spoof the source; they bind the workload IP only in local mode.
+        let opts = socket::ConnectOptions {
+            bind: self.cfg.bind_source_ip.then_some(std::net::SocketAddr::new(key.src, 0)),
+            transparent: false,
+        };
+        let tcp = socket::connect_with(&*self.sockets, key.dst, opts, self.cfg.connect_timeout())
             .await
             .map_err(|e| PoolError::Connect(key.dst, e))?;
         // No SNI is sent (enable_sni = false); the name only satisfies the API.

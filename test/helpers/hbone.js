@@ -1,0 +1,163 @@
+// An independent HBONE peer built only on Node's own `tls` and `http2`: it shares no code with ztunnel-node, so a
+// daemon that talks to it interoperates with HTTP/2 CONNECT over mutual TLS as specified (istio-ambient.md §2), not
+// merely with itself.
+import { connect as http2Connect, createSecureServer } from 'node:http2';
+import { connect as tlsConnect } from 'node:tls';
+
+/** The SPIFFE URI SANs of a peer certificate as Node reports it ("URI:spiffe://..., DNS:..."). */
+export function spiffeSans(peerCert) {
+  return (peerCert?.subjectaltname ?? '')
+    .split(', ')
+    .filter((s) => s.startsWith('URI:spiffe://'))
+    .map((s) => s.slice('URI:'.length));
+}
+
+/**
+ * Opens a TLS 1.3 + h2 session to `host:port` as an HBONE client. `cert`/`key` may be omitted (no client
+ * certificate). `expectServerId`: the server's single SPIFFE SAN must be this identity (DNS names are ignored, as
+ * in ztunnel). Resolves the ClientHttp2Session once the TLS handshake and the h2 preface are done, or rejects.
+ */
+export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId, maxVersion = 'TLSv1.3', minVersion = 'TLSv1.3', timeoutMs = 10_000 }) {
+  return new Promise((resolve, reject) => {
+    let tlsSocket;
+    const session = http2Connect(`https://${host}:${port}`, {
+      createConnection: () => {
+        tlsSocket = tlsConnect({
+          host,
+          port,
+          ...(cert ? { cert, key } : {}),
+          ca,
+          ALPNProtocols: ['h2'],
+          minVersion,
+          maxVersion,
+          checkServerIdentity: (_name, peer) => {
+            const ids = spiffeSans(peer);
+            if (expectServerId && (ids.length !== 1 || ids[0] !== expectServerId)) {
+              return new Error(`server identity ${JSON.stringify(ids)} is not ${expectServerId}`);
+            }
+            return undefined;
+          },
+        });
+        return tlsSocket;
+      },
+    });
+    const timer = setTimeout(() => {
+      session.destroy();
+      reject(new Error(`no h2 session with ${host}:${port} within ${timeoutMs} ms`));
+    }, timeoutMs);
+    session.once('connect', () => {
+      clearTimeout(timer);
+      session.off('error', onError);
+      session.on('error', () => undefined);
+      resolve(session);
+    });
+    const onError = (err) => {
+      clearTimeout(timer);
+      session.destroy();
+      reject(err);
+    };
+    session.once('error', onError);
+    session.once('close', () => onError(new Error('the session closed before it was established')));
+  });
+}
+
+/**
+ * Sends one request on `session` and resolves { status, headers, stream } once response headers arrive, or
+ * { status: null, error } if the stream or the session fails first.
+ */
+export function request(session, headers, { timeoutMs = 10_000 } = {}) {
+  return new Promise((resolve) => {
+    let stream;
+    try {
+      stream = session.request(headers, { endStream: false });
+    } catch (error) {
+      resolve({ status: null, error });
+      return;
+    }
+    const timer = setTimeout(() => {
+      stream.close();
+      resolve({ status: null, error: new Error(`no response within ${timeoutMs} ms`) });
+    }, timeoutMs);
+    stream.once('response', (h) => {
+      clearTimeout(timer);
+      resolve({ status: h[':status'], headers: h, stream });
+    });
+    stream.once('error', (error) => {
+      clearTimeout(timer);
+      resolve({ status: null, error });
+    });
+    stream.once('close', () => {
+      clearTimeout(timer);
+      resolve({ status: null, error: new Error(`stream closed (rst code ${stream.rstCode}) before a response`) });
+    });
+  });
+}
+
+/** CONNECT `authority` (authority-form: no :scheme, no :path). */
+export const connectRequest = (session, authority, extra = {}) =>
+  request(session, { ':method': 'CONNECT', ':authority': authority, ...extra });
+
+/**
+ * An HBONE server on `host:port` (TLS 1.3, ALPN h2, client certificate required and verified against `ca`).
+ * `onStream(stream, headers, session)` answers each request; the default answers CONNECT with 200 and echoes.
+ * Records every session and stream: { sessions, streams: [{ headers, peerCert, remoteAddress, alpn, protocol }],
+ * tlsErrors, secureConnections }.
+ */
+export function startHboneServer({ host, port = 15008, cert, key, ca, onStream = echoConnect }) {
+  const record = { secureConnections: 0, tlsErrors: [], streams: [], sessions: 0 };
+  const server = createSecureServer({
+    cert,
+    key,
+    ca,
+    requestCert: true,
+    rejectUnauthorized: true,
+    ALPNProtocols: ['h2'],
+    minVersion: 'TLSv1.3',
+    allowHTTP1: false,
+  });
+  const sessions = new Set();
+  server.on('secureConnection', () => record.secureConnections++);
+  server.on('tlsClientError', (err) => record.tlsErrors.push(err.message));
+  server.on('session', (s) => {
+    record.sessions++;
+    sessions.add(s);
+    s.on('close', () => sessions.delete(s));
+    s.on('error', () => undefined);
+  });
+  server.on('stream', (stream, headers) => {
+    const sock = stream.session.socket;
+    record.streams.push({
+      headers: { ...headers },
+      peerCert: sock.getPeerCertificate(),
+      remoteAddress: sock.remoteAddress,
+      alpn: sock.alpnProtocol,
+      protocol: sock.getProtocol(),
+    });
+    stream.on('error', () => undefined);
+    onStream(stream, headers, stream.session);
+  });
+  return new Promise((resolve, reject) => {
+    server.once('error', (err) => reject(new Error(`cannot listen on ${host}:${port}: ${err.message}`)));
+    server.listen({ host, port, exclusive: true }, () =>
+      resolve({
+        record,
+        server,
+        close: () =>
+          new Promise((done) => {
+            for (const s of sessions) s.destroy();
+            server.close(() => done());
+          }),
+      }),
+    );
+  });
+}
+
+/** CONNECT → 200 and echo every byte; anything else → 400. */
+export function echoConnect(stream, headers) {
+  if (headers[':method'] !== 'CONNECT') {
+    stream.respond({ ':status': 400 }, { endStream: true });
+    return;
+  }
+  stream.respond({ ':status': 200 });
+  stream.pipe(stream);
+}

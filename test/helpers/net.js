@@ -1,0 +1,299 @@
+// Real TCP servers and clients for the integration suites: the applications behind the proxies (echo, sink then
+// report, greet then close, count), SOCKS5 clients that go through a workload's entry, and polling.
+//
+// UNIQUE ADDRESSES. node --test runs each file in its own process, two at a time, so two files must never bind the
+// same address. Every test FILE owns one 127.<N>.0.0/16 block (any 127.0.0.0/8 address binds on Linux without
+// root), and everything it starts lives in that block:
+//
+//   N   file                                   what lives there
+//   11  test/integration/tunnel.test.js        workloads 127.11.{1,2}.10, daemons' admin 127.11.255.{1,2}
+//   12  test/integration/hbone-peer.test.js    workloads 127.12.{1,2,3}.10, daemon's admin 127.12.255.1
+//   13  test/integration/tls-refusals.test.js  workloads 127.13.{1,2,3}.10, daemon's admin 127.13.255.1
+//   14  test/integration/config-errors.test.js daemons that must fail before binding: 127.14.255.1
+//   15  test/integration/lifecycle.test.js     workloads 127.15.{1,2}.10, daemons' admin 127.15.255.{1,2}
+//       (the demo it runs uses the fixed 127.0.{1,2}.10 of examples/demo.yaml; nothing else uses 127.0.x.x)
+//
+// Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
+// node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
+import { createHash } from 'node:crypto';
+import { request as httpRequest } from 'node:http';
+import { connect as tcpConnect, createServer, isIP } from 'node:net';
+import { setTimeout as delay } from 'node:timers/promises';
+import { encodeConnectRequest, socks5Connect } from '../../dist/cli/socks5-client.js';
+
+export const BLOCKS = Object.freeze({
+  tunnel: 11,
+  'hbone-peer': 12,
+  'tls-refusals': 13,
+  'config-errors': 14,
+  lifecycle: 15,
+});
+
+/** Addresses of one file's block. */
+export function block(n) {
+  if (!Object.values(BLOCKS).includes(n)) throw new Error(`127.${n}.0.0/16 is not in the table of test/helpers/net.js`);
+  return {
+    /** The IP of workload `w` (1, 2, 3...). */
+    workload: (w) => `127.${n}.${w}.10`,
+    /** The IP the admin/stats/readiness servers of daemon `k` (1, 2...) bind. */
+    admin: (k) => `127.${n}.255.${k}`,
+  };
+}
+
+export const sha256 = (buf) => createHash('sha256').update(buf).digest('hex');
+
+/** Deterministic bytes of any size (cheap; not all zeros, so a misplaced chunk changes the hash). */
+export function pattern(size, seed = 1) {
+  const out = Buffer.allocUnsafe(size);
+  const unit = Buffer.alloc(4096);
+  for (let i = 0; i < unit.length; i++) unit[i] = (i * 31 + seed * 17 + (i >> 8)) & 0xff;
+  for (let off = 0; off < size; off += unit.length) unit.copy(out, off, 0, Math.min(unit.length, size - off));
+  return out;
+}
+
+/** Polls `fn` until it returns a truthy value; throws `message` (with the last value) after `timeoutMs`. */
+export async function waitFor(fn, { timeoutMs = 10_000, intervalMs = 50, message = 'condition' } = {}) {
+  const deadline = Date.now() + timeoutMs;
+  let last;
+  for (;;) {
+    try {
+      last = await fn();
+      if (last) return last;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline) {
+      const detail = last instanceof Error ? last.message : JSON.stringify(last);
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${message} (last: ${detail})`);
+    }
+    await delay(intervalMs);
+  }
+}
+
+/** GET over a fresh connection (no keep-alive agent holding the test process open). */
+export function httpGet(url, { timeoutMs = 5_000 } = {}) {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(url, { agent: false, timeout: timeoutMs }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, body: Buffer.concat(chunks).toString() }));
+      res.on('error', reject);
+    });
+    req.on('timeout', () => req.destroy(new Error(`GET ${url}: no answer within ${timeoutMs} ms`)));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+// ---- servers -----------------------------------------------------------------------------------------------
+
+/**
+ * A TCP server that records what it saw: accepted connections, bytes received, per-connection summaries.
+ * `onConnection(socket, record)` is the application; `record.bytes` is kept up to date by the server.
+ */
+export function startServer(host, port, onConnection) {
+  const stats = { accepted: 0, bytes: 0, open: 0, connections: [] };
+  const sockets = new Set();
+  const server = createServer({ allowHalfOpen: true }, (socket) => {
+    stats.accepted++;
+    stats.open++;
+    sockets.add(socket);
+    const record = { remote: `${socket.remoteAddress}:${socket.remotePort}`, bytes: 0, hash: createHash('sha256'), ended: false };
+    stats.connections.push(record);
+    socket.on('data', (chunk) => {
+      record.bytes += chunk.length;
+      stats.bytes += chunk.length;
+      record.hash.update(chunk);
+    });
+    socket.on('end', () => (record.ended = true));
+    socket.on('error', () => socket.destroy());
+    socket.on('close', () => {
+      stats.open--;
+      sockets.delete(socket);
+    });
+    onConnection(socket, record);
+  });
+  return new Promise((resolve, reject) => {
+    server.once('error', (err) => reject(new Error(`cannot listen on ${host}:${port}: ${err.message}`)));
+    server.listen({ host, port, exclusive: true }, () => {
+      resolve({
+        host,
+        port,
+        stats,
+        server,
+        close: () =>
+          new Promise((done) => {
+            for (const s of sockets) s.destroy();
+            server.close(() => done());
+          }),
+      });
+    });
+  });
+}
+
+/** Echo: every byte back; our FIN after theirs. */
+export function startEchoServer(host, port) {
+  return startServer(host, port, (socket) => {
+    socket.pipe(socket);
+  });
+}
+
+/**
+ * Sink then report: reads to EOF, then writes `reply(record)` and closes. The default reply is one JSON line
+ * `{"bytes":N,"sha256":"..."}` describing what arrived; pass a Buffer-returning function to send something else
+ * (e.g. N bytes after the client's FIN, for half-close tests).
+ */
+export function startSinkServer(host, port, reply = (r) => Buffer.from(`${JSON.stringify({ bytes: r.bytes, sha256: r.sha256 })}\n`)) {
+  return startServer(host, port, (socket, record) => {
+    socket.on('end', () => {
+      record.sha256 = record.hash.digest('hex');
+      socket.end(reply(record));
+    });
+  });
+}
+
+/** Greet then close: writes `greeting` and its FIN at once, without waiting for the client. */
+export function startGreeterServer(host, port, greeting) {
+  return startServer(host, port, (socket) => {
+    socket.resume();
+    socket.end(greeting);
+  });
+}
+
+/**
+ * Counts connections and bytes and never answers a byte; closes its side after the client's FIN. The target of
+ * refusal tests, where everything must stay at zero.
+ */
+export function startCountingServer(host, port) {
+  return startServer(host, port, (socket) => {
+    socket.resume();
+    socket.on('end', () => socket.end());
+  });
+}
+
+// ---- clients -----------------------------------------------------------------------------------------------
+
+/**
+ * Reads a connected socket to EOF, hashing as it goes (64 MiB need not sit in memory twice). Resolves
+ * { bytes, sha256, data? (when keep), error? } once the socket has closed.
+ */
+export function readAll(socket, { keep = false } = {}) {
+  return new Promise((resolve) => {
+    const hash = createHash('sha256');
+    const chunks = [];
+    let bytes = 0;
+    let ended = false;
+    let error;
+    socket.on('data', (c) => {
+      bytes += c.length;
+      hash.update(c);
+      if (keep) chunks.push(c);
+    });
+    socket.on('end', () => (ended = true));
+    socket.on('error', (err) => (error = err));
+    socket.on('close', () =>
+      resolve({ bytes, sha256: hash.digest('hex'), ended, error, ...(keep ? { data: Buffer.concat(chunks) } : {}) }),
+    );
+    socket.resume();
+  });
+}
+
+/**
+ * Through a workload's SOCKS5 entry to `dest`: send `payload`, FIN, and read to EOF. Resolves what came back
+ * ({ bytes, sha256, ended, error }) plus `local` (the client's own address, as the proxy saw it).
+ */
+export async function socksRoundTrip({ socks, dest, payload, keep = false, timeoutMs = 30_000 }) {
+  const socket = await socks5Connect({ proxyHost: socks.host, proxyPort: socks.port, destHost: dest.host, destPort: dest.port });
+  const local = `${socket.localAddress}:${socket.localPort}`;
+  socket.setTimeout(timeoutMs, () => socket.destroy(new Error(`no EOF within ${timeoutMs} ms`)));
+  const result = readAll(socket, { keep });
+  socket.end(payload);
+  return { ...(await result), local };
+}
+
+/**
+ * A raw SOCKS5 CONNECT that reports the reply code instead of throwing: resolves { code, socket } (socket paused,
+ * open when code is 0) or { code: null, error } when the proxy closed or failed before replying.
+ */
+export function socks5Request({ socks, dest, timeoutMs = 15_000 }) {
+  if (isIP(dest.host) === 0) throw new Error('socks5Request takes IP literals');
+  return new Promise((resolve) => {
+    const socket = tcpConnect({ host: socks.host, port: socks.port });
+    let buf = Buffer.alloc(0);
+    let stage = 'greeting';
+    const finish = (r) => {
+      clearTimeout(timer);
+      socket.removeAllListeners('data');
+      resolve(r);
+    };
+    const timer = setTimeout(() => {
+      socket.destroy();
+      finish({ code: null, error: new Error(`no SOCKS5 reply within ${timeoutMs} ms`) });
+    }, timeoutMs);
+    socket.on('error', (error) => finish({ code: null, error }));
+    socket.on('close', () => finish({ code: null, error: new Error('closed before the reply') }));
+    socket.on('connect', () => socket.write(Buffer.from([5, 1, 0])));
+    socket.on('data', (chunk) => {
+      buf = Buffer.concat([buf, chunk]);
+      if (stage === 'greeting' && buf.length >= 2) {
+        buf = buf.subarray(2);
+        stage = 'reply';
+        socket.write(encodeConnectRequest(dest.host, dest.port));
+      }
+      // IPv4 BND.ADDR: 10 bytes; IPv6: 22.
+      const need = buf[3] === 4 ? 22 : 10;
+      if (stage === 'reply' && buf.length >= need) {
+        socket.pause();
+        socket.removeAllListeners('close');
+        socket.removeAllListeners('error');
+        socket.on('error', () => undefined);
+        if (buf.length > need) socket.unshift(buf.subarray(need));
+        finish({ code: buf[1], socket });
+      }
+    });
+  });
+}
+
+/** Writes `message` on an open (paused) socket and resolves once the same bytes came back. */
+export function echoOnce(socket, message, { timeoutMs = 15_000 } = {}) {
+  const expected = Buffer.from(message);
+  return new Promise((resolve, reject) => {
+    let got = Buffer.alloc(0);
+    const done = (err) => {
+      clearTimeout(timer);
+      socket.off('data', onData);
+      socket.off('close', onClose);
+      socket.off('error', onError);
+      socket.pause();
+      if (err) reject(err);
+      else resolve(got);
+    };
+    const onData = (chunk) => {
+      got = Buffer.concat([got, chunk]);
+      if (got.length >= expected.length) done(got.equals(expected) ? null : new Error(`echo mismatch: ${JSON.stringify(got.toString())}`));
+    };
+    const onClose = () => done(new Error(`closed after ${got.length} of ${expected.length} echoed bytes`));
+    const onError = (err) => done(err);
+    const timer = setTimeout(() => done(new Error(`echo not back within ${timeoutMs} ms`)), timeoutMs);
+    socket.on('data', onData);
+    socket.on('close', onClose);
+    socket.on('error', onError);
+    socket.resume();
+    socket.write(expected);
+  });
+}
+
+/** Ends our side and resolves once the socket has fully closed (the peer's FIN or reset included). */
+export function closeSocket(socket, { timeoutMs = 10_000 } = {}) {
+  if (socket.destroyed) return Promise.resolve();
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`socket not closed within ${timeoutMs} ms`)), timeoutMs);
+    socket.once('close', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    socket.on('error', () => undefined);
+    socket.resume();
+    socket.end();
+  });
+}

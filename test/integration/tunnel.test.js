@@ -1,0 +1,221 @@
+// Two daemons on one machine, as two nodes: `sleep` on node-a, `echo` on node-b, both HBONE, one shared built-in
+// CA. Applications on echo's IP are plain Node TCP servers; the client is the test, entering the mesh through
+// sleep's SOCKS5 listener. Everything asserted is what an operator sees: the bytes the apps got, /metrics of
+// both nodes, the access logs, the exit codes.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { sumSamples } from '../../dist/cli/prom-text.js';
+import { socks5Connect } from '../../dist/cli/socks5-client.js';
+import { makeTempDir, removeTempDir, settled, startDaemon, workload } from '../helpers/daemon.js';
+import {
+  BLOCKS,
+  block,
+  closeSocket,
+  echoOnce,
+  pattern,
+  readAll,
+  sha256,
+  socks5Request,
+  socksRoundTrip,
+  startEchoServer,
+  startGreeterServer,
+  startSinkServer,
+  waitFor,
+} from '../helpers/net.js';
+
+const net = block(BLOCKS.tunnel);
+const SLEEP_IP = net.workload(1);
+const ECHO_IP = net.workload(2);
+const SOCKS = { host: SLEEP_IP, port: 15080 };
+const PORT = { echo: 8080, halfClose: 8081, greet: 8082, refused: 8083, report: 8084 };
+const dest = (port) => ({ host: ECHO_IP, port });
+
+const SLEEP_ID = 'spiffe://cluster.local/ns/default/sa/sleep';
+const ECHO_ID = 'spiffe://cluster.local/ns/default/sa/echo';
+
+const HALF_CLOSE_REPLY = pattern(3 * 1024 * 1024 + 17, 7);
+const REPORT_REQUEST = pattern(100_000, 3);
+const REPORT_REPLY = pattern(54_321, 5);
+const GREETING = Buffer.from('hello from the server, goodbye\n');
+
+const CONFIG = {
+  workloads: [
+    workload({ name: 'sleep', ip: SLEEP_IP, node: 'node-a' }),
+    workload({ name: 'echo', ip: ECHO_IP, node: 'node-b' }),
+  ],
+};
+
+let a;
+let b;
+let caDir;
+const apps = {};
+
+// Registered at the top level: hooks registered from inside `before` would run when `before` ends.
+after(async () => {
+  await Promise.all([a?.kill(), b?.kill(), ...Object.values(apps).map((s) => s.close())]);
+  if (caDir) removeTempDir(caDir);
+});
+
+before(async () => {
+  caDir = makeTempDir('ztn-tunnel-ca-');
+  apps.echo = await startEchoServer(ECHO_IP, PORT.echo);
+  apps.halfClose = await startSinkServer(ECHO_IP, PORT.halfClose, () => HALF_CLOSE_REPLY);
+  apps.greet = await startGreeterServer(ECHO_IP, PORT.greet, GREETING);
+  apps.report = await startSinkServer(ECHO_IP, PORT.report, () => REPORT_REPLY);
+  [a, b] = await Promise.all([
+    startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(1) }),
+    startDaemon({ node: 'node-b', config: CONFIG, caDir, adminIp: net.admin(2) }),
+  ]);
+});
+
+for (const size of [1, 1024 * 1024, 64 * 1024 * 1024]) {
+  test(`a ${size} byte payload goes SOCKS5 -> HBONE -> echo and comes back intact`, { timeout: 40_000 }, async () => {
+    const payload = pattern(size, size % 251);
+    const acceptedBefore = apps.echo.stats.accepted;
+    const r = await socksRoundTrip({ socks: SOCKS, dest: dest(PORT.echo), payload });
+    assert.equal(r.error, undefined, `the tunnel failed: ${r.error?.message}`);
+    assert.equal(r.ended, true, 'EOF after the echo');
+    assert.equal(r.bytes, size);
+    assert.equal(r.sha256, sha256(payload));
+    assert.equal(apps.echo.stats.accepted, acceptedBefore + 1, 'exactly one connection reached the echo app');
+    const rec = apps.echo.stats.connections.at(-1);
+    assert.equal(rec.bytes, size, 'the echo app received every byte');
+  });
+}
+
+test("client half-close: after its FIN the client still gets everything the server sends", async () => {
+  const request = pattern(1000, 9);
+  const r = await socksRoundTrip({ socks: SOCKS, dest: dest(PORT.halfClose), payload: request });
+  assert.equal(r.error, undefined);
+  assert.equal(r.ended, true);
+  assert.equal(r.bytes, HALF_CLOSE_REPLY.length, 'every byte sent after the client FIN arrived');
+  assert.equal(r.sha256, sha256(HALF_CLOSE_REPLY));
+  const rec = apps.halfClose.stats.connections.at(-1);
+  assert.equal(rec.ended, true, 'the app saw the client FIN (it only answers after EOF)');
+  assert.equal(rec.bytes, request.length);
+  assert.equal(rec.sha256, sha256(request));
+});
+
+test('server closes first: the client gets the data then EOF, and both nodes count the connection closed', async () => {
+  const [sa, sb] = await Promise.all([settled(a, 'source'), settled(b, 'destination')]);
+  const closedA = sumSamples(sa, 'istio_tcp_connections_closed_total', { reporter: 'source' });
+  const closedB = sumSamples(sb, 'istio_tcp_connections_closed_total', { reporter: 'destination' });
+  const socket = await socks5Connect({ proxyHost: SOCKS.host, proxyPort: SOCKS.port, destHost: ECHO_IP, destPort: PORT.greet });
+  // The client never writes: the only FIN that starts the close is the server's.
+  const r = await readAll(socket, { keep: true });
+  assert.equal(r.error, undefined);
+  assert.equal(r.ended, true, 'EOF reached the client');
+  assert.equal(r.data.toString(), GREETING.toString());
+  const [ma, mb] = await Promise.all([settled(a, 'source'), settled(b, 'destination')]);
+  assert.equal(sumSamples(ma, 'istio_tcp_connections_closed_total', { reporter: 'source' }), closedA + 1);
+  assert.equal(sumSamples(mb, 'istio_tcp_connections_closed_total', { reporter: 'destination' }), closedB + 1);
+  assert.equal(sumSamples(ma, 'istio_tcp_sockets_open', { reporter: 'source' }), 0);
+  assert.equal(sumSamples(mb, 'istio_tcp_sockets_open', { reporter: 'destination' }), 0);
+});
+
+test('200 concurrent connections all succeed over at most two pooled HBONE connections', { timeout: 40_000 }, async () => {
+  const N = 200;
+  const openedA0 = await a.metric('ztunnel_node_hbone_connections_opened_total', { direction: 'outbound' });
+  const acceptedB0 = await b.metric('ztunnel_node_hbone_connections_opened_total', { direction: 'inbound' });
+  const echoAccepted0 = apps.echo.stats.accepted;
+  const results = await Promise.allSettled(
+    Array.from({ length: N }, (_, i) =>
+      socks5Connect({ proxyHost: SOCKS.host, proxyPort: SOCKS.port, destHost: ECHO_IP, destPort: PORT.echo }).then(async (s) => {
+        await echoOnce(s, `connection ${i} of ${N}\n`);
+        return s;
+      }),
+    ),
+  );
+  const sockets = results.filter((r) => r.status === 'fulfilled').map((r) => r.value);
+  try {
+    const failures = results.filter((r) => r.status === 'rejected').map((r) => r.reason.message);
+    assert.deepEqual(failures.slice(0, 5), [], `${failures.length} of ${N} connections failed`);
+    // All N streams are open right now. At most 100 streams per connection (POOL_MAX_STREAMS_PER_CONNECTION), so
+    // two connections are needed, and pooling means no more than two.
+    const activeA = await a.metric('ztunnel_node_hbone_connections_active', { direction: 'outbound' });
+    assert.equal(activeA, 2, `node-a has ${activeA} HBONE connections open for ${N} concurrent streams`);
+    assert.equal(apps.echo.stats.accepted - echoAccepted0, N, 'the echo app accepted every connection');
+    assert.equal(await a.metric('istio_tcp_sockets_open', { reporter: 'source' }), N);
+  } finally {
+    await Promise.all(sockets.map((s) => closeSocket(s)));
+  }
+  const openedA = (await a.metric('ztunnel_node_hbone_connections_opened_total', { direction: 'outbound' })) - openedA0;
+  const acceptedB = (await b.metric('ztunnel_node_hbone_connections_opened_total', { direction: 'inbound' })) - acceptedB0;
+  assert.ok(openedA <= 2, `node-a opened ${openedA} HBONE connections for ${N} concurrent streams`);
+  assert.ok(acceptedB <= 2, `node-b accepted ${acceptedB} HBONE connections for ${N} concurrent streams`);
+  assert.equal(acceptedB, openedA, 'every connection node-a opened, node-b accepted');
+  await Promise.all([settled(a, 'source'), settled(b, 'destination')]);
+});
+
+test('upstream refused: SOCKS5 reply 0x05 and a failed connection in node-a metrics', async () => {
+  const failedA0 = await a.metric('istio_tcp_connections_failed_total', { reporter: 'source' });
+  const failedB0 = await b.metric('istio_tcp_connections_failed_total', { reporter: 'destination' });
+  const r = await socks5Request({ socks: SOCKS, dest: dest(PORT.refused) });
+  r.socket?.destroy();
+  assert.equal(r.code, 0x05, `SOCKS5 reply code (error: ${r.error?.message})`);
+  // Counted as the failed connection is dropped, just after the reply: poll briefly.
+  await waitFor(async () => (await a.metric('istio_tcp_connections_failed_total', { reporter: 'source', response_flags: 'CONNECT' })) > failedA0, {
+    message: 'istio_tcp_connections_failed_total{reporter="source",response_flags="CONNECT"} to go up on node-a',
+  });
+  await waitFor(async () => (await b.metric('istio_tcp_connections_failed_total', { reporter: 'destination' })) > failedB0, {
+    message: 'node-b counting the refused upstream as failed',
+  });
+});
+
+test('metrics and access logs of both nodes match a known transfer, from each reporter\'s perspective', async () => {
+  const labels = {
+    source_workload: 'sleep',
+    source_principal: SLEEP_ID,
+    destination_workload: 'echo',
+    destination_principal: ECHO_ID,
+    connection_security_policy: 'mutual_tls',
+    response_flags: '-',
+  };
+  const A = { ...labels, reporter: 'source' };
+  const B = { ...labels, reporter: 'destination' };
+  const read = (s, match) => ({
+    opened: sumSamples(s, 'istio_tcp_connections_opened_total', match),
+    closed: sumSamples(s, 'istio_tcp_connections_closed_total', match),
+    sent: sumSamples(s, 'istio_tcp_sent_bytes_total', match),
+    received: sumSamples(s, 'istio_tcp_received_bytes_total', match),
+  });
+  const [a0, b0] = await Promise.all([settled(a, 'source'), settled(b, 'destination')]);
+
+  const r = await socksRoundTrip({ socks: SOCKS, dest: dest(PORT.report), payload: REPORT_REQUEST });
+  assert.equal(r.bytes, REPORT_REPLY.length);
+  assert.equal(r.sha256, sha256(REPORT_REPLY));
+
+  const [a1, b1] = await Promise.all([settled(a, 'source'), settled(b, 'destination')]);
+  const diff = (x, y) => Object.fromEntries(Object.keys(x).map((k) => [k, y[k] - x[k]]));
+  // node-a reports as the source: sent = client -> server.
+  assert.deepEqual(diff(read(a0, A), read(a1, A)), { opened: 1, closed: 1, sent: REPORT_REQUEST.length, received: REPORT_REPLY.length });
+  // node-b reports as the destination: received = client -> server.
+  assert.deepEqual(diff(read(b0, B), read(b1, B)), { opened: 1, closed: 1, sent: REPORT_REPLY.length, received: REPORT_REQUEST.length });
+  const sample = a1.find((s) => s.name === 'istio_tcp_sent_bytes_total' && s.labels.reporter === 'source' && s.labels.source_workload === 'sleep');
+  assert.equal(sample.labels.request_protocol, 'tcp');
+
+  // The access logs say the same, per connection.
+  const outbound = await a.waitForLog((l) => l.target === 'access' && l.message === 'connection complete' && l['src.addr'] === r.local, {
+    message: 'the outbound access log of the transfer',
+  });
+  assert.equal(outbound.direction, 'outbound');
+  assert.equal(outbound.bytes_sent, REPORT_REQUEST.length);
+  assert.equal(outbound.bytes_recv, REPORT_REPLY.length);
+  assert.equal(outbound['src.identity'], SLEEP_ID);
+  assert.equal(outbound['dst.identity'], ECHO_ID);
+  assert.equal(outbound['dst.hbone_addr'], `${ECHO_IP}:15008`);
+  const inbound = await b.waitForLog(
+    (l) => l.target === 'access' && l.message === 'connection complete' && l['dst.addr'] === `${ECHO_IP}:${PORT.report}`,
+    { message: 'the inbound access log of the transfer' },
+  );
+  assert.equal(inbound.direction, 'inbound');
+  assert.equal(inbound['src.identity'], SLEEP_ID);
+  assert.equal(inbound.bytes_recv, REPORT_REQUEST.length);
+  assert.equal(inbound.bytes_sent, REPORT_REPLY.length);
+});
+
+test('both daemons exit 0 on SIGTERM', async () => {
+  const [ra, rb] = await Promise.all([a.stop(), b.stop()]);
+  assert.equal(ra.code, 0);
+  assert.equal(rb.code, 0);
+});
