@@ -155,8 +155,9 @@ export class Daemon {
     /** stdout lines that parsed as JSON log records. */
     this.logs = [];
     this.exit = null;
+    // 'close', not 'exit': it comes after stdout and stderr ended, so the last log lines are in `logs` by then.
     this.exited = new Promise((resolve) =>
-      child.once('exit', (code, signal) => {
+      child.once('close', (code, signal) => {
         this.exit = { code, signal, at: Date.now() };
         live.delete(this);
         resolve(this.exit);
