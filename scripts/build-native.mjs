@@ -3,7 +3,7 @@
 // platform `.node`), then copies the loader and the binary next to the compiled TypeScript in dist/native/.
 // Usage: node scripts/build-native.mjs [--release] [--features ring]
 import { spawnSync } from 'node:child_process';
-import { copyFileSync, mkdirSync, readdirSync } from 'node:fs';
+import { copyFileSync, mkdirSync, readdirSync, renameSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -25,6 +25,11 @@ if (r.status !== 0) {
 }
 const out = join(root, 'dist', 'native');
 mkdirSync(out, { recursive: true });
+// Copy then rename: a running daemon has the old .node mapped; overwriting it in place would corrupt it under the
+// process, while a rename leaves the old inode intact until the process exits.
 for (const f of readdirSync(join(root, 'ts', 'native'))) {
-  if (f.endsWith('.node') || f === 'binding.cjs') copyFileSync(join(root, 'ts', 'native', f), join(out, f));
+  if (!(f.endsWith('.node') || f === 'binding.cjs')) continue;
+  const tmp = join(out, `.${f}.${process.pid}.tmp`);
+  copyFileSync(join(root, 'ts', 'native', f), tmp);
+  renameSync(tmp, join(out, f));
 }

@@ -18,6 +18,12 @@ export declare class Dataplane {
   removeLocalWorkload(uid: string): Promise<void>
   /** Explain the authorization decision for `{ srcIdentity?, srcIp, dst }` (admin `/debug/authorize`). */
   authorize(requestJson: string): string
+  /** Shared mode: start the in-pod workload manager (ZDS client). `{ uds, mark, reusePort, origSrc? }`. */
+  startInpod(configJson: string): void
+  /** Dedicated mode: `{ namespace, name, serviceAccount, mark, origSrc? }`. */
+  startDedicated(specJson: string): Promise<void>
+  /** The in-pod manager's state as JSON (`null` when not running). */
+  inpodState(): string
   metrics(): string
   drainEvents(): string
   certificates(): string

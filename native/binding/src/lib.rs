@@ -68,6 +68,27 @@ impl Dataplane {
         self.inner.authorize_json(&request_json).map_err(err)
     }
 
+    /// Shared mode: start the in-pod workload manager (ZDS client). `{ uds, mark, reusePort, origSrc? }`.
+    #[napi]
+    pub fn start_inpod(&self, config_json: String) -> Result<()> {
+        self.inner.start_inpod(&config_json).map_err(err)
+    }
+
+    /// Dedicated mode: `{ namespace, name, serviceAccount, mark, origSrc? }`.
+    #[napi]
+    pub async fn start_dedicated(&self, spec_json: String) -> Result<()> {
+        let spec: dataplane::DedicatedSpec =
+            serde_json::from_str(&spec_json).map_err(|e| err(format!("INVALID_SPEC: {e}")))?;
+        let inner = self.inner.clone();
+        inner.handle().clone().spawn(async move { inner.start_dedicated(spec).await }).await.map_err(err)?.map_err(err)
+    }
+
+    /// The in-pod manager's state as JSON (`null` when not running).
+    #[napi]
+    pub fn inpod_state(&self) -> String {
+        self.inner.inpod_state_json()
+    }
+
     #[napi]
     pub fn metrics(&self) -> String {
         self.inner.metrics_json()

@@ -10,6 +10,7 @@ pub mod copy;
 pub mod drain;
 pub mod events;
 pub mod identity;
+pub mod inpod;
 pub mod metrics;
 pub mod proxy;
 pub mod rbac;
@@ -31,7 +32,7 @@ use events::Events;
 use identity::{CertStore, Identity};
 use metrics::Metrics;
 use proxy::pool::Pool;
-use proxy::ProxyInputs;
+use proxy::{LocalRef, ProxyInputs};
 use state::{State, StateDelta};
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +74,18 @@ pub struct BoundListeners {
     pub socks_addr: Option<SocketAddr>,
 }
 
+/// What `startDedicated` takes: PROXY_WORKLOAD_INFO plus the socket settings.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DedicatedSpec {
+    pub namespace: String,
+    pub name: String,
+    pub service_account: String,
+    pub mark: u32,
+    #[serde(default)]
+    pub orig_src: inpod::OrigSrc,
+}
+
 struct LocalWorkload {
     bound: BoundListeners,
     drain: Drain,
@@ -84,6 +97,7 @@ pub struct Dataplane {
     pi: Arc<ProxyInputs>,
     drain: Drain,
     local: Mutex<HashMap<String, LocalWorkload>>,
+    inpod: Mutex<Option<Arc<inpod::WorkloadManager>>>,
 }
 
 impl Dataplane {
@@ -115,7 +129,14 @@ impl Dataplane {
             sockets: Arc::new(socket::DefaultSockets),
             preserve_source: false,
         });
-        Ok(Dataplane { rt: Mutex::new(Some(rt)), handle, pi, drain, local: Mutex::new(HashMap::new()) })
+        Ok(Dataplane {
+            rt: Mutex::new(Some(rt)),
+            handle,
+            pi,
+            drain,
+            local: Mutex::new(HashMap::new()),
+            inpod: Mutex::new(None),
+        })
     }
 
     pub fn from_json(config_json: &str) -> Result<Dataplane, DataplaneError> {
@@ -170,7 +191,13 @@ impl Dataplane {
             let tls = Arc::new(tls::server_config(self.pi.certs.clone(), workload.identity())?);
             let l = socket::listen(addr).map_err(|e| DataplaneError::Bind(addr, e))?;
             bound.hbone_addr = Some(l.local_addr().map_err(|e| DataplaneError::Bind(addr, e))?);
-            self.handle.spawn(proxy::inbound::serve(l, self.pi.clone(), uid.clone(), tls, drain.clone()));
+            self.handle.spawn(proxy::inbound::serve(
+                l,
+                self.pi.clone(),
+                LocalRef::Uid(uid.clone()),
+                tls,
+                drain.clone(),
+            ));
         }
         if let Some(addr) = spec.socks_addr {
             let l = match socket::listen(addr) {
@@ -181,7 +208,7 @@ impl Dataplane {
                 }
             };
             bound.socks_addr = Some(l.local_addr().map_err(|e| DataplaneError::Bind(addr, e))?);
-            self.handle.spawn(proxy::socks5::serve(l, self.pi.clone(), uid.clone(), drain.clone()));
+            self.handle.spawn(proxy::socks5::serve(l, self.pi.clone(), LocalRef::Uid(uid.clone()), drain.clone()));
         }
         self.local.lock().expect("local lock").insert(spec.uid.clone(), LocalWorkload { bound: bound.clone(), drain });
         Ok(bound)
@@ -196,6 +223,43 @@ impl Dataplane {
                 true
             }
             None => false,
+        }
+    }
+
+    /// Shared (in-pod) mode: connect to istio-cni over ZDS and serve every pod it hands over. Call once the initial
+    /// state is applied (ztunnel connects only after its first xDS sync).
+    pub fn start_inpod(&self, config_json: &str) -> Result<(), DataplaneError> {
+        let cfg: inpod::InPodConfig =
+            serde_json::from_str(config_json).map_err(|e| DataplaneError::Spec(e.to_string()))?;
+        let mut slot = self.inpod.lock().expect("inpod lock");
+        if slot.is_some() {
+            return Err(DataplaneError::Spec("the in-pod manager is already running".into()));
+        }
+        let m = inpod::WorkloadManager::new(self.pi.clone(), cfg, self.drain.clone());
+        self.handle.spawn(m.clone().run());
+        *slot = Some(m);
+        Ok(())
+    }
+
+    /// Dedicated mode: capture listeners for one workload in the daemon's own namespace.
+    pub async fn start_dedicated(&self, spec: DedicatedSpec) -> Result<(), DataplaneError> {
+        let cfg =
+            inpod::InPodConfig { uds: Default::default(), mark: spec.mark, reuse_port: true, orig_src: spec.orig_src };
+        let m = inpod::WorkloadManager::new(self.pi.clone(), cfg, self.drain.clone());
+        *self.inpod.lock().expect("inpod lock") = Some(m.clone());
+        let info = inpod::zds::WorkloadInfo {
+            name: spec.name,
+            namespace: spec.namespace,
+            service_account: spec.service_account,
+        };
+        m.start_dedicated(info).await.map_err(DataplaneError::Spec)
+    }
+
+    /// The in-pod manager's state (JSON; `null` when not running).
+    pub fn inpod_state_json(&self) -> String {
+        match self.inpod.lock().expect("inpod lock").as_ref() {
+            Some(m) => m.state_json(),
+            None => "null".into(),
         }
     }
 
@@ -266,8 +330,15 @@ impl Dataplane {
     /// Graceful drain of everything: listeners stop, HBONE servers send GOAWAY, connections get until the deadline.
     pub async fn drain(&self, deadline: Duration) -> bool {
         let locals: Vec<Drain> = self.local.lock().expect("local lock").values().map(|w| w.drain.clone()).collect();
+        let inpod = self.inpod.lock().expect("inpod lock").clone();
         self.drain.graceful.cancel();
-        let results = futures_util::future::join_all(locals.iter().map(|d| d.drain(deadline))).await;
+        let pods = async {
+            if let Some(m) = inpod {
+                m.drain_all(deadline).await;
+            }
+        };
+        let (results, ()) =
+            tokio::join!(futures_util::future::join_all(locals.iter().map(|d| d.drain(deadline))), pods);
         self.drain.force.cancel();
         results.into_iter().all(|clean| clean)
     }

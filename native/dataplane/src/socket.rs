@@ -65,23 +65,16 @@ pub fn set_transparent(sock: &Socket, v4: bool) -> bool {
     if v4 {
         sock.set_ip_transparent_v4(true).is_ok()
     } else {
-        // IPV6_TRANSPARENT has no socket2 wrapper.
-        set_int_opt(sock, libc::IPPROTO_IPV6, libc::IPV6_TRANSPARENT, 1)
+        sock.set_ip_transparent_v6(true).is_ok()
     }
 }
 
-fn set_int_opt(sock: &Socket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> bool {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid fd, and a pointer to an int that outlives the call, with its size.
-    unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            level,
-            name,
-            &value as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
-    }
+/// The destination a redirected (iptables REDIRECT) connection was originally sent to.
+pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
+    let sock = socket2::SockRef::from(stream);
+    let local = stream.local_addr()?;
+    let addr = if local.is_ipv4() { sock.original_dst_v4()? } else { sock.original_dst_v6()? };
+    addr.as_socket().ok_or_else(|| io::Error::other("original destination is not an IP address"))
 }
 
 /// How an upstream connection is made.
@@ -105,7 +98,7 @@ pub async fn connect_with(
         if opts.transparent {
             set_transparent(&sock, src.is_ipv4());
             // IP_FREEBIND as well: the address may not be configured here at all.
-            let _ = sock.set_freebind_v4(true);
+            let _ = if src.is_ipv4() { sock.set_freebind_v4(true) } else { sock.set_freebind_v6(true) };
         }
         sock.bind(&src.into())?;
     }

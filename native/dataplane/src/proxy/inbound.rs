@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::h2::keepalive;
 use super::h2::server::builder;
-use super::ProxyInputs;
+use super::{LocalRef, ProxyInputs};
 use crate::copy::Tally;
 use crate::drain::Drain;
 use crate::events::{Event, Level};
@@ -86,13 +86,7 @@ pub fn validate_connect<B>(
 }
 
 /// Serve one local workload's HBONE listener until drained.
-pub async fn serve(
-    listener: TcpListener,
-    pi: Arc<ProxyInputs>,
-    local_uid: Arc<str>,
-    tls: Arc<ServerConfig>,
-    drain: Drain,
-) {
+pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, local: LocalRef, tls: Arc<ServerConfig>, drain: Drain) {
     let acceptor = TlsAcceptor::from(tls);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -102,7 +96,7 @@ pub async fn serve(
             },
             _ = drain.graceful.cancelled() => return,
         };
-        let (pi, uid, acceptor, d) = (pi.clone(), local_uid.clone(), acceptor.clone(), drain.clone());
+        let (pi, uid, acceptor, d) = (pi.clone(), local.clone(), acceptor.clone(), drain.clone());
         drain.tasks.spawn(async move {
             serve_connection(pi, uid, acceptor, tcp, peer, d).await;
         });
@@ -111,7 +105,7 @@ pub async fn serve(
 
 async fn serve_connection(
     pi: Arc<ProxyInputs>,
-    local_uid: Arc<str>,
+    local: LocalRef,
     acceptor: TlsAcceptor,
     tcp: TcpStream,
     peer: SocketAddr,
@@ -160,7 +154,7 @@ async fn serve_connection(
         tokio::select! {
             next = conn.accept() => match next {
                 Some(Ok((req, respond))) => {
-                    let (pi, uid, id, force) = (pi.clone(), local_uid.clone(), peer_id.clone(), drain.force.clone());
+                    let (pi, uid, id, force) = (pi.clone(), local.clone(), peer_id.clone(), drain.force.clone());
                     drain.tasks.spawn(async move {
                         handle_stream(&pi, &uid, &id, peer, req, respond, &force).await;
                     });
@@ -188,7 +182,7 @@ async fn respond_error(respond: &mut SendResponse<Bytes>, status: StatusCode) {
 
 async fn handle_stream(
     pi: &ProxyInputs,
-    local_uid: &str,
+    local_ref: &LocalRef,
     peer_id: &Identity,
     peer: SocketAddr,
     req: Request<RecvStream>,
@@ -198,7 +192,7 @@ async fn handle_stream(
     let started = Instant::now();
     let (local, source) = {
         let st = pi.state.read().expect("state lock");
-        let local = st.workload(local_uid).cloned();
+        let local = local_ref.resolve(&st);
         // The source workload by the connection's IP, used for metrics only when its identity is the verified one.
         let source = local
             .as_ref()
@@ -227,10 +221,11 @@ async fn handle_stream(
     let local = local.expect("validated");
     // Register, then check: a policy change from here on re-evaluates this connection (tracker.rs).
     let conn = rbac::Connection::new(Some(peer_id.clone()), peer.ip(), target.ip(), target.port());
-    let track = pi.tracker.register(Arc::from(local_uid), conn.clone());
+    let track = pi.tracker.register(local_ref.clone(), conn.clone());
     let decision = {
         let st = pi.state.read().expect("state lock");
-        let current = st.workload(local_uid).unwrap_or(&local);
+        let resolved = local_ref.resolve(&st);
+        let current = resolved.as_ref().unwrap_or(&local);
         if st.has_dry_run_policies() {
             for (policy, action) in rbac::dry_run_matches(&st, current, &conn) {
                 pi.events.log(
@@ -282,8 +277,13 @@ async fn handle_stream(
             return;
         }
     };
-    let send = match respond.send_response(Response::builder().status(StatusCode::OK).body(()).expect("static"), false)
-    {
+    // ENABLE_RESPONSE_BAGGAGE (Istio's default): the 200 carries the destination's baggage for the client's metrics.
+    let mut ok = Response::builder().status(StatusCode::OK);
+    let dst_baggage = super::outbound::baggage(&pi.cfg.cluster_id, &local);
+    if !dst_baggage.is_empty() {
+        ok = ok.header("baggage", dst_baggage);
+    }
+    let send = match respond.send_response(ok.body(()).unwrap_or_else(|_| Response::new(())), false) {
         Ok(s) => s,
         Err(e) => {
             guard.fail("CONNECT");

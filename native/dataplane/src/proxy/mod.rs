@@ -3,6 +3,7 @@
 
 pub mod h2;
 pub mod inbound;
+pub mod inbound_passthrough;
 pub mod outbound;
 pub mod pool;
 pub mod socks5;
@@ -15,6 +16,35 @@ use crate::events::Events;
 use crate::identity::CertStore;
 use crate::metrics::Metrics;
 use crate::state::State;
+
+/// Which local workload a proxy serves. Local mode knows the uid; in-pod, istio-cni names the pod (namespace,
+/// name, service account) and the workload is looked up in the state on each connection, so it can arrive or change
+/// after the proxy started. Never inferred from packet contents (security.md I7).
+#[derive(Debug, Clone)]
+pub enum LocalRef {
+    Uid(Arc<str>),
+    Pod { namespace: Arc<str>, name: Arc<str>, service_account: Arc<str>, node: Arc<str> },
+}
+
+impl LocalRef {
+    pub fn resolve(&self, state: &State) -> Option<Arc<crate::state::Workload>> {
+        match self {
+            LocalRef::Uid(uid) => state.workload(uid).cloned(),
+            LocalRef::Pod { namespace, name, service_account, node } => {
+                state.workload_by_name(namespace, name, service_account, node).cloned()
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for LocalRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LocalRef::Uid(uid) => f.write_str(uid),
+            LocalRef::Pod { namespace, name, .. } => write!(f, "{namespace}/{name}"),
+        }
+    }
+}
 
 /// What every proxy needs, shared by reference.
 pub struct ProxyInputs {

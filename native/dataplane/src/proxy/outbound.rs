@@ -18,7 +18,7 @@ use h2::{RecvStream, SendStream};
 
 use super::h2::client::{connect_request, new_traceparent, ConnectHeaders};
 use super::pool::{PoolError, PoolKey, StreamLease};
-use super::ProxyInputs;
+use super::{LocalRef, ProxyInputs};
 use crate::config::Config;
 use crate::identity::Identity;
 use crate::state::{Protocol, Service, State, Workload, WorkloadStatus};
@@ -216,16 +216,13 @@ pub struct Routed {
 /// Route and connect. On success the upstream is ready for bytes (for HBONE: the peer answered 200).
 pub async fn connect(
     pi: &ProxyInputs,
-    src_uid: &str,
+    src: &LocalRef,
     client: SocketAddr,
     dst: SocketAddr,
 ) -> Result<(Routed, Upstream), (Option<Routed>, OutboundError)> {
     let (source, request) = {
         let state = pi.state.read().expect("state lock");
-        let source = state
-            .workload(src_uid)
-            .cloned()
-            .ok_or_else(|| (None, OutboundError::UnknownSource(src_uid.to_string())))?;
+        let source = src.resolve(&state).ok_or_else(|| (None, OutboundError::UnknownSource(src.to_string())))?;
         let mut rng = |n: u64| rand::random::<u64>() % n.max(1);
         let request = build_request(&state, &pi.cfg, &source, dst, &mut rng).map_err(|e| (None, e.into()))?;
         (source, request)
@@ -373,6 +370,53 @@ pub fn access_log(
         f.insert("error".into(), e.into());
     }
     pi.events.push(Event { kind: "access", level, message: "connection complete".into(), fields: f });
+}
+
+/// Outbound capture (15001, in-pod): connections the pod's iptables rules redirected here; the destination is the
+/// original one (SO_ORIGINAL_DST). Same routing and relay as the SOCKS5 entry; a failure closes the connection.
+pub async fn serve_capture(
+    listener: tokio::net::TcpListener,
+    pi: Arc<ProxyInputs>,
+    local: LocalRef,
+    drain: crate::drain::Drain,
+) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(_) => { tokio::time::sleep(std::time::Duration::from_millis(50)).await; continue; }
+            },
+            _ = drain.graceful.cancelled() => return,
+        };
+        let (pi, local, force) = (pi.clone(), local.clone(), drain.force.clone());
+        drain.tasks.spawn(async move {
+            let _ = stream.set_nodelay(true);
+            let dst = match crate::socket::original_dst(&stream) {
+                Ok(d) => d,
+                Err(_) => return,
+            };
+            match connect(&pi, &local, peer, dst).await {
+                Ok((routed, upstream)) => {
+                    let guard = pi.metrics.open(labels(Some(&routed), None));
+                    relay(&pi, stream, peer, &routed, upstream, guard, &force).await;
+                }
+                Err((routed, err)) => {
+                    let source = local.resolve(&pi.state.read().expect("state lock"));
+                    let mut guard = pi.metrics.open(labels(routed.as_ref(), source.as_deref()));
+                    guard.fail(err.response_flag());
+                    pi.events.push(crate::events::Event {
+                        kind: "access",
+                        level: crate::events::Level::Warn,
+                        message: "connection failed".into(),
+                        fields: crate::fields! {
+                            "src.addr" => peer.to_string(), "dst.addr" => dst.to_string(),
+                            "direction" => "outbound", "error" => err.to_string(),
+                        },
+                    });
+                }
+            }
+        });
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::outbound::{self, OutboundError, RouteError};
 use super::pool::PoolError;
-use super::ProxyInputs;
+use super::{LocalRef, ProxyInputs};
 use crate::drain::Drain;
 
 /// A client has this long to finish the SOCKS5 greeting and request.
@@ -118,7 +118,7 @@ pub async fn send_reply<S: AsyncWriteExt + Unpin>(s: &mut S, code: u8) -> std::i
     s.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0]).await
 }
 
-pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, src_uid: Arc<str>, drain: Drain) {
+pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, src: LocalRef, drain: Drain) {
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -127,7 +127,7 @@ pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, src_uid: Arc<str
             },
             _ = drain.graceful.cancelled() => return,
         };
-        let (pi, uid, force) = (pi.clone(), src_uid.clone(), drain.force.clone());
+        let (pi, uid, force) = (pi.clone(), src.clone(), drain.force.clone());
         drain.tasks.spawn(async move {
             let _ = stream.set_nodelay(true);
             handle(&pi, &uid, stream, peer, &force).await;
@@ -137,7 +137,7 @@ pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, src_uid: Arc<str
 
 async fn handle(
     pi: &ProxyInputs,
-    src_uid: &str,
+    src: &LocalRef,
     mut stream: TcpStream,
     peer: SocketAddr,
     force: &tokio_util::sync::CancellationToken,
@@ -153,7 +153,7 @@ async fn handle(
         Err(_) => return,
     };
     let started = Instant::now();
-    match outbound::connect(pi, src_uid, peer, dst).await {
+    match outbound::connect(pi, src, peer, dst).await {
         Ok((routed, upstream)) => {
             if send_reply(&mut stream, reply::SUCCEEDED).await.is_err() {
                 return;
@@ -163,7 +163,7 @@ async fn handle(
         }
         Err((routed, err)) => {
             let _ = send_reply(&mut stream, reply_code(&err)).await;
-            let source = pi.state.read().expect("state lock").workload(src_uid).cloned();
+            let source = src.resolve(&pi.state.read().expect("state lock"));
             let mut guard = pi.metrics.open(outbound::labels(routed.as_ref(), source.as_deref()));
             guard.fail(err.response_flag());
             let mut f = crate::fields! {

@@ -14,12 +14,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use super::ProxyInputs;
+use super::{LocalRef, ProxyInputs};
 use crate::events::{Event, Level};
 use crate::rbac;
 
 struct Tracked {
-    local_uid: Arc<str>,
+    local: LocalRef,
     conn: rbac::Connection,
     close: CancellationToken,
 }
@@ -44,10 +44,10 @@ impl Drop for TrackGuard {
 }
 
 impl Tracker {
-    pub fn register(self: &Arc<Self>, local_uid: Arc<str>, conn: rbac::Connection) -> TrackGuard {
+    pub fn register(self: &Arc<Self>, local: LocalRef, conn: rbac::Connection) -> TrackGuard {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let close = CancellationToken::new();
-        self.conns.lock().expect("tracker lock").insert(id, Tracked { local_uid, conn, close: close.clone() });
+        self.conns.lock().expect("tracker lock").insert(id, Tracked { local, conn, close: close.clone() });
         TrackGuard { tracker: self.clone(), id, close }
     }
 
@@ -67,8 +67,8 @@ impl Tracker {
             if t.close.is_cancelled() {
                 continue;
             }
-            let decision = match state.workload(&t.local_uid) {
-                Some(w) => rbac::authorize(&state, w, &t.conn),
+            let decision = match t.local.resolve(&state) {
+                Some(w) => rbac::authorize(&state, &w, &t.conn),
                 None => continue, // the workload's own removal drains its listeners and connections
             };
             if decision.allowed {
@@ -84,7 +84,7 @@ impl Tracker {
                     "src.addr" => t.conn.src_ip.to_string(),
                     "src.identity" => t.conn.src_identity.as_ref().map(|i| i.to_string()).unwrap_or_default(),
                     "dst.addr" => std::net::SocketAddr::new(t.conn.dst_ip, t.conn.dst_port).to_string(),
-                    "dst.workload" => t.local_uid.to_string(),
+                    "dst.workload" => t.local.to_string(),
                     "direction" => "inbound",
                     "policy" => decision.policy.clone().unwrap_or_default(),
                     "reason" => decision.reason,

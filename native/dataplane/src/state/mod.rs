@@ -31,6 +31,8 @@ pub type NetworkAddr = (String, IpAddr);
 pub struct State {
     workloads: HashMap<String, Arc<Workload>>,
     workloads_by_addr: HashMap<NetworkAddr, String>,
+    /// (namespace, name) → uids: how an in-pod proxy finds its workload from what istio-cni told it.
+    workloads_by_name: HashMap<(String, String), Vec<String>>,
     services: HashMap<ServiceKey, Arc<Service>>,
     services_by_vip: HashMap<NetworkAddr, Vec<ServiceKey>>,
     /// service key → endpoint workload uid → (service port → target port). Kept even for services that have not
@@ -87,6 +89,7 @@ impl State {
         for ip in &w.ips {
             self.workloads_by_addr.insert((w.network.clone(), *ip), w.uid.clone());
         }
+        self.workloads_by_name.entry((w.namespace.clone(), w.name.clone())).or_default().push(w.uid.clone());
         for (svc, ports) in &w.service_ports {
             self.endpoints.entry(svc.clone()).or_default().insert(w.uid.clone(), ports.clone());
         }
@@ -95,6 +98,13 @@ impl State {
 
     fn remove_workload(&mut self, uid: &str) {
         let Some(old) = self.workloads.remove(uid) else { return };
+        let name_key = (old.namespace.clone(), old.name.clone());
+        if let Some(uids) = self.workloads_by_name.get_mut(&name_key) {
+            uids.retain(|u| u != uid);
+            if uids.is_empty() {
+                self.workloads_by_name.remove(&name_key);
+            }
+        }
         for ip in &old.ips {
             let key = (old.network.clone(), *ip);
             if self.workloads_by_addr.get(&key).map(String::as_str) == Some(uid) {
@@ -194,6 +204,24 @@ impl State {
 
     pub fn workload(&self, uid: &str) -> Option<&Arc<Workload>> {
         self.workloads.get(uid)
+    }
+
+    /// The workload a pod proxy serves: same namespace, name and service account, preferring one on `node`.
+    pub fn workload_by_name(
+        &self,
+        namespace: &str,
+        name: &str,
+        service_account: &str,
+        node: &str,
+    ) -> Option<&Arc<Workload>> {
+        let uids = self.workloads_by_name.get(&(namespace.to_string(), name.to_string()))?;
+        let mut found =
+            uids.iter().filter_map(|u| self.workloads.get(u)).filter(|w| w.service_account == service_account);
+        let first = found.next()?;
+        if first.node == node {
+            return Some(first);
+        }
+        Some(found.find(|w| w.node == node).unwrap_or(first))
     }
 
     pub fn workload_by_addr(&self, network: &str, ip: IpAddr) -> Option<&Arc<Workload>> {

@@ -1,0 +1,129 @@
+//! Inbound plaintext (15006, in-pod): connections to the pod that arrived without HBONE, redirected by the pod's
+//! iptables rules. They have no identity: authorization sees only addresses and ports, so a STRICT policy
+//! (`DENY notPrincipals: [presence]`) denies them. Denied connections are closed without a byte reaching the app.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{LocalRef, ProxyInputs};
+use crate::copy::Tally;
+use crate::drain::Drain;
+use crate::events::{Event, Level};
+use crate::fields;
+use crate::metrics::{ConnectionInfo, Reporter, TrafficLabels};
+use crate::rbac;
+
+pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, local: LocalRef, drain: Drain) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
+            },
+            _ = drain.graceful.cancelled() => return,
+        };
+        let (pi, local, force) = (pi.clone(), local.clone(), drain.force.clone());
+        drain.tasks.spawn(async move {
+            let _ = stream.set_nodelay(true);
+            handle(&pi, &local, stream, peer, &force).await;
+        });
+    }
+}
+
+fn refused(pi: &ProxyInputs, peer: SocketAddr, dst: Option<SocketAddr>, error: String) {
+    pi.events.push(Event {
+        kind: "access",
+        level: Level::Warn,
+        message: "connection failed".into(),
+        fields: fields! {
+            "src.addr" => peer.to_string(),
+            "dst.addr" => dst.map(|d| d.to_string()).unwrap_or_default(),
+            "direction" => "inbound",
+            "error" => error,
+        },
+    });
+}
+
+async fn handle(
+    pi: &ProxyInputs,
+    local_ref: &LocalRef,
+    stream: TcpStream,
+    peer: SocketAddr,
+    force: &tokio_util::sync::CancellationToken,
+) {
+    let started = Instant::now();
+    let dst = match crate::socket::original_dst(&stream) {
+        Ok(d) => d,
+        Err(e) => return refused(pi, peer, None, format!("no original destination: {e}")),
+    };
+    if pi.cfg.illegal_ports().contains(&dst.port()) {
+        return refused(pi, peer, Some(dst), format!("port {} is ztunnel-node's own", dst.port()));
+    }
+    let Some(local) = local_ref.resolve(&pi.state.read().expect("state lock")) else {
+        return refused(pi, peer, Some(dst), format!("local workload {local_ref} is not known"));
+    };
+    let conn = rbac::Connection::new(None, peer.ip(), dst.ip(), dst.port());
+    let track = pi.tracker.register(local_ref.clone(), conn.clone());
+    let decision = {
+        let st = pi.state.read().expect("state lock");
+        rbac::authorize(&st, &local, &conn)
+    };
+    let source = pi.state.read().expect("state lock").workload_by_addr(&local.network, peer.ip()).cloned();
+    let mut guard = pi.metrics.open(TrafficLabels::new(&ConnectionInfo {
+        reporter: Reporter::Destination,
+        source: source.as_deref(),
+        source_identity: None,
+        destination: Some(&local),
+        destination_identity: Some(&local.identity()),
+        destination_service: None,
+        mutual_tls: false,
+    }));
+    if !decision.allowed {
+        guard.fail("DENY");
+        pi.metrics.authz_denied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut f = fields! {
+            "src.addr" => peer.to_string(), "dst.addr" => dst.to_string(), "dst.workload" => local.name.clone(),
+            "direction" => "inbound", "error" => format!("connection denied: {}", decision.reason),
+        };
+        if let Some(p) = decision.policy {
+            f.insert("policy".into(), p.into());
+        }
+        pi.events.push(Event { kind: "access", level: Level::Warn, message: "connection denied".into(), fields: f });
+        return; // dropping the stream closes it: nothing was read, nothing reached the application
+    }
+    let opts = crate::socket::ConnectOptions {
+        bind: pi.preserve_source.then_some(SocketAddr::new(peer.ip(), 0)),
+        transparent: pi.preserve_source,
+    };
+    let upstream = match crate::socket::connect_with(&*pi.sockets, dst, opts, pi.cfg.connect_timeout()).await {
+        Ok(u) => u,
+        Err(e) => {
+            guard.fail("CONNECT");
+            return refused(pi, peer, Some(dst), format!("connecting to {dst}: {e}"));
+        }
+    };
+    let counters = guard.counters.clone();
+    let (rx, tx) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));
+    let result = tokio::select! {
+        r = crate::copy::tcp_bidirectional(stream, upstream, &rx, &tx) => r.map(|_| ()),
+        _ = force.cancelled() => Err(std::io::Error::other("drained")),
+        _ = track.close.cancelled() => Err(std::io::Error::other("connection closed due to policy change")),
+    };
+    if result.is_err() {
+        guard.fail(if track.close.is_cancelled() { "DENY" } else { "CONNECT" });
+    }
+    let mut f = fields! {
+        "src.addr" => peer.to_string(), "dst.addr" => dst.to_string(), "dst.workload" => local.name.clone(),
+        "dst.namespace" => local.namespace.clone(), "direction" => "inbound",
+        "bytes_sent" => tx.get(), "bytes_recv" => rx.get(),
+        "duration" => format!("{}ms", started.elapsed().as_millis()),
+    };
+    let level = if result.is_err() { Level::Error } else { Level::Info };
+    if let Err(e) = result {
+        f.insert("error".into(), e.to_string().into());
+    }
+    pi.events.push(Event { kind: "access", level, message: "connection complete".into(), fields: f });
+}
