@@ -36,17 +36,66 @@ export function platformTag(): string {
   return `${base}-${header?.glibcVersionRuntime ? 'gnu' : 'musl'}`;
 }
 
+/**
+ * The platforms a prebuilt binary is published for (package.json `napi.targets`, as napi-rs names them; a unit test
+ * keeps the two lists equal). Linux only: the dataplane uses Linux socket APIs (network namespaces, SO_MARK,
+ * IP_TRANSPARENT).
+ */
+export const PREBUILT_PLATFORMS: readonly string[] = ['linux-x64-gnu', 'linux-arm64-gnu', 'linux-x64-musl', 'linux-arm64-musl'];
+
+/** npm package that carries the prebuilt binary for a platform tag (napi-rs naming: `<name>-<tag>`). */
+export function platformPackage(tag: string): string {
+  return `ztunnel-node-${tag}`;
+}
+
+/**
+ * What to tell the user when neither the platform package nor a local build loads. Pure, so the wording is tested.
+ * `causes` are the loader's individual failures (first line each); `override` is NAPI_RS_NATIVE_LIBRARY_PATH, which
+ * makes the loader try only that file.
+ */
+export function nativeUnavailableMessage(tag: string, causes: readonly string[] = [], override?: string): string {
+  const local = `a local build (ztunnel-node.${tag}.node next to the loader)`;
+  const lines = override
+    ? [
+        `no native binary for ${tag}: NAPI_RS_NATIVE_LIBRARY_PATH=${override} is set, so only that file was tried, and it could not be loaded.`,
+        `  unset it to use the prebuilt package ${platformPackage(tag)} or ${local}.`,
+      ]
+    : PREBUILT_PLATFORMS.includes(tag)
+    ? [
+        `no native binary for ${tag}: neither the prebuilt package ${platformPackage(tag)} nor ${local} could be loaded.`,
+        `  installed from npm: reinstall with optional dependencies enabled (no --omit=optional / --no-optional), so npm installs ${platformPackage(tag)};`,
+        '  in a source checkout: run `npm run build:native` (needs a Rust toolchain).',
+      ]
+    : [
+        `no native binary for ${tag}: no prebuilt package is published for ${tag} (prebuilt: ${PREBUILT_PLATFORMS.join(', ')}) and ${local} could not be loaded.`,
+        '  build one in a source checkout with `npm run build:native` (needs a Rust toolchain).',
+      ];
+  if (causes.length > 0) lines.push(`  tried: ${causes.join('; ')}`);
+  return lines.join('\n');
+}
+
+/** The first line of each error in a `cause` chain (napi-rs chains its per-candidate load failures that way). */
+function causeLines(err: unknown, max = 6): string[] {
+  const out: string[] = [];
+  for (let e: unknown = err; e instanceof Error && out.length < max; e = e.cause) {
+    const line = e.message.split('\n')[0] ?? '';
+    // The WASI fallbacks are tried everywhere and never shipped; naming them would only mislead.
+    if (line !== '' && !line.startsWith('Cannot find native binding') && !/wasi/i.test(line)) out.push(line);
+  }
+  return out;
+}
+
 function load(): Binding {
   if (binding) return binding;
   try {
-    // binding.cjs is the napi-rs loader; the native build copies it next to this file (dist/native/).
+    // binding.cjs is the napi-rs loader; it tries NAPI_RS_NATIVE_LIBRARY_PATH, then a local build next to itself
+    // (dist/native/), then the platform package. The native build copies it next to this file.
     binding = require('./binding.cjs') as Binding;
     return binding;
   } catch (err) {
-    const reason = err instanceof Error ? err.message.split('\n')[0] : String(err);
     throw new ZtunnelError(
       'NATIVE_UNAVAILABLE',
-      `no native binary for ${platformTag()} (${reason}); run \`npm run build:native\` to build one`,
+      nativeUnavailableMessage(platformTag(), causeLines(err), process.env.NAPI_RS_NATIVE_LIBRARY_PATH || undefined),
       { cause: err },
     );
   }
