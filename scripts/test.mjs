@@ -3,7 +3,9 @@
 //   1. lint: rustfmt, clippy -D warnings, eslint, tsc --noEmit
 //   2. cargo test (the Rust crates, unit and in-process integration)
 //   3. build: the native module (release, incremental) and the TypeScript, so the suites run what is checked in
-//   4. node:test suites: test/unit, test/integration (real daemons on unique 127.x addresses), and test/netns
+//   4. distribution: the install test (packed tarballs installed without Rust, then run); actionlint runs with
+//      step 1 (a missing actionlint skips it with a message, except under CI: .ci/run installs it).
+//   5. node:test suites: test/unit, test/integration (real daemons on unique 127.x addresses), and test/netns
 //      (real network namespaces; root only: elsewhere it prints that it was skipped and why)
 // Set ZTN_TEST_SKIP_LINT=1 to skip step 1 while iterating locally.
 import { spawnSync } from 'node:child_process';
@@ -40,6 +42,7 @@ if (!process.env.ZTN_TEST_SKIP_LINT) {
   run('clippy', 'cargo', ['clippy', '--workspace', '--all-targets', '--', '-D', 'warnings']);
   run('eslint', 'npx', ['eslint', '.']);
   run('tsc', 'npx', ['tsc', '-p', 'tsconfig.json', '--noEmit']);
+  run('actionlint', 'node', ['scripts/actionlint.mjs']);
 }
 run('cargo test', 'cargo', ['test', '--workspace']);
 run('build native', 'node', ['scripts/build-native.mjs', '--release']);
@@ -49,6 +52,8 @@ run('build ts', 'npx', ['tsc', '-p', 'tsconfig.json']);
 if (existsSync(join(root, '.git'))) {
   run('generated binding is current', 'git', ['diff', '--exit-code', '--', 'ts/native/binding.d.cts', 'ts/native/binding.cjs']);
 }
+// Distribution, after the build it uses, before the long suites (whose summary stays the run's last words).
+run('install test', 'node', ['scripts/install-test.mjs']);
 
 const suites = [...testFiles('test/unit'), ...testFiles('test/integration')];
 const isRoot = typeof process.getuid === 'function' && process.getuid() === 0;

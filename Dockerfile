@@ -1,0 +1,46 @@
+# syntax=docker/dockerfile:1
+# The ztunnel-node image that deploy/ztunnel-node (the Helm chart) runs. Not built by this repository's CI (no
+# container engine there); build it with:  docker build -t <registry>/ztunnel-node:0.1.0 .
+#
+# Stage 1 builds the native module (Rust, release) and the TypeScript on Debian with Node 20; stage 2 is a slim
+# Node 20 runtime with only the production node_modules, the compiled dist/ and the .node, plus iptables and
+# iproute2 for inspecting and repairing a node's capture rules from inside the pod.
+
+# The Rust toolchain is copied from the official image instead of being downloaded by a script.
+FROM rust:1.95-slim-bookworm AS rust
+
+FROM node:20-bookworm AS build
+COPY --from=rust /usr/local/cargo /usr/local/cargo
+COPY --from=rust /usr/local/rustup /usr/local/rustup
+ENV CARGO_HOME=/usr/local/cargo RUSTUP_HOME=/usr/local/rustup PATH=/usr/local/cargo/bin:$PATH
+WORKDIR /src
+# Dependencies first, so a source change does not refetch them. --ignore-scripts: `prepare` (the build) runs below,
+# once the sources are in.
+COPY package.json package-lock.json ./
+RUN npm ci --ignore-scripts --no-audit --no-fund
+COPY Cargo.toml Cargo.lock tsconfig.json ./
+COPY native native
+COPY bench/loadgen bench/loadgen
+COPY scripts scripts
+COPY ts ts
+COPY bin bin
+RUN npm run build && npm prune --omit=dev --no-audit --no-fund
+
+FROM node:20-bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iptables iproute2 \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/package.json /opt/ztunnel-node/
+COPY --from=build /src/node_modules /opt/ztunnel-node/node_modules
+COPY --from=build /src/bin /opt/ztunnel-node/bin
+COPY --from=build /src/dist /opt/ztunnel-node/dist
+# ztunnel's default file locations are relative (./var/run/secrets/istio/root-cert.pem,
+# ./var/run/secrets/tokens/istio-token), so the working directory is / as in Istio's image.
+WORKDIR /
+# Non-root by default: `ztunnel-node version`, `demo` and PROXY_MODE=local need no privileges. As a node proxy
+# (PROXY_MODE=shared, the chart) it must run as root with NET_ADMIN, SYS_ADMIN (setns into pod network namespaces)
+# and NET_RAW, and nothing else; the chart sets exactly that, as Istio's ztunnel chart does.
+USER node
+EXPOSE 15008 15020 15021
+ENTRYPOINT ["node", "/opt/ztunnel-node/bin/ztunnel-node.js"]
+CMD ["proxy", "ztunnel"]
