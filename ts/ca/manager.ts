@@ -1,19 +1,29 @@
-// Keeps one certificate per local identity installed in the dataplane: CSR (key stays in Rust) -> CA -> install.
+// Keeps one certificate per identity installed in the dataplane: CSR (the key stays in Rust) -> CA -> install.
+// ztunnel's SecretManager (spec §4.2), in TypeScript: the native side asks for nothing per connection, it only
+// receives certificates.
 //
 // Invariants:
-// - At most one fetch per identity is in flight: `createCsr` replaces the pending key, so two overlapping
-//   fetches would make the first install fail with CERT_MISMATCH.
-// - A certificate is refreshed at half its lifetime (as ztunnel does); a failed fetch is retried with
-//   exponential backoff, and a failed refresh keeps serving the current certificate while it is still valid.
+// - One state per identity: Initializing, Available, or Unavailable with the error. A failed refresh keeps an
+//   unexpired certificate Available (and installed): the dataplane keeps using it.
+// - At most one request per identity is in flight (`createCsr` replaces the pending key, so two overlapping
+//   requests would make the first install fail), and at most `maxConcurrent` (8) requests overall. Waiting
+//   requests leave the queue by priority: RealTime (something waits for it) > Warmup (prefetch for a local
+//   workload) > Background (scheduled refresh); ties by time of queueing.
+// - Refresh is due at half the lifetime (notBefore + (notAfter - notBefore) / 2).
+// - A failure retries after a per-identity backoff (1 s doubling to 150 s, +-20 % jitter); with an unexpired
+//   certificate the retry is at min(backoff, expiry).
+// - `forget` drops an identity (its last local workload left); a response arriving later is discarded.
 // - Timers are unref'd: certificates never keep the process alive; `stop()` cancels them all.
 import type { Logger } from 'pino';
+import {
+  CA_BACKOFF_INITIAL_MS,
+  CA_BACKOFF_JITTER,
+  CA_BACKOFF_MAX_MS,
+  CA_MAX_CONCURRENT_REQUESTS,
+} from '../config/defaults.js';
 import type { CertificateAuthority } from './authority.js';
 import { describeCertificate, leafValidity, splitPem, type CertificateDump } from './pem.js';
 
-/** First retry after a failed fetch; short, because the usual cause (CA starting up) clears quickly. */
-export const RETRY_INITIAL_MS = 500;
-/** Backoff ceiling: a CA outage should not turn into a request storm, nor leave a workload without a cert long. */
-export const RETRY_MAX_MS = 30_000;
 /** setTimeout's maximum delay; longer refresh delays (TTL > ~49 days) are re-armed in steps. */
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
@@ -25,6 +35,10 @@ export interface KeyStore {
 
 export type CertificateState = 'Initializing' | 'Available' | `Unavailable: ${string}`;
 
+/** Lower is more urgent. */
+export const Priority = { RealTime: 0, Warmup: 1, Background: 2 } as const;
+export type PriorityName = keyof typeof Priority;
+
 interface Entry {
   identity: string;
   state: CertificateState;
@@ -32,7 +46,10 @@ interface Entry {
   rootsPem: string | null;
   notAfter: number | null;
   timer: NodeJS.Timeout | null;
-  inflight: Promise<void> | null;
+  /** queued: waiting for a request slot; inflight: the CA is being asked. */
+  phase: 'idle' | 'queued' | 'inflight';
+  priority: number;
+  queuedAt: number;
   failures: number;
   waiters: Array<(available: boolean) => void>;
 }
@@ -43,6 +60,9 @@ export interface CertificateManagerOptions {
   ttlSeconds: number;
   logger: Logger;
   now?: () => number;
+  maxConcurrent?: number;
+  backoff?: { initialMs: number; maxMs: number; jitter: number };
+  random?: () => number;
 }
 
 export interface IdentityDump {
@@ -54,6 +74,9 @@ export interface IdentityDump {
 
 export class CertificateManager {
   private readonly entries = new Map<string, Entry>();
+  private readonly queue = new Set<Entry>();
+  private inflight = 0;
+  private seq = 0;
   private stopped = false;
   private readonly now: () => number;
 
@@ -63,9 +86,10 @@ export class CertificateManager {
 
   /**
    * Starts tracking `identity` (idempotent) and resolves true once it has a certificate, or false if the
-   * manager is stopped first. Failures are retried forever; watch `dump()` or the logs for the reason.
+   * manager is stopped or the identity forgotten first. Failures are retried with backoff; see `dump()`.
+   * A more urgent `priority` raises a queued request.
    */
-  ensure(identity: string): Promise<boolean> {
+  ensure(identity: string, priority: PriorityName = 'Warmup'): Promise<boolean> {
     if (this.stopped) return Promise.resolve(false);
     let entry = this.entries.get(identity);
     if (entry === undefined) {
@@ -76,16 +100,28 @@ export class CertificateManager {
         rootsPem: null,
         notAfter: null,
         timer: null,
-        inflight: null,
+        phase: 'idle',
+        priority: Priority[priority],
+        queuedAt: 0,
         failures: 0,
         waiters: [],
       };
       this.entries.set(identity, entry);
-      this.fetch(entry);
+      this.enqueue(entry, Priority[priority]);
+    } else if (entry.phase === 'queued') {
+      entry.priority = Math.min(entry.priority, Priority[priority]);
     }
     if (entry.state === 'Available') return Promise.resolve(true);
     const e = entry;
     return new Promise((resolve) => e.waiters.push(resolve));
+  }
+
+  has(identity: string): boolean {
+    return this.entries.has(identity);
+  }
+
+  identities(): string[] {
+    return [...this.entries.keys()];
   }
 
   /** Stops refreshing `identity` and drops it from the dump. */
@@ -93,14 +129,17 @@ export class CertificateManager {
     const entry = this.entries.get(identity);
     if (!entry) return;
     if (entry.timer) clearTimeout(entry.timer);
+    entry.timer = null;
+    this.queue.delete(entry);
     this.entries.delete(identity);
     for (const w of entry.waiters.splice(0)) w(false);
+    this.opts.logger.info({ identity }, 'certificate forgotten (no local workload uses it)');
   }
 
   stop(): void {
     this.stopped = true;
-    for (const identity of [...this.entries.keys()]) {
-      const entry = this.entries.get(identity) as Entry;
+    this.queue.clear();
+    for (const entry of this.entries.values()) {
       if (entry.timer) clearTimeout(entry.timer);
       entry.timer = null;
       for (const w of entry.waiters.splice(0)) w(false);
@@ -119,11 +158,41 @@ export class CertificateManager {
       }));
   }
 
-  private fetch(entry: Entry): void {
-    if (this.stopped || entry.inflight || this.entries.get(entry.identity) !== entry) return;
-    entry.inflight = this.fetchOnce(entry).finally(() => {
-      entry.inflight = null;
-    });
+  /** Requests waiting for a slot and in flight (tests, debugging). */
+  pending(): { queued: number; inflight: number } {
+    return { queued: this.queue.size, inflight: this.inflight };
+  }
+
+  private live(entry: Entry): boolean {
+    return !this.stopped && this.entries.get(entry.identity) === entry;
+  }
+
+  private enqueue(entry: Entry, priority: number): void {
+    if (!this.live(entry) || entry.phase !== 'idle') return;
+    entry.phase = 'queued';
+    entry.priority = priority;
+    entry.queuedAt = this.seq++;
+    this.queue.add(entry);
+    this.pump();
+  }
+
+  private pump(): void {
+    const max = this.opts.maxConcurrent ?? CA_MAX_CONCURRENT_REQUESTS;
+    while (this.inflight < max && this.queue.size > 0) {
+      let next: Entry | null = null;
+      for (const e of this.queue) {
+        if (next === null || e.priority < next.priority || (e.priority === next.priority && e.queuedAt < next.queuedAt)) next = e;
+      }
+      const entry = next as Entry;
+      this.queue.delete(entry);
+      entry.phase = 'inflight';
+      this.inflight++;
+      void this.fetchOnce(entry).finally(() => {
+        this.inflight--;
+        entry.phase = 'idle';
+        this.pump();
+      });
+    }
   }
 
   private async fetchOnce(entry: Entry): Promise<void> {
@@ -131,7 +200,7 @@ export class CertificateManager {
     try {
       const csr = keys.createCsr(entry.identity);
       const signed = await ca.sign(csr, entry.identity, ttlSeconds);
-      if (this.stopped || this.entries.get(entry.identity) !== entry) return;
+      if (!this.live(entry)) return;
       keys.installCertificate(entry.identity, signed.chainPem, signed.rootsPem);
       const { notBefore, notAfter } = leafValidity(signed.chainPem);
       entry.chainPem = signed.chainPem;
@@ -141,32 +210,39 @@ export class CertificateManager {
       entry.failures = 0;
       const refreshAt = notBefore.getTime() + (notAfter.getTime() - notBefore.getTime()) / 2;
       logger.info({ identity: entry.identity, expiration: notAfter.toISOString() }, 'certificate installed');
-      this.schedule(entry, refreshAt - this.now());
+      this.schedule(entry, refreshAt - this.now(), Priority.Background);
       for (const w of entry.waiters.splice(0)) w(true);
     } catch (err) {
-      if (this.stopped || this.entries.get(entry.identity) !== entry) return;
+      if (!this.live(entry)) return;
       const message = err instanceof Error ? err.message : String(err);
-      const stillValid = entry.notAfter !== null && entry.notAfter > this.now();
+      const remaining = entry.notAfter === null ? 0 : entry.notAfter - this.now();
       // A failed refresh does not take away a certificate that still works.
-      if (!stillValid) entry.state = `Unavailable: ${message}`;
-      const delay = Math.min(RETRY_INITIAL_MS * 2 ** entry.failures, RETRY_MAX_MS);
-      entry.failures++;
+      if (remaining <= 0) entry.state = `Unavailable: ${message}`;
+      const delay = this.backoff(entry.failures++);
+      const retryIn = remaining > 0 ? Math.min(delay, remaining) : delay;
       logger.warn(
-        { identity: entry.identity, err: message, code: (err as { code?: string }).code, retryInMs: delay },
+        { identity: entry.identity, err: message, code: (err as { code?: string }).code, retryInMs: Math.round(retryIn) },
         'certificate fetch failed',
       );
-      this.schedule(entry, delay);
+      this.schedule(entry, retryIn, remaining > 0 ? Priority.Background : Priority.Warmup);
     }
   }
 
-  private schedule(entry: Entry, delayMs: number): void {
+  private backoff(failures: number): number {
+    const b = this.opts.backoff ?? { initialMs: CA_BACKOFF_INITIAL_MS, maxMs: CA_BACKOFF_MAX_MS, jitter: CA_BACKOFF_JITTER };
+    const base = Math.min(b.initialMs * 2 ** failures, b.maxMs);
+    const r = (this.opts.random ?? Math.random)();
+    return base * (1 - b.jitter + 2 * b.jitter * r);
+  }
+
+  private schedule(entry: Entry, delayMs: number, priority: number): void {
     if (entry.timer) clearTimeout(entry.timer);
     const delay = Math.max(0, delayMs);
     const step = Math.min(delay, MAX_TIMER_MS);
     entry.timer = setTimeout(() => {
       entry.timer = null;
-      if (delay > step) this.schedule(entry, delay - step);
-      else this.fetch(entry);
+      if (delay > step) this.schedule(entry, delay - step, priority);
+      else this.enqueue(entry, priority);
     }, step);
     entry.timer.unref();
   }

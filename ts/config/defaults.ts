@@ -45,3 +45,26 @@ export const DEFAULT_ADMIN_ADDR: SocketAddress = { host: '127.0.0.1', port: 1500
 export const DEFAULT_STATS_ADDR: SocketAddress = { host: '0.0.0.0', port: 15020 };
 /** Readiness must be reachable by the kubelet on the pod IP; same IPv4 reasoning as stats. */
 export const DEFAULT_READINESS_ADDR: SocketAddress = { host: '0.0.0.0', port: 15021 };
+/** Where the Istio chart mounts istiod's root certificate (ztunnel's default for XDS_ROOT_CA and CA_ROOT_CA). */
+export const DEFAULT_ROOT_CA_PATH = './var/run/secrets/istio/root-cert.pem';
+/** Where the Istio chart mounts the projected service-account token (audience istio-ca); used if it exists. */
+export const DEFAULT_AUTH_TOKEN_PATH = './var/run/secrets/tokens/istio-token';
+/** XDS reconnect backoff (ztunnel's): first retry soon, doubling, capped so a long outage costs little. */
+export const XDS_BACKOFF_INITIAL_MS = 10;
+export const XDS_BACKOFF_MAX_MS = 15_000;
+/** istiod's first push for a large cluster is one message; ztunnel accepts up to 200 MiB. */
+export const XDS_MAX_MESSAGE_BYTES = 200 * 1024 * 1024;
+/** HTTP/2 keepalive to the control plane (ztunnel's): ping every 30 s, give up after 10 s. */
+export const CONTROL_PLANE_KEEPALIVE_MS = 30_000;
+export const CONTROL_PLANE_KEEPALIVE_TIMEOUT_MS = 10_000;
+/** Certificate requests in flight at once (ztunnel's SecretManager). */
+export const CA_MAX_CONCURRENT_REQUESTS = 8;
+/** Certificate fetch retry: ~1 s doubling to 150 s, +-20 % jitter (ztunnel's). */
+export const CA_BACKOFF_INITIAL_MS = 1_000;
+export const CA_BACKOFF_MAX_MS = 150_000;
+export const CA_BACKOFF_JITTER = 0.2;
+
+/** Where istio-cni's node agent listens for ZDS (its default `ztunnel-uds-address`). */
+export const DEFAULT_INPOD_UDS = '/var/run/ztunnel/ztunnel.sock';
+/** istio-cni's InpodMark: its iptables rules let packets carrying it through uncaptured. */
+export const DEFAULT_PACKET_MARK = 1337;

@@ -13,6 +13,9 @@ import {
   EMPTY_IS_VALUE,
   configSchema,
   flagFor,
+  PREFIX_KEYS,
+  prefixSchema,
+  type RawPrefixed,
   type ConfigKey,
   type LogFormat,
   type ProxyMode,
@@ -22,7 +25,7 @@ import {
 
 export type { LogFormat, ProxyMode } from './schema.js';
 export type { SocketAddress } from './address.js';
-export { flagFor, CONFIG_KEYS, describeKey } from './schema.js';
+export { flagFor, CONFIG_KEYS, describeKey, PREFIX_KEYS, describePrefix } from './schema.js';
 
 export interface Config {
   readonly proxyMode: ProxyMode;
@@ -50,11 +53,33 @@ export interface Config {
   readonly logFormat: LogFormat;
   readonly socks5Enabled: boolean;
   readonly localCaDir: string | null;
+  /** Shared (in-pod) mode: the istio-cni ZDS socket, the in-pod mark, SO_REUSEPORT, original source. */
+  readonly inpod: {
+    readonly uds: string;
+    readonly packetMark: number;
+    readonly portReuse: boolean;
+    readonly origSrc: 'auto' | 'required' | 'never';
+  };
   readonly adminAddr: SocketAddress;
   readonly statsAddr: SocketAddress;
   readonly readinessAddr: SocketAddress;
   /** All command-line arguments, space-joined (ztunnel records them the same way). */
   readonly proxyArgs: string;
+  /** XDS_ROOT_CA / CA_ROOT_CA as given: a file path, "SYSTEM", or inline PEM (see ts/xds/grpc.ts). */
+  readonly xdsRootCa: string;
+  readonly caRootCa: string;
+  readonly altXdsHostname: string | null;
+  readonly altCaHostname: string | null;
+  /** AUTH_TOKEN: a file path or the token; null: the default file if it exists, else no token. */
+  readonly authToken: string | null;
+  readonly xdsHeaders: Readonly<Record<string, string>>;
+  readonly caHeaders: Readonly<Record<string, string>>;
+  readonly instanceIp: string | null;
+  readonly podName: string | null;
+  readonly podNamespace: string | null;
+  readonly serviceAccount: string | null;
+  /** ISTIO_META_<K> (strings) and ISTIO_METAJSON_<K> (parsed JSON), keyed by <K>: XDS node metadata. */
+  readonly proxyMetadata: Readonly<Record<string, unknown>>;
 }
 
 export interface ConfigInput {
@@ -84,7 +109,34 @@ export function loadConfig(input: ConfigInput): Config {
   }
   const parsed = configSchema.safeParse(raw);
   if (!parsed.success) throw new ConfigError(formatIssues(parsed.error.issues, raw, fromFlag));
-  return deepFreeze(resolve(parsed.data, fromFlag, input.cpuCount ?? availableParallelism(), input.allArgs ?? args));
+  const families: Record<string, Record<string, string>> = {};
+  for (const prefix of PREFIX_KEYS) {
+    const family: Record<string, string> = {};
+    for (const [k, v] of Object.entries(input.env)) {
+      if (k.startsWith(prefix) && k.length > prefix.length && v !== undefined) family[k.slice(prefix.length)] = v;
+    }
+    families[prefix] = family;
+  }
+  const prefixed = prefixSchema.safeParse(families);
+  if (!prefixed.success) {
+    const lines = prefixed.error.issues.map((i) => `${String(i.path[0])}${String(i.path[1] ?? '')}: ${i.message}`);
+    throw new ConfigError(`invalid configuration: ${lines.join('; ')}`);
+  }
+  const config = resolve(parsed.data, fromFlag, input.cpuCount ?? availableParallelism(), input.allArgs ?? args);
+  return deepFreeze({ ...config, ...resolvePrefixed(prefixed.data) });
+}
+
+function lowerKeys(r: Record<string, string>): Record<string, string> {
+  return Object.fromEntries(Object.entries(r).map(([k, v]) => [k.toLowerCase(), v]));
+}
+
+function resolvePrefixed(p: RawPrefixed): Pick<Config, 'xdsHeaders' | 'caHeaders' | 'proxyMetadata'> {
+  return {
+    xdsHeaders: lowerKeys(p.XDS_HEADER_),
+    caHeaders: lowerKeys(p.CA_HEADER_),
+    // ISTIO_METAJSON_ values are not strings, and win over an ISTIO_META_ of the same key (as in ztunnel).
+    proxyMetadata: { ...p.ISTIO_META_, ...p.ISTIO_METAJSON_ },
+  };
 }
 
 function formatIssues(issues: readonly z.core.$ZodIssue[], raw: Partial<Record<ConfigKey, string>>, fromFlag: Set<ConfigKey>): string {
@@ -100,7 +152,12 @@ function formatIssues(issues: readonly z.core.$ZodIssue[], raw: Partial<Record<C
   return `invalid configuration: ${lines.join('; ')}`;
 }
 
-function resolve(raw: RawConfig, fromFlag: Set<ConfigKey>, cpuCount: number, allArgs: readonly string[]): Config {
+function resolve(
+  raw: RawConfig,
+  fromFlag: Set<ConfigKey>,
+  cpuCount: number,
+  allArgs: readonly string[],
+): Omit<Config, 'xdsHeaders' | 'caHeaders' | 'proxyMetadata'> {
   const proxyMode = raw.PROXY_MODE ?? D.DEFAULT_PROXY_MODE;
   // Local mode is loopback-only: no istiod unless asked for explicitly.
   const istiod = proxyMode === 'local'
@@ -145,10 +202,25 @@ function resolve(raw: RawConfig, fromFlag: Set<ConfigKey>, cpuCount: number, all
     // Local mode has no traffic capture: SOCKS5 is the only way a local workload's traffic enters the mesh.
     socks5Enabled: raw.UNSTABLE_ENABLE_SOCKS5 ?? proxyMode === 'local',
     localCaDir: raw.LOCAL_CA_DIR ?? null,
+    inpod: {
+      uds: raw.INPOD_UDS ?? D.DEFAULT_INPOD_UDS,
+      packetMark: raw.PACKET_MARK ?? D.DEFAULT_PACKET_MARK,
+      portReuse: raw.INPOD_PORT_REUSE ?? true,
+      origSrc: raw.ENABLE_ORIG_SRC === undefined ? 'auto' : raw.ENABLE_ORIG_SRC ? 'required' : 'never',
+    },
     adminAddr: raw.ADMIN_ADDR ?? D.DEFAULT_ADMIN_ADDR,
     statsAddr: raw.STATS_ADDR ?? D.DEFAULT_STATS_ADDR,
     readinessAddr: raw.READINESS_ADDR ?? D.DEFAULT_READINESS_ADDR,
     proxyArgs: allArgs.join(' '),
+    xdsRootCa: raw.XDS_ROOT_CA ?? D.DEFAULT_ROOT_CA_PATH,
+    caRootCa: raw.CA_ROOT_CA ?? D.DEFAULT_ROOT_CA_PATH,
+    altXdsHostname: raw.ALT_XDS_HOSTNAME ?? null,
+    altCaHostname: raw.ALT_CA_HOSTNAME ?? null,
+    authToken: raw.AUTH_TOKEN ?? null,
+    instanceIp: raw.INSTANCE_IP ?? null,
+    podName: raw.POD_NAME ?? null,
+    podNamespace: raw.POD_NAMESPACE ?? null,
+    serviceAccount: raw.SERVICE_ACCOUNT ?? null,
   };
 }
 
@@ -201,6 +273,10 @@ export function configForDump(cfg: Config): Record<string, unknown> {
     statsAddr: formatSocketAddress(cfg.statsAddr),
     readinessAddr: formatSocketAddress(cfg.readinessAddr),
     hbonePort: D.HBONE_PORT,
+    // A token must never reach a dump; say whether one is configured.
+    authToken: cfg.authToken === null ? null : '<redacted>',
+    xdsHeaders: Object.fromEntries(Object.keys(cfg.xdsHeaders).map((k) => [k, '<redacted>'])),
+    caHeaders: Object.fromEntries(Object.keys(cfg.caHeaders).map((k) => [k, '<redacted>'])),
   };
 }
 

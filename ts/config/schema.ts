@@ -153,15 +153,61 @@ const fields = {
   LOG_FORMAT: oneOf(LOG_FORMATS).optional().describe('plain | json (plain)'),
   UNSTABLE_ENABLE_SOCKS5: bool().optional().describe('SOCKS5 listener on :15080 per local workload (default: on in local mode)'),
   LOCAL_CA_DIR: nonEmpty().optional().describe('directory of the built-in CA root (created if absent; required in local mode)'),
+  INPOD_UDS: nonEmpty().optional().describe('ZDS socket of the istio-cni node agent (/var/run/ztunnel/ztunnel.sock; shared mode)'),
+  PACKET_MARK: nonNegativeInt().optional().describe('SO_MARK on every socket in a pod netns (1337 = 0x539)'),
+  INPOD_PORT_REUSE: bool().optional().describe('SO_REUSEPORT on in-pod listeners, so a new daemon binds beside a draining one (true)'),
+  ENABLE_ORIG_SRC: bool().optional().describe('keep the client source IP toward local apps: unset = when possible, true = required, false = never'),
   ADMIN_ADDR: address().optional().describe('admin server (127.0.0.1:15000)'),
   STATS_ADDR: address().optional().describe('Prometheus server (0.0.0.0:15020)'),
   READINESS_ADDR: address().optional().describe('readiness server (0.0.0.0:15021)'),
+  XDS_ROOT_CA: nonEmpty().optional().describe('root CA to verify istiod (XDS): a file, SYSTEM (OS roots) or inline PEM (./var/run/secrets/istio/root-cert.pem)'),
+  CA_ROOT_CA: nonEmpty().optional().describe('root CA to verify the CA (CA_ADDRESS): a file, SYSTEM or inline PEM (./var/run/secrets/istio/root-cert.pem)'),
+  ALT_XDS_HOSTNAME: nonEmpty().optional().describe('another server name accepted in istiod\'s XDS certificate'),
+  ALT_CA_HOSTNAME: nonEmpty().optional().describe('another server name accepted in the CA\'s certificate'),
+  AUTH_TOKEN: nonEmpty().optional().describe('bearer token for istiod: a file (re-read per request) or the token itself (./var/run/secrets/tokens/istio-token if it exists)'),
+  INSTANCE_IP: nonEmpty().optional().describe('this ztunnel pod\'s IP (XDS node id and INSTANCE_IPS metadata; 1.1.1.1 when unset)'),
+  POD_NAME: nonEmpty().optional().describe('this ztunnel pod\'s name (XDS node id and NAME metadata)'),
+  POD_NAMESPACE: nonEmpty().optional().describe('this ztunnel pod\'s namespace (XDS node id and NAMESPACE metadata)'),
+  SERVICE_ACCOUNT: nonEmpty().optional().describe('this ztunnel pod\'s service account'),
 };
+
+/**
+ * Families of variables named by a prefix (`XDS_HEADER_<name>`): environment only (no flags), each collected into
+ * a map keyed by the rest of the name. Part of the one schema: the values are validated here too.
+ */
+const headerName = (s: string) => /^[A-Za-z0-9_-]+$/.test(s);
+const jsonValue = () =>
+  z.string().transform((s, ctx): unknown => {
+    try {
+      return JSON.parse(s) as unknown;
+    } catch {
+      return fail(ctx, s, `"${s}" is not JSON`);
+    }
+  });
+const prefixFields = {
+  XDS_HEADER_: z
+    .record(z.string().refine(headerName, { error: 'is not a header name' }), z.string())
+    .describe('extra gRPC metadata `<name>: <value>` on the XDS stream (name lowercased)'),
+  CA_HEADER_: z
+    .record(z.string().refine(headerName, { error: 'is not a header name' }), z.string())
+    .describe('extra gRPC metadata `<name>: <value>` on CA requests (name lowercased)'),
+  ISTIO_META_: z.record(z.string(), z.string()).describe('XDS node metadata `<K>` = value (string)'),
+  ISTIO_METAJSON_: z.record(z.string(), jsonValue()).describe('XDS node metadata `<K>` = the value parsed as JSON'),
+};
+
+export type PrefixKey = keyof typeof prefixFields;
+export const PREFIX_KEYS = Object.keys(prefixFields) as PrefixKey[];
+export const prefixSchema = z.object(prefixFields);
+export type RawPrefixed = z.output<typeof prefixSchema>;
+
+export function describePrefix(key: PrefixKey): string {
+  return prefixFields[key].description ?? '';
+}
 
 export type ConfigKey = keyof typeof fields;
 
 /** Keys whose CLI flag may be given without a value (`--unstable-enable-socks5` means true). */
-export const BOOLEAN_KEYS: ReadonlySet<ConfigKey> = new Set<ConfigKey>(['UNSTABLE_ENABLE_SOCKS5']);
+export const BOOLEAN_KEYS: ReadonlySet<ConfigKey> = new Set<ConfigKey>(['UNSTABLE_ENABLE_SOCKS5', 'INPOD_PORT_REUSE', 'ENABLE_ORIG_SRC']);
 
 /**
  * Keys where an empty string is a value, not "unset". Kubernetes manifests often carry `value: ""`; for every

@@ -3,11 +3,14 @@
 // Invariants:
 // - The first delta sent is `full: true`; later ones carry only what changed (upserts + removals), so the
 //   native side never has to diff.
+// - `apply(change)` costs O(size of the change), never O(size of the state): an xDS update of one workload at
+//   100k workloads touches one map entry, one index entry and sends a one-workload delta.
 // - The store commits a new state only after `send` returned: if the native side rejects a delta
 //   (INVALID_STATE), both sides keep the previous state and the next delta is computed against it.
 // - Equality is judged on the native projection (toNativeWorkload/toNativeService): a change in a field the
 //   native side does not receive (e.g. a waypoint) updates config_dump but sends no delta.
 import type { Service, StateDelta, Workload } from '../native/types.js';
+import { compilePolicy, type NativePolicy } from '../policy/compile.js';
 import {
   policyKey,
   serviceKey,
@@ -73,11 +76,176 @@ function nativeView(s: { workloads: Iterable<WorkloadInfo>; services: Iterable<S
 
 const byString = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
 
+/**
+ * An incremental change to the state, from any source (the xDS client, a reloaded local config file). Removals
+ * are applied before upserts, so a batch may remove and re-add one key.
+ */
+export interface StateChange {
+  workloads?: WorkloadInfo[];
+  /** workload uids */
+  removedWorkloads?: string[];
+  services?: ServiceInfo[];
+  /** "namespace/hostname" */
+  removedServices?: string[];
+  policies?: Policy[];
+  /** "namespace/name" */
+  removedPolicies?: string[];
+}
+
+/** One workload whose entry changed: `before` undefined = added, `after` undefined = removed. */
+export interface WorkloadTransition {
+  uid: string;
+  before: WorkloadInfo | undefined;
+  after: WorkloadInfo | undefined;
+}
+
+export interface AppliedChange {
+  /** What was sent to the native side (null: nothing it sees changed). */
+  delta: StateDelta | null;
+  workloads: WorkloadTransition[];
+  services: number;
+  policies: number;
+}
+
+/** The change that turns snapshot `prev` into `next` (a reloaded local file: only what the file changed). */
+export function snapshotChange(prev: StateSnapshot, next: StateSnapshot): StateChange {
+  const diff = <T>(before: T[], after: T[], key: (t: T) => string) => {
+    const old = new Map(before.map((t) => [key(t), t]));
+    const now = new Map(after.map((t) => [key(t), t]));
+    return {
+      upserts: after.filter((t) => {
+        const o = old.get(key(t));
+        return o === undefined || stableStringify(o) !== stableStringify(t);
+      }),
+      removed: [...old.keys()].filter((k) => !now.has(k)),
+    };
+  };
+  const w = diff(prev.workloads, next.workloads, (x) => x.uid);
+  const s = diff(prev.services, next.services, serviceKey);
+  const p = diff(prev.policies, next.policies, policyKey);
+  return {
+    workloads: w.upserts,
+    removedWorkloads: w.removed,
+    services: s.upserts,
+    removedServices: s.removed,
+    policies: p.upserts,
+    removedPolicies: p.removed,
+  };
+}
+
 export class StateStore {
   private workloads = new Map<string, WorkloadInfo>();
   private services = new Map<string, ServiceInfo>();
   private policies = new Map<string, Policy>();
+  /** node name -> uids of the workloads scheduled there (the local-workload reconciler's index). */
+  private byNode = new Map<string, Set<string>>();
   private applied = false;
+
+  /**
+   * Applies an incremental change. Sends the native side only the resources whose native projection changed
+   * (the very first delta is `full: true`), and commits only when `send` returned: a throw propagates and the
+   * state is unchanged. Costs O(size of the change).
+   */
+  apply(change: StateChange, send: (delta: StateDelta) => void): AppliedChange {
+    const removedW = new Set(change.removedWorkloads ?? []);
+    const removedS = new Set(change.removedServices ?? []);
+    // Last upsert of a key in the batch wins.
+    const upW = new Map((change.workloads ?? []).map((w) => [w.uid, w]));
+    const upS = new Map((change.services ?? []).map((s) => [serviceKey(s), s]));
+    for (const uid of upW.keys()) removedW.delete(uid);
+    for (const key of upS.keys()) removedS.delete(key);
+    // Policies cross compiled (ts/policy/compile.ts); compiling throws on a bad CIDR, before anything is sent.
+    const removedP = new Set(change.removedPolicies ?? []);
+    const upP = new Map((change.policies ?? []).map((p) => [policyKey(p), p]));
+    for (const key of upP.keys()) removedP.delete(key);
+    const nativeP: NativePolicy[] = [];
+    for (const [key, p] of upP) {
+      const next = compilePolicy(p);
+      const old = this.policies.get(key);
+      if (!this.applied || old === undefined || stableStringify(compilePolicy(old)) !== stableStringify(next)) nativeP.push(next);
+    }
+    const goneP = [...removedP].filter((key) => this.policies.has(key));
+
+    const delta: StateDelta = {};
+    const nativeW: Workload[] = [];
+    const nativeS: Service[] = [];
+    const goneW = [...removedW].filter((uid) => this.workloads.has(uid));
+    const goneS = [...removedS].filter((key) => this.services.has(key));
+    for (const w of upW.values()) {
+      const next = toNativeWorkload(w);
+      const old = this.workloads.get(w.uid);
+      if (!this.applied || old === undefined || stableStringify(toNativeWorkload(old)) !== stableStringify(next)) nativeW.push(next);
+    }
+    for (const [key, s] of upS) {
+      const next = toNativeService(s);
+      const old = this.services.get(key);
+      if (!this.applied || old === undefined || stableStringify(toNativeService(old)) !== stableStringify(next)) nativeS.push(next);
+    }
+    let sent: StateDelta | null = null;
+    if (!this.applied) {
+      // Nothing was ever sent: the first delta is a full replacement (here: everything the store will hold).
+      const keepW = [...this.workloads.values()].filter((w) => !removedW.has(w.uid) && !upW.has(w.uid)).map(toNativeWorkload);
+      const keepS = [...this.services.entries()].filter(([k]) => !removedS.has(k) && !upS.has(k)).map(([, s]) => toNativeService(s));
+      const keepP = [...this.policies.entries()].filter(([k]) => !removedP.has(k) && !upP.has(k)).map(([, p]) => compilePolicy(p));
+      sent = { full: true, workloads: [...keepW, ...nativeW], services: [...keepS, ...nativeS], policies: [...keepP, ...nativeP] };
+    } else {
+      if (nativeW.length) delta.workloads = nativeW;
+      if (goneW.length) delta.removedWorkloads = goneW;
+      if (nativeS.length) delta.services = nativeS;
+      if (goneS.length) delta.removedServices = goneS;
+      if (nativeP.length) delta.policies = nativeP;
+      if (goneP.length) delta.removedPolicies = goneP;
+      if (Object.keys(delta).length > 0) sent = delta;
+    }
+    if (sent !== null) send(sent);
+
+    // Commit.
+    const transitions: WorkloadTransition[] = [];
+    for (const uid of goneW) {
+      const before = this.workloads.get(uid) as WorkloadInfo;
+      this.workloads.delete(uid);
+      this.unindex(before);
+      transitions.push({ uid, before, after: undefined });
+    }
+    for (const w of upW.values()) {
+      const before = this.workloads.get(w.uid);
+      if (before) this.unindex(before);
+      this.workloads.set(w.uid, w);
+      this.index(w);
+      transitions.push({ uid: w.uid, before, after: w });
+    }
+    for (const key of goneS) this.services.delete(key);
+    for (const [key, s] of upS) this.services.set(key, s);
+    let policies = 0;
+    for (const key of goneP) if (this.policies.delete(key)) policies++;
+    for (const [key, p] of upP) {
+      this.policies.set(key, p);
+      policies++;
+    }
+    this.applied = true;
+    return { delta: sent, workloads: transitions, services: goneS.length + upS.size, policies };
+  }
+
+  private index(w: WorkloadInfo): void {
+    let set = this.byNode.get(w.node);
+    if (!set) this.byNode.set(w.node, (set = new Set()));
+    set.add(w.uid);
+  }
+
+  private unindex(w: WorkloadInfo): void {
+    const set = this.byNode.get(w.node);
+    if (!set) return;
+    set.delete(w.uid);
+    if (set.size === 0) this.byNode.delete(w.node);
+  }
+
+  has(kind: 'workload' | 'service' | 'policy', key: string): boolean {
+    return (kind === 'workload' ? this.workloads : kind === 'service' ? this.services : this.policies).has(key);
+  }
+
+  get size(): { workloads: number; services: number; policies: number } {
+    return { workloads: this.workloads.size, services: this.services.size, policies: this.policies.size };
+  }
 
   /**
    * Replaces the whole state with `next`. Calls `send` with the delta for the native side (if anything it sees
@@ -85,13 +253,8 @@ export class StateStore {
    * Returns the delta that was sent, or null.
    */
   replace(next: StateSnapshot, send: (delta: StateDelta) => void): StateDelta | null {
-    const delta = computeDelta(this.applied ? nativeView(this.snapshot()) : null, nativeView(next));
-    if (delta !== null) send(delta);
-    this.workloads = new Map(next.workloads.map((w) => [w.uid, w]));
-    this.services = new Map(next.services.map((s) => [serviceKey(s), s]));
-    this.policies = new Map(next.policies.map((p) => [policyKey(p), p]));
-    this.applied = true;
-    return delta;
+    // One code path for every change: the difference between the two snapshots, applied incrementally.
+    return this.apply(snapshotChange(this.snapshot(), next), send).delta;
   }
 
   snapshot(): StateSnapshot {
@@ -104,7 +267,29 @@ export class StateStore {
 
   /** Workloads scheduled on `node`, sorted by uid (the order listeners are bound in). */
   workloadsOnNode(node: string): WorkloadInfo[] {
-    return [...this.workloads.values()].filter((w) => w.node === node).sort((a, b) => byString(a.uid, b.uid));
+    return [...(this.byNode.get(node) ?? [])]
+      .map((uid) => this.workloads.get(uid) as WorkloadInfo)
+      .sort((a, b) => byString(a.uid, b.uid));
+  }
+
+  /** All policies (the L4 authorization compiler's input). */
+  policyList(): Policy[] {
+    return [...this.policies.values()];
+  }
+
+  /**
+   * config_dump `stagedServices`: endpoints that name a service the state does not have (yet), keyed by
+   * "namespace/hostname" then workload uid, as ztunnel shows them. They join the service when it arrives.
+   */
+  dumpStagedServices(): Record<string, Record<string, { workloadUid: string; port: Record<string, number>; status: string }>> {
+    const staged: Record<string, Record<string, { workloadUid: string; port: Record<string, number>; status: string }>> = {};
+    for (const w of [...this.workloads.values()].sort((a, b) => byString(a.uid, b.uid))) {
+      for (const [key, port] of Object.entries(w.services)) {
+        if (this.services.has(key)) continue;
+        (staged[key] ??= {})[w.uid] = { workloadUid: w.uid, port, status: w.status };
+      }
+    }
+    return staged;
   }
 
   /** config_dump `workloads`: sorted by uid, ztunnel's keys in ztunnel's order. */
