@@ -12,6 +12,8 @@
 //   14  test/integration/config-errors.test.js daemons that must fail before binding: 127.14.255.1
 //   15  test/integration/lifecycle.test.js     workloads 127.15.{1,2}.10, daemons' admin 127.15.255.{1,2}
 //       (the demo it runs uses the fixed 127.0.{1,2}.10 of examples/demo.yaml; nothing else uses 127.0.x.x)
+//   60  test/integration/xds.test.js          workloads 127.60.{1..4}.10, VIPs 127.60.100.x, admin 127.60.255.{1,2}
+//   61  test/integration/xds-ca.test.js       workloads 127.61.{1,2,3}.10, daemons' admin 127.61.255.{1,2}
 //
 // Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
 // node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
@@ -27,6 +29,8 @@ export const BLOCKS = Object.freeze({
   'tls-refusals': 13,
   'config-errors': 14,
   lifecycle: 15,
+  xds: 60,
+  'xds-ca': 61,
 });
 
 /** Addresses of one file's block. */

@@ -14,7 +14,7 @@ import {
   type IstioCertificateRequest,
   type IstioCertificateResponse,
 } from '../gen/istio/ca/ca_pb.js';
-import { channelCredentials, grpcTarget, requestMetadata, type ControlPlaneTarget, type TokenSource } from '../xds/grpc.js';
+import { channelCredentials, grpcTarget, requestMetadata, serverNameOptions, type ControlPlaneTarget, type TokenSource } from '../xds/grpc.js';
 import type { CertificateAuthority, SignedCertificate } from './authority.js';
 import { splitPem } from './pem.js';
 
@@ -91,6 +91,7 @@ export class IstiodCertificateAuthority implements CertificateAuthority {
     const metadata = requestMetadata(opts.token, opts.clusterId, opts.headers);
     const client = new grpc.Client(grpcTarget(opts.target.address).target, channelCredentials(opts.target), {
       'grpc.use_local_subchannel_pool': 1,
+      ...serverNameOptions(opts.target),
     });
     try {
       const response = await new Promise<IstioCertificateResponse>((resolve, reject) => {

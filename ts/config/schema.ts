@@ -227,8 +227,8 @@ export const configSchema = z.object(fields).superRefine((raw, ctx) => {
     if (raw.NODE_NAME === undefined) {
       ctx.addIssue({ code: 'custom', path: ['NODE_NAME'], message: 'is required when PROXY_MODE=local (it selects the local workloads)' });
     }
-    if (raw.LOCAL_CA_DIR === undefined) {
-      ctx.addIssue({ code: 'custom', path: ['LOCAL_CA_DIR'], message: 'is required when PROXY_MODE=local (the built-in CA signs the local workloads\' certificates)' });
+    if (raw.LOCAL_CA_DIR === undefined && (raw.CA_ADDRESS === undefined || raw.CA_ADDRESS === '')) {
+      ctx.addIssue({ code: 'custom', path: ['LOCAL_CA_DIR'], message: 'is required when PROXY_MODE=local without CA_ADDRESS (the built-in CA signs the local workloads\' certificates)' });
     }
   }
 });

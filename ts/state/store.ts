@@ -67,12 +67,6 @@ export function computeDelta(prev: NativeView | null, next: NativeView): StateDe
   return Object.keys(delta).length === 0 ? null : delta;
 }
 
-function nativeView(s: { workloads: Iterable<WorkloadInfo>; services: Iterable<ServiceInfo> }): NativeView {
-  return {
-    workloads: new Map([...s.workloads].map((w) => [w.uid, toNativeWorkload(w)])),
-    services: new Map([...s.services].map((x) => [serviceKey(x), toNativeService(x)])),
-  };
-}
 
 const byString = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
 

@@ -39,7 +39,7 @@ import {
   convertAddressResource,
   convertAuthorizationResource,
 } from './convert.js';
-import { channelCredentials, grpcTarget, requestMetadata, type ControlPlaneTarget, type TokenSource } from './grpc.js';
+import { channelCredentials, grpcTarget, requestMetadata, serverNameOptions, type ControlPlaneTarget, type TokenSource } from './grpc.js';
 import type { XdsMetrics } from './metrics.js';
 
 export const DELTA_ADS_PATH = '/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources';
@@ -158,6 +158,7 @@ export class XdsClient {
         'grpc.keepalive_time_ms': CONTROL_PLANE_KEEPALIVE_MS,
         'grpc.keepalive_timeout_ms': CONTROL_PLANE_KEEPALIVE_TIMEOUT_MS,
         'grpc.use_local_subchannel_pool': 1,
+        ...serverNameOptions(opts.target),
       });
     } catch (err) {
       opts.logger.warn({ err: (err as Error).message }, 'XDS connection not attempted');

@@ -2,6 +2,7 @@
 // SYSTEM or inline PEM; the URL's host as server name, plus an optional alternate name), and the per-request
 // metadata (bearer token, re-read from its file on every request; clusterid; extra headers).
 import { existsSync, readFileSync } from 'node:fs';
+import { isIP } from 'node:net';
 import { checkServerIdentity, type PeerCertificate } from 'node:tls';
 import * as grpc from '@grpc/grpc-js';
 import { DEFAULT_AUTH_TOKEN_PATH } from '../config/defaults.js';
@@ -28,6 +29,15 @@ export function loadRootCa(setting: string): Buffer | null {
   if (existsSync(setting)) return readFileSync(setting);
   if (setting.includes('-----BEGIN CERTIFICATE-----')) return Buffer.from(setting);
   throw new ConfigError(`root CA ${JSON.stringify(setting)}: no such file, and not inline PEM`);
+}
+
+/**
+ * Channel options for the TLS server name: an IP target with an alternate name uses that name for SNI (SNI may
+ * not carry an IP); verification is ours either way (channelCredentials).
+ */
+export function serverNameOptions(t: ControlPlaneTarget): grpc.ChannelOptions {
+  const { host } = grpcTarget(t.address);
+  return isIP(host) !== 0 && t.altHostname !== null ? { 'grpc.ssl_target_name_override': t.altHostname } : {};
 }
 
 export function channelCredentials(t: ControlPlaneTarget): grpc.ChannelCredentials {
