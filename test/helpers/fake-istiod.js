@@ -175,8 +175,12 @@ const CA_SERVICE = {
 
 /** The SPIFFE URI SAN of a PEM CSR (openssl CLI, independent of our code). */
 export function csrIdentity(csrPem) {
-  const text = execFileSync('openssl', ['req', '-noout', '-text'], { input: csrPem, stdio: ['pipe', 'pipe', 'pipe'] }).toString();
-  return /URI:(spiffe:\/\/[^\s,]+)/.exec(text)?.[1] ?? null;
+  try {
+    const text = execFileSync('openssl', ['req', '-noout', '-text'], { input: csrPem, stdio: ['pipe', 'pipe', 'pipe'] }).toString();
+    return /URI:(spiffe:\/\/[^\s,]+)/.exec(text)?.[1] ?? null;
+  } catch {
+    return null;
+  }
 }
 
 export class FakeIstiod {
@@ -205,8 +209,6 @@ export class FakeIstiod {
   }
 
   async start() {
-    const { LocalCa } = await import('../../dist/native/index.js');
-    this.localCa ??= LocalCa.open(this.caDir, 'cluster.local');
     const server = new grpc.Server();
     server.addService(ADS_SERVICE, {
       DeltaAggregatedResources: (call) => {
@@ -231,7 +233,9 @@ export class FakeIstiod {
           callback({ code: grpc.status.UNAVAILABLE, details: 'fake CA is down' });
           return;
         }
-        Promise.resolve(this.signer ? this.signer(rec) : this.sign(rec)).then(
+        Promise.resolve()
+          .then(() => (this.signer ? this.signer(rec) : this.sign(rec)))
+          .then(
           (certChain) => callback(null, create(IstioCertificateResponseSchema, { certChain })),
           (err) => callback({ code: grpc.status.INTERNAL, details: err.message }),
         );
@@ -246,7 +250,12 @@ export class FakeIstiod {
   }
 
   /** Istio's response shape: [leaf, root] (each its own element; the last holds the roots). */
-  sign(rec) {
+  async sign(rec) {
+    if (!this.localCa) {
+      // Loaded on first use: unit tests that bring their own signer need no native module.
+      const { LocalCa } = await import('../../dist/native/index.js');
+      this.localCa = LocalCa.open(this.caDir, 'cluster.local');
+    }
     const pem = this.localCa.sign(rec.csr, rec.identity, rec.ttlSeconds);
     const blocks = pem.match(/-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g).map((b) => `${b}\n`);
     return [blocks[0], this.localCa.rootPem()];

@@ -127,3 +127,92 @@ test('stop() resolves pending ensures with false and stops retrying', { skip }, 
   assert.equal(calls.sign.length, attempts);
   assert.equal(await m.ensure('spiffe://cluster.local/ns/x/sa/y'), false);
 });
+
+function gatedCa() {
+  const pending = [];
+  const order = [];
+  let inflight = 0;
+  let maxInflight = 0;
+  const ca = {
+    sign: (csr, identity) => {
+      order.push(identity);
+      inflight++;
+      maxInflight = Math.max(maxInflight, inflight);
+      return new Promise((resolve) => pending.push(() => {
+        inflight--;
+        resolve({ chainPem: LEAF, rootsPem: ROOT });
+      }));
+    },
+  };
+  const release = () => pending.splice(0).forEach((f) => f());
+  return { ca, order, release, stats: () => ({ inflight, maxInflight }) };
+}
+
+const keysOnly = { createCsr: (id) => `CSR ${id}`, installCertificate: () => {} };
+const tick = () => new Promise((r) => setTimeout(r, 5));
+
+test('at most 8 requests in flight; the rest wait their turn', { skip }, async () => {
+  const g = gatedCa();
+  const m = new CertificateManager({ keys: keysOnly, ca: g.ca, ttlSeconds: 60, logger });
+  const ids = Array.from({ length: 20 }, (_, i) => `spiffe://cluster.local/ns/n/sa/s${i}`);
+  const all = Promise.all(ids.map((id) => m.ensure(id)));
+  await tick();
+  assert.equal(g.stats().inflight, 8);
+  assert.deepEqual(m.pending(), { queued: 12, inflight: 8 });
+  while (g.stats().inflight > 0) {
+    g.release();
+    await tick();
+  }
+  assert.deepEqual(await all, ids.map(() => true));
+  assert.equal(g.stats().maxInflight, 8);
+  m.stop();
+});
+
+test('priorities: RealTime before Warmup before Background, ties in arrival order', { skip }, async () => {
+  const g = gatedCa();
+  const m = new CertificateManager({ keys: keysOnly, ca: g.ca, ttlSeconds: 60, logger, maxConcurrent: 1 });
+  const id = (s) => `spiffe://cluster.local/ns/n/sa/${s}`;
+  const done = [m.ensure(id('first'))];
+  await tick();
+  done.push(m.ensure(id('bg'), 'Background'), m.ensure(id('warm1'), 'Warmup'), m.ensure(id('rt'), 'RealTime'), m.ensure(id('warm2'), 'Warmup'));
+  // A queued request raised by a more urgent caller moves up (and, queued earlier, goes before rt).
+  done.push(m.ensure(id('bg'), 'RealTime'));
+  for (let i = 0; i < 6; i++) {
+    g.release();
+    await tick();
+  }
+  await Promise.all(done);
+  assert.deepEqual(g.order.map((s) => s.split('/').pop()), ['first', 'bg', 'rt', 'warm1', 'warm2']);
+  m.stop();
+});
+
+test('forget: waiters resolve false, the identity leaves the dump, a late response is dropped', { skip }, async () => {
+  const g = gatedCa();
+  const installed = [];
+  const m = new CertificateManager({ keys: { ...keysOnly, installCertificate: (i) => installed.push(i) }, ca: g.ca, ttlSeconds: 60, logger });
+  const p = m.ensure(ID);
+  await tick();
+  m.forget(ID);
+  assert.equal(await p, false);
+  assert.deepEqual(m.dump(), []);
+  g.release();
+  await tick();
+  assert.deepEqual(installed, []);
+  m.stop();
+});
+
+test('failures back off exponentially with jitter, capped', { skip }, async () => {
+  const times = [];
+  const ca = { sign: async () => { times.push(Date.now()); throw new Error('down'); } };
+  const m = new CertificateManager({ keys: keysOnly, ca, ttlSeconds: 60, logger, backoff: { initialMs: 40, maxMs: 160, jitter: 0.2 }, random: () => 0 });
+  void m.ensure(ID);
+  await new Promise((r) => setTimeout(r, 900));
+  m.stop();
+  const gaps = times.slice(1).map((t, i) => t - times[i]);
+  // random() = 0 takes the low end of the jitter: 32, 64, 128, 128, ...
+  assert.ok(gaps.length >= 4, `gaps ${gaps}`);
+  assert.ok(gaps[0] >= 28 && gaps[0] < 60, `first gap ${gaps[0]}`);
+  assert.ok(gaps[1] >= 58 && gaps[1] < 100, `second gap ${gaps[1]}`);
+  assert.ok(gaps[2] >= 120 && gaps[3] >= 120 && gaps[3] < 180, `capped gaps ${gaps}`);
+  assert.match(m.dump()[0].state, /^Unavailable: down$/);
+});

@@ -1,0 +1,228 @@
+// The xDS and CA clients below the daemon: conversion failures (the NACK reasons), the incremental store, the
+// XdsClient and the istiod CA client against the fake istiod in-process (no native module: the CA signs with the
+// openssl CLI), and the node identity sent to istiod.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { join } from 'node:path';
+import { create } from '@bufbuild/protobuf';
+import { WorkloadSchema, ServiceSchema } from '../../dist/gen/istio/workload/workload_pb.js';
+import { AuthorizationSchema } from '../../dist/gen/istio/security/authorization_pb.js';
+import { convertWorkload, convertService, convertAuthorization, ipFromBytes } from '../../dist/xds/convert.js';
+import { StateStore } from '../../dist/state/store.js';
+import { XdsClient, ztunnelNodeId, ztunnelNodeMetadata } from '../../dist/xds/client.js';
+import { TokenSource } from '../../dist/xds/grpc.js';
+import { XdsMetrics } from '../../dist/xds/metrics.js';
+import { IstiodCertificateAuthority, checkCertificateChain } from '../../dist/ca/istiod.js';
+import { createLogs } from '../../dist/log/logger.js';
+import { loadConfig } from '../../dist/config/index.js';
+import { makeCa, makeLeaf, tempDir } from '../helpers/pki.js';
+import { ADDRESS, AUTHORIZATION, ISTIOD_HOSTNAME, startFakeIstiod, workloadResource, serviceResource, policyResource } from '../helpers/fake-istiod.js';
+
+const logger = createLogs({ filter: { level: 'off', targets: {} }, format: 'json', sink: { write: () => {} } }).root;
+const wl = (fields) => create(WorkloadSchema, { uid: 'u1', name: 'w', namespace: 'ns', addresses: [Uint8Array.from([10, 0, 0, 1])], ...fields });
+const reason = (fn) => {
+  try {
+    fn();
+  } catch (err) {
+    return err.message;
+  }
+  return null;
+};
+
+test('conversion: each invalid resource is rejected with a reason naming the field', () => {
+  assert.equal(reason(() => convertWorkload(wl({ uid: '' }))), 'workload has no uid');
+  assert.equal(reason(() => convertWorkload(wl({ addresses: [Uint8Array.from([1, 2, 3, 4, 5])] }))), 'addresses[0]: 5 bytes is not an IPv4 (4) or IPv6 (16) address');
+  assert.equal(reason(() => convertWorkload(wl({ tunnelProtocol: 2 }))), 'tunnelProtocol LEGACY_ISTIO_MTLS is not supported (only NONE and HBONE)');
+  assert.equal(reason(() => convertWorkload(wl({ tunnelProtocol: 7 }))), 'tunnelProtocol: unknown enum value 7');
+  assert.equal(reason(() => convertWorkload(wl({ status: 5 }))), 'status: unknown enum value 5');
+  assert.equal(reason(() => convertWorkload(wl({ workloadType: 9 }))), 'workloadType: unknown enum value 9');
+  assert.equal(reason(() => convertWorkload(wl({ services: { bad: { ports: [] } } }))), 'services: key "bad" is not <namespace>/<hostname>');
+  assert.equal(reason(() => convertService(create(ServiceSchema, { namespace: 'ns', hostname: 'h', addresses: [{ address: Uint8Array.from([1]) }] }))), 'addresses[0].address: 1 bytes is not an IPv4 (4) or IPv6 (16) address');
+  assert.equal(reason(() => convertService(create(ServiceSchema, { namespace: 'ns' }))), 'service has no hostname');
+  assert.equal(reason(() => convertAuthorization(create(AuthorizationSchema, { name: 'p', action: 3 }))), 'action: unknown enum value 3');
+  // Defaults istiod leaves out: trust domain, service account, capacity 1; an unknown visibility is Public.
+  const w = convertWorkload(wl({}));
+  assert.deepEqual([w.trustDomain, w.serviceAccount, w.capacity, w.protocol], ['cluster.local', 'default', 1, 'TCP']);
+  assert.equal(convertWorkload(wl({ capacity: 0 })).capacity, 0);
+  const s = convertService(create(ServiceSchema, {
+    namespace: 'ns', hostname: 'h', visibility: 7,
+    addresses: [{ network: 'n', address: Uint8Array.from([10, 96, 0, 1]) }, { network: '', address: Uint8Array.from([10, 97, 0, 0]), length: 16 }, { address: Uint8Array.from([10, 98, 0, 1]), length: 32 }],
+    ports: [{ servicePort: 80, targetPort: 8080 }],
+  }));
+  assert.deepEqual([s.vips, s.cidrVips, s.ports, s.visibility], [['n/10.96.0.1', '/10.98.0.1'], ['/10.97.0.0/16'], { 80: 8080 }, 'Public']);
+  assert.equal(ipFromBytes(Uint8Array.from([0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1]), 'x'), '2001:db8::1:0:0:1');
+});
+
+function workloadInfo(uid, ip, node = 'n1', extra = {}) {
+  return convertWorkload(wl({ uid, addresses: [Uint8Array.from(ip.split('.').map(Number))], node, ...extra }));
+}
+
+test('store.apply: first delta full, then only what changed; removals by key; O(change) node index', () => {
+  const store = new StateStore();
+  const sent = [];
+  const send = (d) => sent.push(d);
+  const first = store.apply({ workloads: [workloadInfo('a', '10.0.0.1'), workloadInfo('b', '10.0.0.2', 'n2')] }, send);
+  assert.equal(first.delta.full, true);
+  assert.equal(first.delta.workloads.length, 2);
+  const second = store.apply({ workloads: [workloadInfo('a', '10.0.0.9')] }, send);
+  assert.deepEqual(second.delta, { workloads: [second.delta.workloads[0]] });
+  assert.equal(second.delta.workloads[0].workloadIps[0], '10.0.0.9');
+  assert.deepEqual(second.workloads.map((t) => [t.uid, t.before.workloadIps[0], t.after.workloadIps[0]]), [['a', '10.0.0.1', '10.0.0.9']]);
+  // A change the native side does not see (waypoint) updates the store but sends nothing.
+  const wp = workloadInfo('a', '10.0.0.9', 'n1', { waypoint: { destination: { case: 'hostname', value: { namespace: 'ns', hostname: 'wp' } } } });
+  assert.equal(store.apply({ workloads: [wp] }, send).delta, null);
+  assert.equal(store.workload('a').waypoint.destination, 'ns/wp');
+  // Removing an unknown key is a no-op; a known one is sent.
+  assert.deepEqual(store.apply({ removedWorkloads: ['b', 'nope'] }, send).delta, { removedWorkloads: ['b'] });
+  assert.deepEqual(store.workloadsOnNode('n2'), []);
+  assert.deepEqual(store.workloadsOnNode('n1').map((w) => w.uid), ['a']);
+  // A refused delta changes nothing.
+  assert.throws(() => store.apply({ removedWorkloads: ['a'] }, () => { throw new Error('INVALID_STATE: no'); }), /no/);
+  assert.ok(store.workload('a'));
+  // Staged endpoints: a workload naming a service the store does not have.
+  store.apply({ workloads: [workloadInfo('c', '10.0.0.3', 'n1', { services: { 'ns/svc': { ports: [{ servicePort: 80, targetPort: 8080 }] } } })] }, send);
+  assert.deepEqual(store.dumpStagedServices(), { 'ns/svc': { c: { workloadUid: 'c', port: { 80: 8080 }, status: 'Healthy' } } });
+  store.apply({ services: [convertService(create(ServiceSchema, { name: 'svc', namespace: 'ns', hostname: 'svc' }))] }, send);
+  assert.deepEqual(store.dumpStagedServices(), {});
+});
+
+test('node id and metadata as istiod expects them', () => {
+  const cfg = loadConfig({
+    env: {
+      INSTANCE_IP: '10.1.2.3', POD_NAME: 'ztunnel-abc', POD_NAMESPACE: 'istio-system', NODE_NAME: 'node-1',
+      ISTIO_META_CLUSTER_ID: 'c1', ISTIO_META_DNS_CAPTURE: 'true', ISTIO_METAJSON_LABELS: '{"a":1}',
+      XDS_HEADER_X_One: 'v1', CA_HEADER_Y: 'v2',
+    },
+  });
+  assert.equal(ztunnelNodeId(cfg), 'ztunnel~10.1.2.3~ztunnel-abc.istio-system~istio-system.svc.cluster.local');
+  assert.deepEqual(ztunnelNodeMetadata(cfg), {
+    CLUSTER_ID: 'c1', DNS_CAPTURE: 'true', LABELS: { a: 1 }, NAME: 'ztunnel-abc', NAMESPACE: 'istio-system', INSTANCE_IPS: '10.1.2.3', NODE_NAME: 'node-1',
+  });
+  assert.deepEqual(cfg.xdsHeaders, { x_one: 'v1' });
+  assert.deepEqual(cfg.caHeaders, { y: 'v2' });
+  assert.equal(ztunnelNodeId(loadConfig({ env: {} })), 'ztunnel~1.1.1.1~.~.svc.cluster.local');
+  assert.throws(() => loadConfig({ env: { ISTIO_METAJSON_X: '{' } }), /ISTIO_METAJSON_X: "\{" is not JSON/);
+});
+
+let pkiDir;
+let foreign;
+function opensslSigner(identityOverride) {
+  return (rec) => {
+    const leaf = makeLeaf(pkiDir, foreign, [identityOverride ?? rec.identity]);
+    return [leaf.certPem, foreign.certPem];
+  };
+}
+
+test('XdsClient: ACK/NACK per response, versions kept for the next connect, synced only after both ACKs', async () => {
+  pkiDir = tempDir('ztn-xds-unit-');
+  foreign = makeCa(pkiDir, 'unit-root');
+  const istiod = await startFakeIstiod({ dir: pkiDir });
+  const changes = [];
+  let synced = 0;
+  let refuse = false;
+  const metrics = new XdsMetrics();
+  const client = new XdsClient({
+    target: { address: istiod.address, rootCa: istiod.rootCaPath, altHostname: ISTIOD_HOSTNAME },
+    token: new TokenSource('t0k'),
+    clusterId: 'c1',
+    headers: { 'x-extra': '1' },
+    node: { id: 'ztunnel~1.1.1.1~p.ns~ns.svc.cluster.local', metadata: { NAME: 'p' } },
+    apply: (c) => {
+      if (refuse) throw new Error('INVALID_STATE: refused');
+      changes.push(c);
+    },
+    onSynced: () => synced++,
+    metrics,
+    logger,
+  });
+  try {
+    client.start();
+    const s = await istiod.nextStream();
+    assert.deepEqual([s.metadata.authorization, s.metadata.clusterid, s.metadata['x-extra']], ['Bearer t0k', 'c1', '1']);
+    await s.nextRequest(ADDRESS);
+    await s.nextRequest(AUTHORIZATION);
+    const w1 = workloadResource({ name: 'w1', ip: '10.0.0.1', node: 'n', version: 'a' });
+    const svc = serviceResource({ name: 's', vip: '10.96.0.1', ports: { 80: 8080 }, version: 'b' });
+    assert.equal((await s.pushAndWait(ADDRESS, { resources: [w1, svc] })).errorDetail, undefined);
+    assert.equal(synced, 0, 'not synced before the Authorization type was ACKed');
+    assert.equal((await s.pushAndWait(AUTHORIZATION, { resources: [policyResource({ name: 'p' })] })).errorDetail, undefined);
+    assert.equal(synced, 1);
+    // The dataplane refuses the whole batch: everything in it is NACKed, nothing recorded.
+    refuse = true;
+    const nack = await s.pushAndWait(ADDRESS, { resources: [workloadResource({ name: 'w2', ip: '10.0.0.2', node: 'n', version: 'x' })] });
+    assert.equal(nack.errorDetail.message, 'Kubernetes//Pod/default/w2: INVALID_STATE: refused');
+    refuse = false;
+    // Removal by name: the service key.
+    assert.equal((await s.pushAndWait(ADDRESS, { removed: ['default/s.default.svc.cluster.local'] })).errorDetail, undefined);
+    assert.deepEqual(changes.at(-1), { removedServices: ['default/s.default.svc.cluster.local'] });
+    assert.deepEqual(client.resourceVersions(), {
+      [ADDRESS]: { 'Kubernetes//Pod/default/w1': 'a' },
+      [AUTHORIZATION]: { 'default/p': 'v1' },
+    });
+    // A graceful end: the next stream carries initial_resource_versions and is opened at once.
+    const endedAt = Date.now();
+    s.end();
+    const s2 = await istiod.nextStream();
+    const r = await s2.nextRequest(ADDRESS);
+    assert.ok(Date.now() - endedAt < 1000);
+    assert.deepEqual(r.initialResourceVersions, { 'Kubernetes//Pod/default/w1': 'a' });
+    assert.deepEqual((await s2.nextRequest(AUTHORIZATION)).initialResourceVersions, { 'default/p': 'v1' });
+    assert.equal(metrics.snapshot().terminations.Complete, 1);
+    assert.ok(metrics.snapshot().messages[ADDRESS] >= 3);
+  } finally {
+    client.stop();
+    await istiod.close();
+  }
+});
+
+test('istiod CA client: ImpersonatedIdentity in shared mode only; the response is checked', async () => {
+  const istiod = await startFakeIstiod({ dir: pkiDir });
+  istiod.signer = opensslSigner();
+  const target = { address: istiod.address, rootCa: istiod.rootCaPath, altHostname: ISTIOD_HOSTNAME };
+  const id = 'spiffe://cluster.local/ns/default/sa/sleep';
+  const csr = makeCsr();
+  try {
+    const shared = new IstiodCertificateAuthority({ target, token: new TokenSource('tk'), clusterId: 'c9', headers: { 'x-ca': 'y' }, impersonate: true });
+    const signed = await shared.sign(csr, id, 600);
+    assert.match(signed.chainPem, /BEGIN CERTIFICATE/);
+    assert.equal(signed.rootsPem, foreign.certPem);
+    const req = istiod.certRequests.at(-1);
+    assert.deepEqual(req.requestMetadata, { ImpersonatedIdentity: id });
+    assert.equal(req.ttlSeconds, 600);
+    assert.deepEqual([req.metadata.authorization, req.metadata.clusterid, req.metadata['x-ca']], ['Bearer tk', 'c9', 'y']);
+
+    const dedicated = new IstiodCertificateAuthority({ target, token: new TokenSource(null), clusterId: 'c9', headers: {}, impersonate: false });
+    await dedicated.sign(csr, id, 600);
+    assert.equal(istiod.certRequests.at(-1).requestMetadata, null);
+    assert.equal(istiod.certRequests.at(-1).metadata.authorization, undefined, 'no token configured: no authorization header');
+
+    istiod.signer = opensslSigner('spiffe://cluster.local/ns/default/sa/other');
+    await assert.rejects(shared.sign(csr, id, 600), /issued a certificate for spiffe:\/\/cluster\.local\/ns\/default\/sa\/other, not spiffe:\/\/cluster\.local\/ns\/default\/sa\/sleep/);
+    istiod.caUp = false;
+    await assert.rejects(shared.sign(csr, id, 600), (err) => err.code === 'CA_UNAVAILABLE' && /UNAVAILABLE/.test(err.message));
+  } finally {
+    await istiod.close();
+  }
+});
+
+function makeCsr() {
+  // The fake istiod reads the identity from the CSR (openssl), as istiod does.
+  return execFileSync('openssl', ['req', '-new', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', join(pkiDir, 'csr.key'),
+    '-subj', '/O=test', '-addext', 'subjectAltName=URI:spiffe://cluster.local/ns/default/sa/sleep'], { stdio: ['ignore', 'pipe', 'pipe'] }).toString();
+}
+
+test('checkCertificateChain: chain to the roots, several roots allowed, wrong identity and broken chains refused', () => {
+  const id = 'spiffe://cluster.local/ns/a/sa/b';
+  const other = makeCa(pkiDir, 'other-root');
+  const leaf = makeLeaf(pkiDir, foreign, [id]);
+  // Several roots in the last element (root rotation): the chain verifies against one of them.
+  const ok = checkCertificateChain([leaf.certPem, other.certPem + foreign.certPem], id);
+  assert.equal(ok.chainPem, leaf.certPem);
+  assert.equal((ok.rootsPem.match(/BEGIN CERTIFICATE/g) ?? []).length, 2);
+  // One element holding leaf + root.
+  assert.equal(checkCertificateChain([leaf.certPem + foreign.certPem], id).rootsPem, foreign.certPem);
+  assert.throws(() => checkCertificateChain([leaf.certPem, other.certPem], id), /does not verify against the returned root/);
+  assert.throws(() => checkCertificateChain([leaf.certPem, foreign.certPem], 'spiffe://cluster.local/ns/a/sa/c'), /not spiffe:\/\/cluster\.local\/ns\/a\/sa\/c/);
+  assert.throws(() => checkCertificateChain([], id), /empty/);
+});
