@@ -46,6 +46,8 @@ export const DELTA_ADS_PATH = '/envoy.service.discovery.v3.AggregatedDiscoverySe
 /** Watched at connect, in this order (ztunnel's). */
 export const WATCHED_TYPES = [ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL] as const;
 
+const round3 = (ms: number) => Math.round(ms * 1000) / 1000;
+
 export type TerminationReason = 'ConnectionError' | 'Error' | 'Reconnect' | 'Complete';
 
 export interface XdsNode {
@@ -103,7 +105,14 @@ interface TypeState {
   firstAcked: boolean;
 }
 
-type Call = grpc.ClientDuplexStream<DeltaDiscoveryRequest, { msg: DeltaDiscoveryResponse; bytes: number }>;
+/** A decoded response, its size on the wire and how long decoding took (for the debug log and the benchmark). */
+interface Received {
+  msg: DeltaDiscoveryResponse;
+  bytes: number;
+  decodeMs: number;
+}
+
+type Call = grpc.ClientDuplexStream<DeltaDiscoveryRequest, Received>;
 
 export class XdsClient {
   private readonly types = new Map<string, TypeState>(
@@ -170,14 +179,18 @@ export class XdsClient {
     const call: Call = client.makeBidiStreamRequest(
       DELTA_ADS_PATH,
       (req: DeltaDiscoveryRequest) => Buffer.from(toBinary(DeltaDiscoveryRequestSchema, req)),
-      (buf: Buffer) => ({ msg: fromBinary(DeltaDiscoveryResponseSchema, buf), bytes: buf.length }),
+      (buf: Buffer): Received => {
+        const t0 = performance.now();
+        const msg = fromBinary(DeltaDiscoveryResponseSchema, buf);
+        return { msg, bytes: buf.length, decodeMs: performance.now() - t0 };
+      },
       metadata,
     );
     this.call = call;
-    call.on('data', ({ msg, bytes }: { msg: DeltaDiscoveryResponse; bytes: number }) => {
+    call.on('data', (r: Received) => {
       if (attempt !== this.attempt) return;
       gotResponse = true;
-      this.onResponse(call, msg, bytes);
+      this.onResponse(call, r);
     });
     // 'error' carries the same status as 'status'; a listener is required so grpc-js does not throw it.
     call.on('error', () => undefined);
@@ -239,8 +252,9 @@ export class XdsClient {
     this.timer.unref();
   }
 
-  private onResponse(call: Call, resp: DeltaDiscoveryResponse, bytes: number): void {
+  private onResponse(call: Call, { msg: resp, bytes, decodeMs }: Received): void {
     const { opts } = this;
+    const t0 = performance.now();
     opts.metrics.message(resp.typeUrl, bytes);
     const t = this.types.get(resp.typeUrl);
     if (t === undefined) {
@@ -310,7 +324,16 @@ export class XdsClient {
       opts.logger.warn({ typeUrl: t.url, rejected: errors }, 'XDS resources rejected (NACK); their previous versions keep serving');
     }
     opts.logger.debug(
-      { typeUrl: t.url, resources: resp.resources.length, removed: resp.removedResources.length, rejected: errors.length },
+      {
+        typeUrl: t.url,
+        resources: resp.resources.length,
+        removed: resp.removedResources.length,
+        rejected: errors.length,
+        bytes,
+        decodeMs: round3(decodeMs),
+        // response decoded -> converted, in the store, and the delta returned from the dataplane
+        applyMs: round3(performance.now() - t0),
+      },
       'XDS response applied',
     );
     this.send(call, resp, errors);

@@ -1,0 +1,185 @@
+#!/usr/bin/env node
+// `npm run bench:xds`: one ztunnel-node daemon (PROXY_MODE=local, workloads only from xDS) against the fake istiod
+// (test/helpers/fake-istiod.js, a real gRPC server over TLS in this process).
+//
+//   first push: N workloads, N/10 services (each workload an endpoint of one), N/100 policies
+//   then:       UPDATES single-workload updates (one workload changes IP), one at a time
+//
+// Reports, for each scale (SCALES, default 1000 and 100000): time from the daemon's start to /healthz/ready 200,
+// the first push's size, the daemon's peak RSS (VmHWM), and the p50/p99 latency of one update: measured inside
+// the daemon from "response decoded" to "delta returned by the native dataplane" (the `applyMs` of its debug log),
+// and from this process, push -> ACK. Ratios compare the largest scale with the smallest (an O(change) update
+// path keeps the ratio near 1). Writes bench/results/xds-scale.json. Needs the native module (dist/native).
+// Measures; asserts nothing.
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { ADDRESS, AUTHORIZATION, ISTIOD_HOSTNAME, policyResource, serviceResource, startFakeIstiod, workloadResource } from '../test/helpers/fake-istiod.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+const SCALES = (process.env.BENCH_XDS_SCALES ?? '1000,100000').split(',').map(Number);
+const UPDATES = Number(process.env.BENCH_XDS_UPDATES ?? 300);
+const ADMIN_IP = '127.50.255.9';
+
+const tmp = mkdtempSync(join(tmpdir(), 'ztn-bench-xds-'));
+const children = new Set();
+process.on('exit', () => {
+  for (const c of children) c.kill('SIGKILL');
+  rmSync(tmp, { recursive: true, force: true });
+});
+
+/** 10.a.b.c for workload i; VIPs in 11.x; nothing binds or dials these: they only exist in the state. */
+const ip = (i, base = 10) => `${base}.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`;
+
+function firstPush(n) {
+  const services = Math.max(1, Math.floor(n / 10));
+  const policies = Math.max(1, Math.floor(n / 100));
+  const svc = [];
+  for (let s = 0; s < services; s++) svc.push(serviceResource({ name: `svc${s}`, vip: ip(s, 11), ports: { 80: 8080 } }));
+  const wl = [];
+  for (let i = 0; i < n; i++) {
+    wl.push(workload(i, 'v1', ip(i)));
+  }
+  const pol = [];
+  for (let p = 0; p < policies; p++) {
+    pol.push(policyResource({ name: `p${p}`, ns: `ns${p % 50}`, rules: [{ clauses: [{ matches: [{ destinationPorts: [8080 + (p % 10)] }] }] }] }));
+  }
+  return { address: [...wl, ...svc], authz: pol, services, policies };
+}
+
+function workload(i, version, address) {
+  return workloadResource({
+    name: `w${i}`,
+    ns: 'default',
+    sa: `sa${i % 200}`,
+    ip: address,
+    node: `node-${i % 500}`,
+    version,
+    services: { [`default/svc${i % Math.max(1, Math.floor(SCALE_N / 10))}.default.svc.cluster.local`]: { 80: 8080 } },
+  });
+}
+
+let SCALE_N = 0;
+
+function quantile(sorted, q) {
+  return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))];
+}
+
+async function run(n) {
+  SCALE_N = n;
+  const istiod = await startFakeIstiod({ dir: mkdtempSync(join(tmp, `istiod-${n}-`)) });
+  const t0 = performance.now();
+  const push = firstPush(n);
+  const buildMs = performance.now() - t0;
+
+  const env = {
+    PATH: process.env.PATH,
+    PROXY_MODE: 'local',
+    NODE_NAME: 'bench-node',
+    XDS_ADDRESS: istiod.address,
+    XDS_ROOT_CA: istiod.rootCaPath,
+    ALT_XDS_HOSTNAME: ISTIOD_HOSTNAME,
+    CA_ADDRESS: istiod.address,
+    CA_ROOT_CA: istiod.rootCaPath,
+    ALT_CA_HOSTNAME: ISTIOD_HOSTNAME,
+    ADMIN_ADDR: `${ADMIN_IP}:15000`,
+    STATS_ADDR: `${ADMIN_IP}:15020`,
+    READINESS_ADDR: `${ADMIN_IP}:15021`,
+    LOG_FORMAT: 'json',
+    RUST_LOG: 'warn,xds=debug',
+    CONNECTION_TERMINATION_DEADLINE: '1s',
+  };
+  const started = performance.now();
+  const child = spawn(process.execPath, [join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'pipe', 'inherit'] });
+  children.add(child);
+  const applied = [];
+  createInterface({ input: child.stdout }).on('line', (line) => {
+    if (!line.includes('XDS response applied')) return;
+    try {
+      applied.push(JSON.parse(line));
+    } catch {
+      // not JSON
+    }
+  });
+
+  const stream = await istiod.nextStream(60_000);
+  await stream.nextRequest(ADDRESS, 60_000);
+  await stream.nextRequest(AUTHORIZATION, 60_000);
+  const pushAt = performance.now();
+  await stream.pushAndWait(ADDRESS, { resources: push.address }, 300_000);
+  const firstAckMs = performance.now() - pushAt;
+  await stream.pushAndWait(AUTHORIZATION, { resources: push.authz }, 60_000);
+  for (;;) {
+    const ok = await fetch(`http://${ADMIN_IP}:15021/healthz/ready`).then((r) => r.status === 200, () => false);
+    if (ok) break;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  const readyMs = performance.now() - started;
+  const first = applied.find((a) => a.typeUrl === ADDRESS);
+
+  // Single updates: one workload moves to another IP; wait for its ACK before the next.
+  const roundTrips = [];
+  const before = applied.length;
+  for (let u = 0; u < UPDATES; u++) {
+    const i = (u * 7919) % n;
+    const at = performance.now();
+    const ack = await stream.pushAndWait(ADDRESS, { resources: [workload(i, `v${u + 2}`, ip(i, 12))] });
+    roundTrips.push(performance.now() - at);
+    if (ack.errorDetail) throw new Error(`update NACKed: ${ack.errorDetail.message}`);
+  }
+  await new Promise((r) => setTimeout(r, 300));
+  const applyMs = applied.slice(before).filter((a) => a.typeUrl === ADDRESS).map((a) => a.applyMs).sort((x, y) => x - y);
+  const rtt = roundTrips.sort((x, y) => x - y);
+  const status = readFileSync(`/proc/${child.pid}/status`, 'utf8');
+  const peakRssMiB = Number(/VmHWM:\s+(\d+) kB/.exec(status)?.[1] ?? 0) / 1024;
+  child.kill('SIGTERM');
+  await new Promise((r) => child.once('close', r));
+  children.delete(child);
+  await istiod.close();
+
+  return {
+    workloads: n,
+    services: push.services,
+    policies: push.policies,
+    buildFirstPushMs: Math.round(buildMs),
+    firstPushBytes: first?.bytes ?? null,
+    firstPushDecodeMs: first?.decodeMs ?? null,
+    firstPushApplyMs: first?.applyMs ?? null,
+    firstPushAckMs: Math.round(firstAckMs),
+    timeToReadyMs: Math.round(readyMs),
+    peakRssMiB: Math.round(peakRssMiB),
+    updates: applyMs.length,
+    updateApplyMs: { p50: quantile(applyMs, 0.5), p99: quantile(applyMs, 0.99), max: applyMs.at(-1) },
+    updateRoundTripMs: { p50: round(quantile(rtt, 0.5)), p99: round(quantile(rtt, 0.99)) },
+  };
+}
+
+const round = (x) => Math.round(x * 1000) / 1000;
+
+const results = [];
+for (const n of SCALES) {
+  const r = await run(n);
+  results.push(r);
+  console.log(JSON.stringify(r));
+}
+const small = results[0];
+const large = results.at(-1);
+const ratios = {
+  scale: large.workloads / small.workloads,
+  timeToReady: round(large.timeToReadyMs / small.timeToReadyMs),
+  updateApplyP50: round(large.updateApplyMs.p50 / small.updateApplyMs.p50),
+  updateApplyP99: round(large.updateApplyMs.p99 / small.updateApplyMs.p99),
+  updateRoundTripP50: round(large.updateRoundTripMs.p50 / small.updateRoundTripMs.p50),
+};
+console.log(`\n${'workloads'.padStart(10)} ${'ready ms'.padStart(9)} ${'push MB'.padStart(8)} ${'RSS MiB'.padStart(8)} ${'upd p50 ms'.padStart(11)} ${'upd p99 ms'.padStart(11)} ${'rtt p50 ms'.padStart(11)}`);
+for (const r of results) {
+  console.log(
+    `${String(r.workloads).padStart(10)} ${String(r.timeToReadyMs).padStart(9)} ${((r.firstPushBytes ?? 0) / 1e6).toFixed(1).padStart(8)} ${String(r.peakRssMiB).padStart(8)} ${String(r.updateApplyMs.p50).padStart(11)} ${String(r.updateApplyMs.p99).padStart(11)} ${String(r.updateRoundTripMs.p50).padStart(11)}`,
+  );
+}
+console.log(`ratios ${large.workloads}/${small.workloads}: ${JSON.stringify(ratios)}`);
+writeFileSync(join(root, 'bench', 'results', 'xds-scale.json'), `${JSON.stringify({ at: new Date().toISOString(), results, ratios }, null, 2)}\n`);
+process.exit(0);
