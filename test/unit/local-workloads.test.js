@@ -1,0 +1,85 @@
+// The local-workload reconciler on its own: which workloads get certificates (prefetch) and listeners, in which
+// order, and what happens when they move, change identity or leave.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { LocalWorkloads } from '../../dist/lifecycle/local-workloads.js';
+import { createLogs } from '../../dist/log/logger.js';
+
+const logger = createLogs({ filter: { level: 'off', targets: {} }, format: 'json', sink: { write: () => {} } }).root;
+
+function w(uid, { node = 'me', protocol = 'HBONE', sa = uid, ip = '127.0.0.5', nativeTunnel = false } = {}) {
+  return { uid, node, protocol, nativeTunnel, namespace: 'ns', serviceAccount: sa, trustDomain: 'td', workloadIps: [ip] };
+}
+
+function fakes(withListeners) {
+  const log = [];
+  const certs = {
+    ensure: async (id, priority) => (log.push(['ensure', id, priority]), true),
+    forget: (id) => log.push(['forget', id]),
+  };
+  const listeners = withListeners
+    ? {
+        socks5: true,
+        add: async (spec) => (log.push(['add', spec]), spec),
+        remove: async (uid) => log.push(['remove', uid]),
+      }
+    : null;
+  const errors = [];
+  const lw = new LocalWorkloads({ nodeName: 'me', certs, listeners, logger, onError: (uid, err) => errors.push([uid, err.message]) });
+  return { lw, log, errors };
+}
+
+test('local mode: certificate then listeners for workloads on this node only; identity kept while shared', async () => {
+  const { lw, log } = fakes(true);
+  lw.reconcile([
+    { uid: 'a', before: undefined, after: w('a', { sa: 'shared' }) },
+    { uid: 'b', before: undefined, after: w('b', { sa: 'shared', protocol: 'TCP', ip: '127.0.0.6' }) },
+    { uid: 'x', before: undefined, after: w('x', { node: 'other' }) },
+  ]);
+  await lw.settled();
+  assert.deepEqual(log.filter(([op]) => op === 'ensure').map(([, id, p]) => [id, p]), [['spiffe://td/ns/ns/sa/shared', 'Warmup'], ['spiffe://td/ns/ns/sa/shared', 'Warmup']]);
+  assert.deepEqual(log.filter(([op]) => op === 'add').map(([, s]) => s), [
+    { uid: 'a', hboneAddr: '127.0.0.5:15008', socksAddr: '127.0.0.5:15080' },
+    { uid: 'b', socksAddr: '127.0.0.6:15080' },
+  ]);
+  // An unrelated change (same IP, protocol, identity) does nothing.
+  log.length = 0;
+  lw.reconcile([{ uid: 'a', before: w('a', { sa: 'shared' }), after: { ...w('a', { sa: 'shared' }), canonicalName: 'new' } }]);
+  await lw.settled();
+  assert.deepEqual(log, []);
+  // a leaves: listeners removed, identity still used by b, so not forgotten; then b leaves: forgotten.
+  lw.reconcile([{ uid: 'a', before: w('a', { sa: 'shared' }), after: undefined }]);
+  await lw.settled();
+  assert.deepEqual(log, [['remove', 'a']]);
+  lw.reconcile([{ uid: 'b', before: w('b', { sa: 'shared' }), after: w('b', { sa: 'shared', node: 'other' }) }]);
+  await lw.settled();
+  assert.deepEqual(log.slice(1), [['remove', 'b'], ['forget', 'spiffe://td/ns/ns/sa/shared']]);
+  assert.deepEqual(lw.servedUids(), []);
+});
+
+test('an identity change rebinds with the new certificate and forgets the old identity', async () => {
+  const { lw, log } = fakes(true);
+  lw.reconcile([{ uid: 'a', before: undefined, after: w('a', { sa: 'one' }) }]);
+  lw.reconcile([{ uid: 'a', before: w('a', { sa: 'one' }), after: w('a', { sa: 'two' }) }]);
+  await lw.settled();
+  assert.deepEqual(log.map(([op, x]) => [op, typeof x === 'string' ? x : x.uid]), [
+    ['ensure', 'spiffe://td/ns/ns/sa/one'],
+    ['add', 'a'],
+    ['remove', 'a'],
+    ['forget', 'spiffe://td/ns/ns/sa/one'],
+    ['ensure', 'spiffe://td/ns/ns/sa/two'],
+    ['add', 'a'],
+  ]);
+});
+
+test('without listeners (shared mode): prefetch certificates for HBONE or native-tunnel workloads on this node only', async () => {
+  const { lw, log } = fakes(false);
+  lw.reconcile([
+    { uid: 'h', before: undefined, after: w('h') },
+    { uid: 't', before: undefined, after: w('t', { protocol: 'TCP' }) },
+    { uid: 'n', before: undefined, after: w('n', { protocol: 'TCP', nativeTunnel: true }) },
+    { uid: 'o', before: undefined, after: w('o', { node: 'other' }) },
+  ]);
+  await lw.settled();
+  assert.deepEqual(log.map(([op, id]) => [op, id]), [['ensure', 'spiffe://td/ns/ns/sa/h'], ['ensure', 'spiffe://td/ns/ns/sa/n']]);
+});
