@@ -3,8 +3,9 @@
 //   1. lint: rustfmt, clippy -D warnings, eslint, tsc --noEmit
 //   2. cargo test (the Rust crates, unit and in-process integration)
 //   3. build: the native module (release, incremental) and the TypeScript, so the suites run what is checked in
-//   4. distribution: the install test (packed tarballs installed without Rust, then run); actionlint runs with
-//      step 1 (a missing actionlint skips it with a message, except under CI: .ci/run installs it).
+//   4. distribution: the install test (packed tarballs installed without Rust, then run) and the Helm chart checks
+//      (lint, template, schema validation, env vs. the daemon's config); actionlint runs with step 1. A missing
+//      helm/kubeconform/actionlint skips its check with a message, except under CI (.ci/run installs them).
 //   5. node:test suites: test/unit, test/integration (real daemons on unique 127.x addresses), and test/netns
 //      (real network namespaces; root only: elsewhere it prints that it was skipped and why)
 // Set ZTN_TEST_SKIP_LINT=1 to skip step 1 while iterating locally.
@@ -54,6 +55,7 @@ if (existsSync(join(root, '.git'))) {
 }
 // Distribution, after the build it uses, before the long suites (whose summary stays the run's last words).
 run('install test', 'node', ['scripts/install-test.mjs']);
+run('chart checks', 'node', ['scripts/chart-test.mjs']);
 
 const suites = [...testFiles('test/unit'), ...testFiles('test/integration')];
 const isRoot = typeof process.getuid === 'function' && process.getuid() === 0;
