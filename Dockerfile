@@ -13,6 +13,8 @@ FROM node:20-bookworm AS build
 COPY --from=rust /usr/local/cargo /usr/local/cargo
 COPY --from=rust /usr/local/rustup /usr/local/rustup
 ENV CARGO_HOME=/usr/local/cargo RUSTUP_HOME=/usr/local/rustup PATH=/usr/local/cargo/bin:$PATH
+# As the published binaries: no line tables (the release profile keeps them for profiling) and no symbols.
+ENV CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
 WORKDIR /src
 # Dependencies first, so a source change does not refetch them. --ignore-scripts: `prepare` (the build) runs below,
 # once the sources are in.
