@@ -13,9 +13,18 @@ function w(uid, { node = 'me', protocol = 'HBONE', sa = uid, ip = '127.0.0.5', n
 
 function fakes(withListeners) {
   const log = [];
+  // Like the real manager, ensure is idempotent: only the first call for an identity fetches ("ensure" here).
+  const tracked = new Set();
   const certs = {
-    ensure: async (id, priority) => (log.push(['ensure', id, priority]), true),
-    forget: (id) => log.push(['forget', id]),
+    ensure: async (id, priority) => {
+      if (!tracked.has(id)) log.push(['ensure', id, priority]);
+      tracked.add(id);
+      return true;
+    },
+    forget: (id) => {
+      tracked.delete(id);
+      log.push(['forget', id]);
+    },
   };
   const listeners = withListeners
     ? {
@@ -37,7 +46,7 @@ test('local mode: certificate then listeners for workloads on this node only; id
     { uid: 'x', before: undefined, after: w('x', { node: 'other' }) },
   ]);
   await lw.settled();
-  assert.deepEqual(log.filter(([op]) => op === 'ensure').map(([, id, p]) => [id, p]), [['spiffe://td/ns/ns/sa/shared', 'Warmup'], ['spiffe://td/ns/ns/sa/shared', 'Warmup']]);
+  assert.deepEqual(log.filter(([op]) => op === 'ensure').map(([, id, p]) => [id, p]), [['spiffe://td/ns/ns/sa/shared', 'Warmup']]);
   assert.deepEqual(log.filter(([op]) => op === 'add').map(([, s]) => s), [
     { uid: 'a', hboneAddr: '127.0.0.5:15008', socksAddr: '127.0.0.5:15080' },
     { uid: 'b', socksAddr: '127.0.0.6:15080' },
@@ -53,7 +62,8 @@ test('local mode: certificate then listeners for workloads on this node only; id
   assert.deepEqual(log, [['remove', 'a']]);
   lw.reconcile([{ uid: 'b', before: w('b', { sa: 'shared' }), after: w('b', { sa: 'shared', node: 'other' }) }]);
   await lw.settled();
-  assert.deepEqual(log.slice(1), [['remove', 'b'], ['forget', 'spiffe://td/ns/ns/sa/shared']]);
+  // The identity is given up at once (even before the listeners go), as it has no other user.
+  assert.deepEqual(log.slice(1), [['forget', 'spiffe://td/ns/ns/sa/shared'], ['remove', 'b']]);
   assert.deepEqual(lw.servedUids(), []);
 });
 
@@ -62,12 +72,20 @@ test('an identity change rebinds with the new certificate and forgets the old id
   lw.reconcile([{ uid: 'a', before: undefined, after: w('a', { sa: 'one' }) }]);
   lw.reconcile([{ uid: 'a', before: w('a', { sa: 'one' }), after: w('a', { sa: 'two' }) }]);
   await lw.settled();
+  // Both reconciles happen before any listener work: "one" is claimed, then given up for "two".
   assert.deepEqual(log.map(([op, x]) => [op, typeof x === 'string' ? x : x.uid]), [
     ['ensure', 'spiffe://td/ns/ns/sa/one'],
-    ['add', 'a'],
-    ['remove', 'a'],
-    ['forget', 'spiffe://td/ns/ns/sa/one'],
     ['ensure', 'spiffe://td/ns/ns/sa/two'],
+    ['forget', 'spiffe://td/ns/ns/sa/one'],
+    ['add', 'a'],
+  ]);
+  log.length = 0;
+  lw.reconcile([{ uid: 'a', before: w('a', { sa: 'two' }), after: w('a', { sa: 'three' }) }]);
+  await lw.settled();
+  assert.deepEqual(log.map(([op, x]) => [op, typeof x === 'string' ? x : x.uid]), [
+    ['ensure', 'spiffe://td/ns/ns/sa/three'],
+    ['forget', 'spiffe://td/ns/ns/sa/two'],
+    ['remove', 'a'],
     ['add', 'a'],
   ]);
 });
@@ -82,4 +100,35 @@ test('without listeners (shared mode): prefetch certificates for HBONE or native
   ]);
   await lw.settled();
   assert.deepEqual(log.map(([op, id]) => [op, id]), [['ensure', 'spiffe://td/ns/ns/sa/h'], ['ensure', 'spiffe://td/ns/ns/sa/n']]);
+});
+
+test('a new IP rebinds without fetching the certificate again; a workload leaving while its certificate is pending is not stuck', async () => {
+  const { lw, log } = fakes(true);
+  lw.reconcile([{ uid: 'a', before: undefined, after: w('a') }]);
+  await lw.settled();
+  lw.reconcile([{ uid: 'a', before: w('a'), after: w('a', { ip: '127.0.0.9' }) }]);
+  await lw.settled();
+  assert.deepEqual(log.map(([op, x]) => [op, typeof x === 'string' ? x : x.hboneAddr]), [
+    ['ensure', 'spiffe://td/ns/ns/sa/a'],
+    ['add', '127.0.0.5:15008'],
+    ['remove', 'a'],
+    ['add', '127.0.0.9:15008'],
+  ]);
+  assert.equal(log.filter(([op]) => op === 'forget').length, 0);
+
+  // The CA never answers for "b": when b leaves, forgetting its identity releases the pending request.
+  const waiting = new Map();
+  const certs = {
+    ensure: (id) => new Promise((resolve) => {
+      const all = waiting.get(id) ?? [];
+      all.push(resolve);
+      waiting.set(id, all);
+    }),
+    forget: (id) => (waiting.get(id) ?? []).forEach((r) => r(false)),
+  };
+  const lw2 = new LocalWorkloads({ nodeName: 'me', certs, listeners: null, logger, onError: () => {} });
+  lw2.reconcile([{ uid: 'b', before: undefined, after: w('b') }]);
+  lw2.reconcile([{ uid: 'b', before: w('b'), after: undefined }]);
+  await lw2.settled();
+  assert.deepEqual(lw2.servedUids(), []);
 });

@@ -6,8 +6,10 @@
 // - Operations on one workload are serialized (a chain per uid), so an add racing a remove cannot leave a
 //   listener behind; operations on different workloads run concurrently.
 // - A workload's certificate is installed BEFORE its listeners bind, so the first handshake already has one.
-// - An identity is tracked by the certificate manager while at least one local workload uses it, and forgotten
-//   when the last one goes.
+// - Which workload uses which identity is bookkept synchronously in `reconcile` (the claims): an identity is
+//   tracked by the certificate manager while at least one local workload claims it, and forgotten as soon as the
+//   last one goes, even while a request for it is still pending (its waiters resolve false, so the chain of a
+//   workload that left is never stuck behind a CA that does not answer).
 // - A workload is (re)bound only when what its listeners depend on changed: IP, protocol or identity.
 import { HBONE_PORT, SOCKS5_PORT } from '../config/defaults.js';
 import { joinHostPort } from '../config/address.js';
@@ -34,7 +36,6 @@ export interface LocalWorkloadsOptions {
 interface Served {
   /** What the listeners were bound for; null when nothing is bound. */
   spec: LocalWorkloadSpec | null;
-  identity: string;
   key: string;
 }
 
@@ -49,9 +50,13 @@ function wantsCertificate(w: WorkloadInfo, listeners: boolean): boolean {
 }
 
 export class LocalWorkloads {
+  /** uid -> what is bound for it (set by the asynchronous part). */
   private readonly served = new Map<string, Served>();
+  /** uid -> the latest serving key asked for (set synchronously by reconcile). */
+  private readonly wanted = new Map<string, string>();
   private readonly chains = new Map<string, Promise<void>>();
-  /** identity -> uids of the local workloads using it */
+  /** uid -> the identity it claims; identity -> the uids claiming it */
+  private readonly claims = new Map<string, string>();
   private readonly users = new Map<string, Set<string>>();
   private stopped = false;
 
@@ -59,14 +64,17 @@ export class LocalWorkloads {
 
   /** Applies the workload transitions of one state change. Returns at once; the work is asynchronous. */
   reconcile(transitions: readonly WorkloadTransition[]): void {
-    const { nodeName } = this.opts;
+    const { nodeName, listeners } = this.opts;
     for (const t of transitions) {
       const wasLocal = t.before?.node === nodeName;
       const isLocal = t.after?.node === nodeName;
       if (!wasLocal && !isLocal) continue;
       const after = isLocal ? (t.after as WorkloadInfo) : undefined;
-      const current = this.served.get(t.uid);
-      if (after !== undefined && current !== undefined && current.key === servingKey(after)) continue;
+      const key = after === undefined ? null : servingKey(after);
+      if ((this.wanted.get(t.uid) ?? null) === key) continue;
+      if (key === null) this.wanted.delete(t.uid);
+      else this.wanted.set(t.uid, key);
+      this.claim(t.uid, after !== undefined && wantsCertificate(after, listeners !== null) ? workloadIdentity(after) : null);
       this.enqueue(t.uid, () => this.converge(t.uid, after));
     }
   }
@@ -76,9 +84,9 @@ export class LocalWorkloads {
     while (this.chains.size > 0) await Promise.all([...this.chains.values()]);
   }
 
-  /** uids currently served (listeners bound, or certificate tracked without listeners). */
+  /** uids currently wanted on this node (listeners bound or pending, or certificate prefetched). */
   servedUids(): string[] {
-    return [...this.served.keys()].sort();
+    return [...this.wanted.keys()].sort();
   }
 
   stop(): void {
@@ -96,7 +104,7 @@ export class LocalWorkloads {
     });
   }
 
-  /** Brings one uid to `want` (undefined: not served). */
+  /** Brings one uid's listeners to `want` (undefined: none). Certificates were claimed in `reconcile`. */
   private async converge(uid: string, want: WorkloadInfo | undefined): Promise<void> {
     if (this.stopped) return;
     const { certs, listeners, logger } = this.opts;
@@ -108,19 +116,15 @@ export class LocalWorkloads {
         await listeners.remove(uid);
         logger.info({ uid }, 'local workload listeners removed');
       }
-      this.release(uid, current.identity);
     }
     if (want === undefined) return;
-    const identity = workloadIdentity(want);
-    const served: Served = { spec: null, identity, key: servingKey(want) };
-    if (!wantsCertificate(want, listeners !== null)) {
-      this.served.set(uid, served);
-      return;
-    }
-    this.retain(uid, identity);
+    const key = servingKey(want);
+    const served: Served = { spec: null, key };
     this.served.set(uid, served);
+    const identity = workloadIdentity(want);
+    if (this.claims.get(uid) !== identity) return; // no certificate needed (prefetch only), or no longer wanted
     const ok = await certs.ensure(identity, 'Warmup');
-    if (!ok || this.stopped || this.served.get(uid) !== served) return;
+    if (!ok || this.stopped || this.served.get(uid) !== served || this.wanted.get(uid) !== key) return;
     if (listeners === null) return;
     const ip = want.workloadIps[0];
     if (ip === undefined) {
@@ -139,19 +143,26 @@ export class LocalWorkloads {
     logger.info({ identity, ...bound }, 'local workload listening');
   }
 
-  private retain(uid: string, identity: string): void {
-    let set = this.users.get(identity);
-    if (!set) this.users.set(identity, (set = new Set()));
-    set.add(uid);
-  }
-
-  private release(uid: string, identity: string): void {
-    const set = this.users.get(identity);
-    if (!set) return;
-    set.delete(uid);
-    if (set.size === 0) {
-      this.users.delete(identity);
-      this.opts.certs.forget(identity);
+  /** Moves uid's claim to `identity` (null: none). Starts the certificate fetch for a new claim at once. */
+  private claim(uid: string, identity: string | null): void {
+    const old = this.claims.get(uid) ?? null;
+    if (old === identity) return;
+    if (identity !== null) {
+      this.claims.set(uid, identity);
+      let set = this.users.get(identity);
+      if (!set) this.users.set(identity, (set = new Set()));
+      set.add(uid);
+      void this.opts.certs.ensure(identity, 'Warmup');
+    } else {
+      this.claims.delete(uid);
+    }
+    if (old !== null) {
+      const set = this.users.get(old);
+      set?.delete(uid);
+      if (set !== undefined && set.size === 0) {
+        this.users.delete(old);
+        this.opts.certs.forget(old);
+      }
     }
   }
 }
