@@ -109,7 +109,7 @@ test('local mode: certificates, then listeners, then ready; dumps and metrics; q
   assert.deepEqual(dump.certificates.map((c) => [c.identity, c.state]), [['spiffe://cluster.local/ns/default/sa/sleep', 'Available']]);
   assert.equal(dump.config.nodeName, 'node-a');
   assert.equal(dump.version.cryptoProvider, 'ring');
-  assert.deepEqual(dump.stagedServices, []);
+  assert.deepEqual(dump.stagedServices, {});
   assert.equal(dump.staticConfig.workloads.length, 2);
 
   const samples = parsePrometheusText((await get(proxy.addresses.stats, '/metrics')).body);
@@ -135,7 +135,7 @@ test('a listener that cannot bind shuts the proxy down with exit code 1', { skip
   assert.ok(lines.some((l) => l.level === 'error' && /address in use/.test(l.err)));
 });
 
-test('XDS configured: "state manager" stays pending (no XDS client yet)', async () => {
+test('XDS configured but unreachable: "state manager" stays pending', async () => {
   const { logs, config, deps } = setup({ env: { PROXY_MODE: 'shared', XDS_ADDRESS: 'istiod:15012' } });
   const proxy = await runProxy(config, logs, { deps, handleSignals: false });
   const r = await get(proxy.addresses.readiness, '/healthz/ready');

@@ -11,6 +11,7 @@
 //   without `tunnels` renders them as 0.
 import { Counter, Gauge, Registry, collectDefaultMetrics, type RegistryContentType } from 'prom-client';
 import type { MetricsSnapshot } from '../native/types.js';
+import type { XdsCounters } from '../xds/metrics.js';
 
 /** ztunnel's CommonTrafficLabels, in its order. */
 export const TRAFFIC_LABELS = [
@@ -122,6 +123,8 @@ export interface MetricsOptions {
   istioVersion: string | null;
   /** process_open_fds, process_max_fds and the other prom-client process metrics (off in unit tests). */
   defaultMetrics?: boolean;
+  /** The XDS client's counters (ts/xds/metrics.ts); absent: no XDS metrics are rendered. */
+  xds?: () => XdsCounters;
 }
 
 type ContentType = RegistryContentType;
@@ -197,6 +200,26 @@ export class Metrics {
             this.reset();
             this.inc({ direction: 'outbound' }, now[t.outbound]);
             this.inc({ direction: 'inbound' }, now[t.inbound]);
+          },
+        });
+      }
+    }
+    const xds = this.opts.xds;
+    if (xds !== undefined) {
+      const XDS_COUNTERS = [
+        { name: 'istio_xds_connection_terminations_total', help: 'The total number of completed connections to xds server (unstable)', label: 'reason', field: 'terminations' },
+        { name: 'istio_xds_message_total', help: 'Total number of messages received (unstable)', label: 'url', field: 'messages' },
+        { name: 'istio_xds_message_bytes_total', help: 'Total number of bytes received (unstable)', label: 'url', field: 'bytes' },
+      ] as const;
+      for (const c of XDS_COUNTERS) {
+        new Counter({
+          name: c.name,
+          help: c.help,
+          labelNames: [c.label],
+          registers: [reg],
+          collect() {
+            this.reset();
+            for (const [k, v] of Object.entries(xds()[c.field])) this.inc({ [c.label]: k }, v);
           },
         });
       }

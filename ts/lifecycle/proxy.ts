@@ -1,20 +1,24 @@
-// The daemon (`ztunnel-node proxy`): wires config, state, certificates, the native dataplane and the admin
-// servers together, and owns the lifecycle (readiness while starting, drain on the way out).
+// The daemon (`ztunnel-node proxy`): wires config, state, certificates, the native dataplane, the XDS client and
+// the admin servers together, and owns the lifecycle (readiness while starting, drain on the way out).
 //
 // Start order, and why:
 //  1. Local config is loaded and validated before anything binds: a bad file must exit 2 with nothing to undo.
-//  2. The dataplane opens and receives the full state, then the admin/stats/readiness servers bind (readiness
-//     answers "not ready" until the tasks below finish).
-//  3. Local mode: certificates for every local identity are installed BEFORE listeners bind, so the first
-//     inbound handshake already has a certificate.
-// Readiness tasks: "state manager" (state applied; stays pending while XDS is configured, there is no XDS client
-// yet), "certificates", "proxy" (listeners bound).
-// Shutdown: SIGTERM, SIGINT or POST /quitquitquit start a graceful drain (a second SIGINT exits at once); admin
-// servers stop accepting while the dataplane drains up to the termination deadline, then the runtime is joined.
+//  2. The dataplane opens and receives the local config's state, then the admin/stats/readiness servers bind
+//     (readiness answers "not ready" until the tasks below finish), then the XDS client starts.
+//  3. Every state change, whatever its source, goes through ONE entry point, `applyStateChange(source, change)`:
+//     the store applies it incrementally and sends the dataplane a delta of what changed, then the local-workload
+//     reconciler (local-workloads.ts) adds/removes certificates and listeners for the workloads on this node.
+//     Certificates are installed BEFORE listeners bind, so the first inbound handshake already has one.
+// Readiness tasks: "state manager" (the local config applied and, with XDS, both types received and ACKed),
+// "certificates" and "proxy" (the local workloads known when the state became ready have certificates and
+// listeners).
+// Shutdown: SIGTERM, SIGINT or POST /quitquitquit start a graceful drain (a second SIGINT exits at once); the XDS
+// client stops, admin servers stop accepting while the dataplane drains up to the termination deadline, then the
+// runtime is joined.
 import type { Server } from 'node:http';
 import { configForDump, type Config } from '../config/index.js';
-import { HBONE_PORT, SOCKS5_PORT } from '../config/defaults.js';
-import { formatSocketAddress, joinHostPort, type SocketAddress } from '../config/address.js';
+import { HBONE_PORT } from '../config/defaults.js';
+import { formatSocketAddress, type SocketAddress } from '../config/address.js';
 import { loadLocalConfig, type LocalConfig } from '../config/local.js';
 import { createAdminServer } from '../admin/admin-server.js';
 import { closeServer, listen } from '../admin/http.js';
@@ -22,13 +26,17 @@ import { Metrics } from '../admin/metrics.js';
 import { createReadinessServer } from '../admin/readiness-server.js';
 import { createStatsServer } from '../admin/stats-server.js';
 import { LocalCertificateAuthority, type CertificateAuthority } from '../ca/authority.js';
+import { IstiodCertificateAuthority } from '../ca/istiod.js';
 import { CertificateManager } from '../ca/manager.js';
 import { ConfigError } from '../errors.js';
 import type { Logs } from '../log/logger.js';
 import { Dataplane, nativeVersion } from '../native/index.js';
 import type { DataplaneConfig, NativeVersion } from '../native/types.js';
-import { workloadIdentity } from '../state/model.js';
-import { StateStore } from '../state/store.js';
+import { StateStore, snapshotChange, type AppliedChange, type StateChange } from '../state/store.js';
+import { XdsClient, ztunnelNodeId, ztunnelNodeMetadata } from '../xds/client.js';
+import { TokenSource } from '../xds/grpc.js';
+import { XdsMetrics } from '../xds/metrics.js';
+import { LocalWorkloads } from './local-workloads.js';
 import { buildInfo } from '../version.js';
 import { Drain, type DrainMode } from './drain.js';
 import { logNativeEvent } from './events.js';
@@ -44,6 +52,7 @@ export type DataplanePort = Pick<
   | 'createCsr'
   | 'installCertificate'
   | 'addLocalWorkload'
+  | 'removeLocalWorkload'
   | 'metrics'
   | 'authorize'
   | 'drainEvents'
@@ -70,6 +79,9 @@ export interface ProxyOptions {
   handleSignals?: boolean;
 }
 
+/** Where a state change comes from (logged, and the key a reloaded local file diffs against). */
+export type StateSource = 'xds' | 'local';
+
 export interface ProxyHandle {
   /** Where the servers actually listen (ports resolved when configured as 0). */
   readonly addresses: { readonly admin: SocketAddress; readonly stats: SocketAddress; readonly readiness: SocketAddress };
@@ -78,6 +90,13 @@ export interface ProxyHandle {
   shutdown(mode?: DrainMode, reason?: string): Promise<void>;
   /** Resolves with the process exit code once the proxy has shut down (0 clean, 1 after a fatal error). */
   readonly closed: Promise<number>;
+  /**
+   * THE entry point for state changes (xDS responses, a reloaded local config file): applies `change` to the
+   * store, sends the dataplane one delta of what changed, then reconciles certificates and listeners of the
+   * workloads on this node. Synchronous up to the reconciliation (which continues asynchronously); throws
+   * (nothing applied) when the dataplane refuses the delta.
+   */
+  applyStateChange(source: StateSource, change: StateChange): AppliedChange;
 }
 
 /** The native dataplane's config, derived from the daemon's Config. */
@@ -106,13 +125,26 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
 
   const local: LocalConfig | null = await loadLocalConfig(config);
   let ca: CertificateAuthority | null = null;
+  const token = new TokenSource(config.authToken);
+  if (config.caAddress !== null && config.nodeName !== null) {
+    // One daemon asks for many identities (local and shared modes): istiod must let it impersonate them.
+    ca = new IstiodCertificateAuthority({
+      target: { address: config.caAddress, rootCa: config.caRootCa, altHostname: config.altCaHostname },
+      token,
+      clusterId: config.clusterId,
+      headers: config.caHeaders,
+      impersonate: config.proxyMode !== 'dedicated',
+    });
+  }
   if (config.proxyMode === 'local') {
     // Validated by the config schema; re-checked so a programmatic Config cannot slip through.
-    if (config.localCaDir === null || config.nodeName === null) {
-      throw new ConfigError('LOCAL_CA_DIR and NODE_NAME are required when PROXY_MODE=local');
+    if ((config.localCaDir === null && config.caAddress === null) || config.nodeName === null) {
+      throw new ConfigError('NODE_NAME, and LOCAL_CA_DIR or CA_ADDRESS, are required when PROXY_MODE=local');
     }
-    if (local === null) log.warn('PROXY_MODE=local without LOCAL_XDS_PATH or LOCAL_XDS: there are no workloads to serve');
-    ca = deps.openLocalCa(config.localCaDir, config.trustDomain);
+    if (local === null && config.xdsAddress === null) {
+      log.warn('PROXY_MODE=local without LOCAL_XDS_PATH, LOCAL_XDS or XDS_ADDRESS: there are no workloads to serve');
+    }
+    if (ca === null) ca = deps.openLocalCa(config.localCaDir as string, config.trustDomain);
   }
 
   const readiness = new Readiness();
@@ -121,6 +153,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const proxyTask = readiness.register('proxy');
   const drain = new Drain(config.terminationDeadlineMs, log);
   const store = new StateStore();
+  const xdsMetrics = new XdsMetrics();
   const loggers = { access: logs.forTarget('access'), dataplane: logs.forTarget('dataplane') };
 
   const dp = deps.openDataplane(dataplaneConfig(config));
@@ -145,35 +178,78 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       resolveClosed(exitCode);
     });
   }
+  function fatal(what: string, err: unknown): void {
+    if (drain.signal.aborted) return;
+    log.error({ err: err instanceof Error ? err.message : String(err), code: (err as { code?: string }).code }, `${what}; shutting down`);
+    exitCode = 1;
+    void shutdown('immediate', 'fatal error');
+  }
 
+  // Certificates and listeners for the workloads on this node (local mode), or certificate prefetch only
+  // (shared mode, whose listeners live in pod network namespaces: a later issue).
   let certs: CertificateManager | null = null;
+  let localWorkloads: LocalWorkloads | null = null;
+  let proxyReady = false;
+  if (ca !== null) {
+    certs = new CertificateManager({
+      keys: dp,
+      ca,
+      ttlSeconds: Math.max(1, Math.round(config.secretTtlMs / 1000)),
+      logger: logs.forTarget('ca'),
+    });
+  }
+  if (certs !== null && config.nodeName !== null && config.proxyMode !== 'dedicated') {
+    localWorkloads = new LocalWorkloads({
+      nodeName: config.nodeName,
+      certs: certs as CertificateManager,
+      listeners:
+        config.proxyMode === 'local'
+          ? { socks5: config.socks5Enabled, add: (spec) => dp.addLocalWorkload(spec), remove: (uid) => dp.removeLocalWorkload(uid) }
+          : null,
+      logger: log,
+      onError: (uid, err) => {
+        // At startup a workload that cannot be served is fatal (the operator sees it at once); later, one bad
+        // workload must not take the node's other workloads down.
+        if (!proxyReady) fatal(`cannot start local workload ${uid}`, err);
+        else log.error({ uid, err: err instanceof Error ? err.message : String(err) }, 'cannot serve local workload');
+      },
+    });
+  }
+
+  function applyStateChange(source: StateSource, change: StateChange): AppliedChange {
+    const applied = store.apply(change, (d) => dp.applyState(d));
+    localWorkloads?.reconcile(applied.workloads);
+    return applied;
+  }
+
+  let xds: XdsClient | null = null;
+  let markSynced: () => void = () => undefined;
+  const stateReady = new Promise<void>((resolve) => (markSynced = resolve));
   let addresses: ProxyHandle['addresses'];
   try {
     if (local) {
-      const delta = store.replace(local, (d) => dp.applyState(d));
+      const applied = applyStateChange('local', snapshotChange({ workloads: [], services: [], policies: [] }, local));
       log.info(
-        { source: local.source, workloads: local.workloads.length, services: local.services.length, policies: local.policies.length, full: delta?.full ?? false },
+        { source: local.source, workloads: local.workloads.length, services: local.services.length, policies: local.policies.length, full: applied.delta?.full ?? false },
         'local config applied',
       );
     }
-    if (config.xdsAddress === null) {
-      stateTask.done();
-    } else {
-      // Honest readiness: istiod's state has not arrived (there is no XDS client in this build yet).
-      log.warn({ xdsAddress: config.xdsAddress }, 'XDS is configured but not supported yet; "state manager" stays pending (set XDS_ADDRESS="" to disable)');
-    }
+    if (config.xdsAddress === null) markSynced();
 
     const version = safeVersion(deps, log);
-    const metrics = new Metrics({ snapshot: () => dp.metrics(), istioVersion: config.istioVersion });
+    const metrics = new Metrics({
+      snapshot: () => dp.metrics(),
+      istioVersion: config.istioVersion,
+      xds: () => xdsMetrics.snapshot(),
+    });
     const admin = createAdminServer({
       logs,
       quit: (reason) => void shutdown('graceful', reason),
-      authorize: (r) => dp.authorize(r),
       configDump: () => ({
         workloads: store.dumpWorkloads(),
         services: store.dumpServices(),
         policies: store.dumpPolicies(),
-        stagedServices: [],
+        stagedServices: store.dumpStagedServices(),
         staticConfig: local?.raw ?? null,
         certificates: certs?.dump() ?? [],
         config: configForDump(config),
@@ -202,9 +278,30 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const pumpTimer = setInterval(pump, EVENT_PUMP_INTERVAL_MS);
   pumpTimer.unref();
 
+  if (config.xdsAddress !== null) {
+    xds = new XdsClient({
+      target: { address: config.xdsAddress, rootCa: config.xdsRootCa, altHostname: config.altXdsHostname },
+      token,
+      clusterId: config.clusterId,
+      headers: config.xdsHeaders,
+      node: { id: ztunnelNodeId(config), metadata: ztunnelNodeMetadata(config) },
+      apply: (change) => {
+        applyStateChange('xds', change);
+      },
+      onSynced: () => markSynced(),
+      metrics: xdsMetrics,
+      logger: logs.forTarget('xds'),
+    });
+    xds.start();
+  }
+
   // Drain watchers run concurrently: the servers stop accepting while the dataplane drains its connections.
+  drain.watch('xds', () => xds?.stop());
   drain.watch('admin servers', () => Promise.all(servers.map((s) => closeServer(s))).then(() => undefined));
-  drain.watch('certificates', () => certs?.stop());
+  drain.watch('certificates', () => {
+    localWorkloads?.stop();
+    certs?.stop();
+  });
   drain.watch('dataplane', async (_mode, deadlineMs) => {
     try {
       const clean = await dp.drain(deadlineMs);
@@ -236,54 +333,28 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     };
   }
 
-  if (ca !== null && config.nodeName !== null) {
-    certs = new CertificateManager({
-      keys: dp,
-      ca,
-      ttlSeconds: Math.max(1, Math.round(config.secretTtlMs / 1000)),
-      logger: logs.forTarget('ca'),
-    });
-    const manager = certs;
-    const nodeName = config.nodeName;
-    startLocalWorkloads().catch((err: unknown) => {
-      if (drain.signal.aborted) return;
-      log.error({ err: err instanceof Error ? err.message : String(err), code: (err as { code?: string }).code }, 'cannot start local workloads; shutting down');
-      exitCode = 1;
-      void shutdown('immediate', 'fatal error');
-    });
-
-    async function startLocalWorkloads(): Promise<void> {
-      const workloads = store.workloadsOnNode(nodeName);
-      if (workloads.length === 0) log.warn({ node: nodeName }, 'no workload in the local config runs on this node');
-      const identities = [...new Set(workloads.map(workloadIdentity))];
-      const ok = await Promise.all(identities.map((id) => manager.ensure(id)));
-      if (drain.signal.aborted || ok.includes(false)) return;
-      certTask.done();
-      for (const w of workloads) {
-        const ip = w.workloadIps[0];
-        if (ip === undefined) {
-          log.warn({ uid: w.uid }, 'local workload has no IP; no listeners for it');
-          continue;
-        }
-        // Only HBONE workloads accept tunnels; every local workload gets a SOCKS5 entry, since its outbound traffic
-        // may go to HBONE destinations (and so it holds a certificate too).
-        const bound = await dp.addLocalWorkload({
-          uid: w.uid,
-          ...(w.protocol === 'HBONE' ? { hboneAddr: joinHostPort(ip, HBONE_PORT) } : {}),
-          ...(config.socks5Enabled ? { socksAddr: joinHostPort(ip, SOCKS5_PORT) } : {}),
-        });
-        if (drain.signal.aborted) return;
-        log.info({ identity: workloadIdentity(w), ...bound }, 'local workload listening');
-      }
-      proxyTask.done();
-    }
-  } else {
-    // Shared and dedicated modes have no local listeners in this build (in-pod/ZDS is a later issue).
+  // Readiness: the state first, then the local workloads that state places on this node.
+  const gatesReadiness = localWorkloads !== null && config.proxyMode === 'local';
+  if (!gatesReadiness) {
+    // No local-mode listeners: nothing for "certificates"/"proxy" to wait for (prefetch does not gate readiness;
+    // in-pod has its own task).
     certTask.done();
     proxyTask.done();
+    proxyReady = true;
   }
+  void stateReady.then(async () => {
+    stateTask.done();
+    if (localWorkloads === null || !gatesReadiness) return;
+    const nodeName = config.nodeName as string;
+    if (store.workloadsOnNode(nodeName).length === 0) log.warn({ node: nodeName }, 'no workload in the state runs on this node (yet)');
+    await localWorkloads.settled();
+    if (drain.signal.aborted || exitCode !== 0) return;
+    certTask.done();
+    proxyTask.done();
+    proxyReady = true;
+  });
 
-  return { addresses, readiness, shutdown, closed };
+  return { addresses, readiness, shutdown, closed, applyStateChange };
 }
 
 function safeVersion(deps: ProxyDeps, log: Logs['root']): NativeVersion | null {
