@@ -4,6 +4,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { create } from '@bufbuild/protobuf';
 import { WorkloadSchema, ServiceSchema } from '../../dist/gen/istio/workload/workload_pb.js';
@@ -192,6 +193,18 @@ test('istiod CA client: ImpersonatedIdentity in shared mode only; the response i
     assert.equal(req.ttlSeconds, 600);
     assert.deepEqual([req.metadata.authorization, req.metadata.clusterid, req.metadata['x-ca']], ['Bearer tk', 'c9', 'y']);
 
+    // A token file is re-read for every request: a rotated token is used by the next one.
+    const tokenFile = join(pkiDir, 'ca-token');
+    writeFileSync(tokenFile, 'first\n');
+    const fromFile = new IstiodCertificateAuthority({ target, token: new TokenSource(tokenFile), clusterId: 'c9', headers: {}, impersonate: true });
+    await fromFile.sign(csr, id, 600);
+    assert.equal(istiod.certRequests.at(-1).metadata.authorization, 'Bearer first');
+    writeFileSync(tokenFile, 'second\n');
+    await fromFile.sign(csr, id, 600);
+    assert.equal(istiod.certRequests.at(-1).metadata.authorization, 'Bearer second');
+    writeFileSync(tokenFile, '');
+    await assert.rejects(fromFile.sign(csr, id, 600), /is empty/);
+
     const dedicated = new IstiodCertificateAuthority({ target, token: new TokenSource(null), clusterId: 'c9', headers: {}, impersonate: false });
     await dedicated.sign(csr, id, 600);
     assert.equal(istiod.certRequests.at(-1).requestMetadata, null);
@@ -225,4 +238,12 @@ test('checkCertificateChain: chain to the roots, several roots allowed, wrong id
   assert.throws(() => checkCertificateChain([leaf.certPem, other.certPem], id), /does not verify against the returned root/);
   assert.throws(() => checkCertificateChain([leaf.certPem, foreign.certPem], 'spiffe://cluster.local/ns/a/sa/c'), /not spiffe:\/\/cluster\.local\/ns\/a\/sa\/c/);
   assert.throws(() => checkCertificateChain([], id), /empty/);
+});
+
+test('root CA settings: a file, SYSTEM, inline PEM; anything else is an error naming it', async () => {
+  const { loadRootCa } = await import('../../dist/xds/grpc.js');
+  assert.equal(loadRootCa(foreign.certPath).toString(), foreign.certPem);
+  assert.equal(loadRootCa('SYSTEM'), null);
+  assert.equal(loadRootCa(foreign.certPem).toString(), foreign.certPem);
+  assert.throws(() => loadRootCa('/no/such/root.pem'), /root CA "\/no\/such\/root.pem": no such file, and not inline PEM/);
 });
