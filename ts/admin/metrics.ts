@@ -62,7 +62,19 @@ export interface TunnelCounters {
 }
 
 /** What one scrape reads: the native snapshot, whose JSON also carries the tunnel counters. */
-export type ScrapeSnapshot = MetricsSnapshot & { tunnels?: Partial<TunnelCounters> };
+export type ScrapeSnapshot = MetricsSnapshot & {
+  tunnels?: Partial<TunnelCounters>;
+  /** Authorization outcomes counted by the dataplane. */
+  authorization?: { denied?: number; closedByPolicyChange?: number };
+};
+
+/** The in-pod workload proxy manager's counters (native inpodState), rendered under ztunnel's names. */
+export interface WorkloadManagerCounters {
+  activeProxies: number;
+  pendingProxies: number;
+  proxiesStarted: number;
+  proxiesStopped: number;
+}
 
 const NO_TUNNELS: TunnelCounters = {
   outboundOpened: 0,
@@ -123,6 +135,10 @@ export interface MetricsOptions {
   istioVersion: string | null;
   /** process_open_fds, process_max_fds and the other prom-client process metrics (off in unit tests). */
   defaultMetrics?: boolean;
+  /** The in-pod manager (shared and dedicated modes); absent or null: the workload_manager_* metrics are not rendered. */
+  workloadManager?: () => WorkloadManagerCounters | null;
+  /** WORKLOAD_SELECTOR policies named by workloads but not known (each denies its workload's inbound; fail closed). */
+  missingPolicies?: () => number;
   /** The XDS client's counters (ts/xds/metrics.ts); absent: no XDS metrics are rendered. */
   xds?: () => XdsCounters;
 }
@@ -220,6 +236,61 @@ export class Metrics {
           collect() {
             this.reset();
             for (const [k, v] of Object.entries(xds()[c.field])) this.inc({ [c.label]: k }, v);
+          },
+        });
+      }
+    }
+    const authz = [
+      { name: 'ztunnel_node_authorization_denied_total', help: 'Inbound connections refused by L4 authorization', field: 'denied' },
+      {
+        name: 'ztunnel_node_connections_closed_by_policy_total',
+        help: 'Live inbound connections closed because a policy change denied them',
+        field: 'closedByPolicyChange',
+      },
+    ] as const;
+    for (const a of authz) {
+      new Counter({
+        name: a.name,
+        help: a.help,
+        registers: [reg],
+        collect() {
+          this.reset();
+          this.inc(current().authorization?.[a.field] ?? 0);
+        },
+      });
+    }
+    const missing = this.opts.missingPolicies;
+    if (missing !== undefined) {
+      new Gauge({
+        name: 'ztunnel_node_authorization_missing_policies',
+        help: 'Policy references (workload, WORKLOAD_SELECTOR policy) whose policy has not arrived: that workload denies inbound until it does',
+        registers: [reg],
+        collect() {
+          this.set(missing());
+        },
+      });
+    }
+    const wm = this.opts.workloadManager;
+    if (wm !== undefined) {
+      const gauges = [
+        { name: 'workload_manager_active_proxy_count', help: 'The total number current workloads with active proxies', field: 'activeProxies' },
+        { name: 'workload_manager_pending_proxy_count', help: 'The total number current workloads with pending proxies', field: 'pendingProxies' },
+      ] as const;
+      for (const g of gauges) {
+        new Gauge({ name: g.name, help: g.help, registers: [reg], collect() { this.set(wm()?.[g.field] ?? 0); } });
+      }
+      const counters = [
+        { name: 'workload_manager_proxies_started_total', help: 'The total number of proxies that were started', field: 'proxiesStarted' },
+        { name: 'workload_manager_proxies_stopped_total', help: 'The total number of proxies that were stopped', field: 'proxiesStopped' },
+      ] as const;
+      for (const c of counters) {
+        new Counter({
+          name: c.name,
+          help: c.help,
+          registers: [reg],
+          collect() {
+            this.reset();
+            this.inc(wm()?.[c.field] ?? 0);
           },
         });
       }

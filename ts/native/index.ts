@@ -8,6 +8,9 @@ import { createRequire } from 'node:module';
 import type * as B from './binding.cjs';
 import { fromNativeError, ZtunnelError } from '../errors.js';
 import type {
+  DedicatedSpec,
+  InPodConfig,
+  InPodState,
   AuthorizeExplanation,
   AuthorizeRequest,
   BoundListeners,
@@ -153,6 +156,21 @@ export class Dataplane {
 
   metrics(): MetricsSnapshot {
     return JSON.parse(call(() => this.inner.metrics())) as MetricsSnapshot;
+  }
+
+  /** Shared mode: start the in-pod workload manager (the ZDS client of istio-cni). */
+  startInpod(cfg: InPodConfig): void {
+    call(() => this.inner.startInpod(JSON.stringify(cfg)));
+  }
+
+  /** Dedicated mode: capture listeners for one workload in the daemon's own network namespace. */
+  startDedicated(spec: DedicatedSpec): Promise<void> {
+    return callAsync(() => this.inner.startDedicated(JSON.stringify(spec)));
+  }
+
+  /** The in-pod manager's state; null when it is not running. */
+  inpodState(): InPodState | null {
+    return JSON.parse(call(() => this.inner.inpodState())) as InPodState | null;
   }
 
   /** Explain the authorization decision for a hypothetical inbound connection (the enforcement code path). */

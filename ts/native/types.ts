@@ -150,3 +150,33 @@ export interface NativeVersion {
   /** In docs/native-api.md, but the current native build omits it; readers fall back to "unknown". */
   rustVersion?: string;
 }
+
+/** Shared mode: `startInpod`. */
+export interface InPodConfig {
+  uds: string;
+  mark: number;
+  reusePort: boolean;
+  origSrc: 'auto' | 'required' | 'never';
+}
+
+/** Dedicated mode: `startDedicated` (PROXY_WORKLOAD_INFO). */
+export interface DedicatedSpec {
+  namespace: string;
+  name: string;
+  serviceAccount: string;
+  mark: number;
+  origSrc: 'auto' | 'required' | 'never';
+}
+
+/** `inpodState()`: the workload proxy manager, for readiness, config_dump `workloadState` and metrics. */
+export interface InPodState {
+  connected: boolean;
+  snapshotReceived: boolean;
+  ready: boolean;
+  lastError: string | null;
+  activeProxies: number;
+  pendingProxies: number;
+  proxiesStarted: number;
+  proxiesStopped: number;
+  workloads: Record<string, { state: 'Pending' | 'Up'; info: { name: string; namespace: string; serviceAccount: string }; error?: string }>;
+}

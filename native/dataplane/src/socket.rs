@@ -70,11 +70,19 @@ pub fn set_transparent(sock: &Socket, v4: bool) -> bool {
 }
 
 /// The destination a redirected (iptables REDIRECT) connection was originally sent to.
+/// Like ztunnel: IPv4 first (a dual-stack listener carries IPv4 connections as v4-mapped), then IPv6.
 pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
     let sock = socket2::SockRef::from(stream);
-    let local = stream.local_addr()?;
-    let addr = if local.is_ipv4() { sock.original_dst_v4()? } else { sock.original_dst_v6()? };
-    addr.as_socket().ok_or_else(|| io::Error::other("original destination is not an IP address"))
+    let addr = match sock.original_dst_v4() {
+        Ok(a) => a,
+        Err(_) => sock.original_dst_v6()?,
+    };
+    addr.as_socket().map(canonical).ok_or_else(|| io::Error::other("original destination is not an IP address"))
+}
+
+/// An IPv4 peer of a dual-stack socket shows as `::ffff:a.b.c.d`; policies, lookups and logs want `a.b.c.d`.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }
 
 /// How an upstream connection is made.

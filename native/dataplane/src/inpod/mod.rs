@@ -204,7 +204,14 @@ impl WorkloadManager {
                     }
                 }
                 Err(e) => {
-                    self.status.lock().expect("status lock").last_error = Some(e.to_string());
+                    let first = self.status.lock().expect("status lock").last_error.replace(e.to_string()).is_none();
+                    if first {
+                        self.log(
+                            Level::Warn,
+                            "cannot connect to the CNI agent; retrying",
+                            fields! {"error" => e.to_string()},
+                        );
+                    }
                 }
             }
             tokio::time::sleep(backoff).await;

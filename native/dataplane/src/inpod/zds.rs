@@ -143,9 +143,15 @@ impl ZdsConn {
         // SAFETY: `fd` is an OwnedFd moved into the AsyncFd: it stays open and is the same descriptor for the
         // AsyncFd's whole life.
         let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| ZdsError::Io(io::Error::other(e.to_string())))?;
-        // Wait for writability: a non-blocking connect completes then (or reports its error).
-        let mut guard = fd.writable().await?;
-        guard.clear_ready();
+        // Wait for writability: a non-blocking connect completes then (or reports its error). The readiness is
+        // left set: the first send uses it.
+        let guard = fd.writable().await?;
+        drop(guard);
+        if let Some(e) =
+            nix::sys::socket::getsockopt(fd.get_ref(), nix::sys::socket::sockopt::SocketError).ok().filter(|e| *e != 0)
+        {
+            return Err(ZdsError::Io(io::Error::from_raw_os_error(e)));
+        }
         Ok(ZdsConn { fd })
     }
 

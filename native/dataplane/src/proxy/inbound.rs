@@ -91,7 +91,7 @@ pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, local: LocalRef,
     loop {
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok(x) => x,
+                Ok((s, peer)) => (s, crate::socket::canonical(peer)),
                 Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
             },
             _ = drain.graceful.cancelled() => return,

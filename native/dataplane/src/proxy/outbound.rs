@@ -383,7 +383,7 @@ pub async fn serve_capture(
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok(x) => x,
+                Ok((s, peer)) => (s, crate::socket::canonical(peer)),
                 Err(_) => { tokio::time::sleep(std::time::Duration::from_millis(50)).await; continue; }
             },
             _ = drain.graceful.cancelled() => return,
@@ -393,7 +393,14 @@ pub async fn serve_capture(
             let _ = stream.set_nodelay(true);
             let dst = match crate::socket::original_dst(&stream) {
                 Ok(d) => d,
-                Err(_) => return,
+                Err(e) => {
+                    pi.events.log(
+                        crate::events::Level::Warn,
+                        "captured connection without an original destination",
+                        crate::fields! {"src.addr" => peer.to_string(), "error" => e.to_string()},
+                    );
+                    return;
+                }
             };
             match connect(&pi, &local, peer, dst).await {
                 Ok((routed, upstream)) => {

@@ -1,0 +1,354 @@
+// Traffic capture in real network namespaces (root only): two "node" namespaces joined by a veth, "pod"
+// namespaces on each with istio-cni's in-pod iptables rules, one ztunnel-node daemon per node in shared (in-pod)
+// mode, and a fake istio-cni agent per node handing the daemons real netns fds over ZDS. The applications are plain
+// TCP programs (test/helpers/netns-app.mjs) that know nothing of the mesh.
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { Cluster, isRoot } from '../helpers/netns.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const skip = isRoot() ? false : 'needs root (network namespaces, iptables)';
+const APP = join(root, 'test', 'helpers', 'netns-app.mjs');
+const BLOCK = 41;
+const PFX = 'ztc';
+
+const cluster = new Cluster(PFX, BLOCK);
+const tmp = mkdtempSync(join(tmpdir(), 'ztn-netns-'));
+const children = [];
+let pods;
+let cni;
+let daemons;
+
+function lines(child, onLine) {
+  createInterface({ input: child.stdout }).on('line', (l) => {
+    try {
+      onLine(JSON.parse(l));
+    } catch {
+      // not JSON
+    }
+  });
+}
+
+/** The fake CNI agent of one node: send() a command and await the matching reply. */
+function startCni(sock) {
+  const child = spawn('python3', [join(root, 'test', 'helpers', 'fake_cni.py'), sock], { stdio: ['pipe', 'pipe', 'inherit'] });
+  children.push(child);
+  const events = [];
+  const waiters = [];
+  lines(child, (ev) => {
+    events.push(ev);
+    for (const w of [...waiters]) {
+      if (w.match(ev)) {
+        waiters.splice(waiters.indexOf(w), 1);
+        w.resolve(ev);
+      }
+    }
+  });
+  const next = (match, what, ms = 20_000) =>
+    new Promise((resolve, reject) => {
+      const found = events.find((e) => match(e) && !e.taken);
+      if (found) {
+        found.taken = true;
+        return resolve(found);
+      }
+      const t = setTimeout(() => reject(new Error(`fake CNI: no ${what} within ${ms} ms; saw ${JSON.stringify(events)}`)), ms);
+      waiters.push({ match: (e) => match(e) && !e.taken && (e.taken = true), resolve: (e) => (clearTimeout(t), resolve(e)) });
+    });
+  return {
+    events,
+    next,
+    async send(cmd) {
+      child.stdin.write(JSON.stringify(cmd) + '\n');
+      if (cmd.op === 'close') return next((e) => e.event === 'closed', 'close');
+      return next((e) => e.op === cmd.op && (e.event === 'ack' || e.event === 'error' || e.event === 'disconnected'), `reply to ${cmd.op}`);
+    },
+  };
+}
+
+function add(pod) {
+  return { op: 'add', uid: `uid-${pod.name}`, netns: pod.netnsPath, name: pod.name, namespace: pod.namespace ?? 'default', serviceAccount: pod.name };
+}
+
+function startDaemon(node, cfgPath, sock) {
+  const env = {
+    PATH: process.env.PATH,
+    PROXY_MODE: 'shared',
+    NODE_NAME: `node-${node}`,
+    LOCAL_XDS_PATH: cfgPath,
+    LOCAL_CA_DIR: join(tmp, 'ca'),
+    XDS_ADDRESS: '',
+    CA_ADDRESS: '',
+    INPOD_UDS: sock,
+    LOG_FORMAT: 'json',
+    RUST_LOG: 'info',
+  };
+  const child = cluster.spawn(cluster.nodeNs(node), process.execPath, [join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env });
+  children.push(child);
+  const logs = [];
+  lines(child, (l) => logs.push(l));
+  child.stderr.on('data', (d) => logs.push({ stderr: d.toString() }));
+  return { child, logs, node };
+}
+
+/** Run a one-shot program in a namespace and parse its last JSON line. */
+function runIn(ns, args, timeoutMs = 30_000) {
+  return new Promise((resolve, reject) => {
+    const child = cluster.spawn(ns, process.execPath, args);
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (err += d));
+    const t = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`timed out: ${args.join(' ')} in ${ns}: ${out} ${err}`));
+    }, timeoutMs);
+    child.on('close', () => {
+      clearTimeout(t);
+      const last = out.trim().split('\n').pop();
+      try {
+        resolve(JSON.parse(last));
+      } catch {
+        reject(new Error(`no JSON from ${args.join(' ')} in ${ns}: ${out} ${err}`));
+      }
+    });
+  });
+}
+
+const http = (node, path) =>
+  runIn(cluster.nodeNs(node), [
+    '-e',
+    `fetch('http://127.0.0.1:${path.startsWith('/healthz') ? 15021 : path.startsWith('/metrics') ? 15020 : 15000}${path}').then(async r => console.log(JSON.stringify({status: r.status, body: await r.text()}))).catch(e => console.log(JSON.stringify({status: 0, body: String(e)})))`,
+  ]);
+
+async function waitReady(node, want = 200, ms = 30_000) {
+  const deadline = Date.now() + ms;
+  let last;
+  while (Date.now() < deadline) {
+    last = await http(node, '/healthz/ready');
+    if (last.status === want) return last;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error(`node-${node} readiness never became ${want}: ${JSON.stringify(last)}`);
+}
+
+async function metric(node, name, labels) {
+  const { body } = await http(node, '/metrics');
+  let sum = 0;
+  for (const line of body.split('\n')) {
+    if (!line.startsWith(name + '{') && !line.startsWith(name + ' ')) continue;
+    const ok = Object.entries(labels).every(([k, v]) => line.includes(`${k}="${v}"`));
+    if (ok) sum += Number(line.slice(line.lastIndexOf(' ') + 1));
+  }
+  return sum;
+}
+
+/** An echo app inside a pod; resolves once listening; records the remote address of each connection. */
+async function serveIn(pod, port) {
+  const child = cluster.spawn(pod.ns, process.execPath, [APP, 'serve', String(port)]);
+  children.push(child);
+  const conns = [];
+  await new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`app in ${pod.name} did not listen`)), 10_000);
+    lines(child, (ev) => {
+      if (ev.event === 'listening') {
+        clearTimeout(t);
+        resolve();
+      }
+      if (ev.event === 'conn') conns.push(ev.remote);
+    });
+  });
+  return conns;
+}
+
+function workloadYaml(pod, protocol = 'HBONE') {
+  return `- uid: Kubernetes//Pod/${pod.namespace ?? 'default'}/${pod.name}
+  name: ${pod.name}
+  namespace: ${pod.namespace ?? 'default'}
+  serviceAccount: ${pod.name}
+  workloadIps: ["${pod.ip}"]
+  protocol: ${protocol}
+  node: node-${pod.node}
+`;
+}
+
+before(async () => {
+  if (skip) return;
+  cluster.build();
+  pods = {
+    a1: cluster.addPod('a', 'a1'),
+    a2: cluster.addPod('a', 'a2'),
+    a3: cluster.addPod('a', 'a3'),
+    b1: cluster.addPod('b', 'b1'),
+    b2: cluster.addPod('b', 'b2'),
+    b3: cluster.addPod('b', 'b3'),
+  };
+  pods.b3.namespace = 'strict';
+  for (const p of ['a1', 'a2', 'a3', 'b1', 'b3']) cluster.capture(pods[p]);
+  const cfg = join(tmp, 'mesh.yaml');
+  writeFileSync(
+    cfg,
+    'workloads:\n' +
+      ['a1', 'a2', 'a3', 'b1', 'b3'].map((p) => workloadYaml(pods[p])).join('') +
+      workloadYaml(pods.b2, 'TCP') +
+      // Istio's STRICT PeerAuthentication, as istiod translates it, for namespace "strict".
+      'policies:\n- name: istio_converted_static_strict\n  namespace: strict\n  scope: Namespace\n  action: Deny\n' +
+      '  rules:\n  - - - notPrincipals: [{Presence: []}]\n',
+  );
+  cni = { a: startCni(join(tmp, 'a.sock')), b: startCni(join(tmp, 'b.sock')) };
+  await Promise.all([cni.a.next((e) => e.event === 'listening', 'listening'), cni.b.next((e) => e.event === 'listening', 'listening')]);
+  daemons = { a: startDaemon('a', cfg, join(tmp, 'a.sock')), b: startDaemon('b', cfg, join(tmp, 'b.sock')) };
+  const hello = await cni.a.next((e) => e.event === 'connected', 'hello from node-a');
+  assert.equal(hello.hello, '0801', 'ZdsHello{version: V1}');
+  await cni.b.next((e) => e.event === 'connected', 'hello from node-b');
+  // Not ready before the snapshot.
+  assert.equal((await http('a', '/healthz/ready')).status, 500);
+  for (const p of ['a1', 'a2']) assert.equal((await cni.a.send(add(pods[p]))).error, '');
+  for (const p of ['b1', 'b3']) assert.equal((await cni.b.send(add(pods[p]))).error, '');
+  assert.equal((await cni.a.send({ op: 'snapshot' })).error, '');
+  assert.equal((await cni.b.send({ op: 'snapshot' })).error, '');
+  await Promise.all([waitReady('a'), waitReady('b')]);
+});
+
+after(() => {
+  if (process.env.ZTN_DEBUG && daemons) {
+    for (const d of Object.values(daemons)) console.error(`--- node-${d.node} logs\n${d.logs.map((l) => JSON.stringify(l)).join('\n')}`);
+  }
+  for (const c of children) c.kill('SIGKILL');
+  cluster.destroy();
+  rmSync(tmp, { recursive: true, force: true });
+});
+
+test('captured pod → captured pod across nodes: intact data, real client IP, mTLS with the source identity', { skip }, async () => {
+  const conns = await serveIn(pods.b1, 8080);
+  const r = await runIn(pods.a1.ns, [APP, 'send', pods.b1.ip, '8080', String(1024 * 1024)]);
+  assert.deepEqual([r.ok, r.same, r.received], [true, true, 1024 * 1024], JSON.stringify(r));
+  assert.equal(conns.length, 1);
+  assert.equal(conns[0].split(':')[0], pods.a1.ip, 'the app sees the client pod IP');
+  const opened = await metric('b', 'istio_tcp_connections_opened_total', {
+    reporter: 'destination',
+    connection_security_policy: 'mutual_tls',
+    source_principal: 'spiffe://cluster.local/ns/default/sa/a1',
+    destination_principal: 'spiffe://cluster.local/ns/default/sa/b1',
+  });
+  assert.ok(opened >= 1, `node-b counted the mTLS connection (${opened})`);
+  const outbound = await metric('a', 'istio_tcp_sent_bytes_total', { reporter: 'source', source_workload: 'a1', destination_workload: 'b1' });
+  assert.equal(outbound, 1024 * 1024);
+});
+
+test('captured pod → captured pod on the same node', { skip }, async () => {
+  const conns = await serveIn(pods.a2, 8081);
+  const r = await runIn(pods.a1.ns, [APP, 'send', pods.a2.ip, '8081', '65536']);
+  assert.deepEqual([r.ok, r.same], [true, true], JSON.stringify(r));
+  assert.equal(conns[0].split(':')[0], pods.a1.ip);
+  const opened = await metric('a', 'istio_tcp_connections_opened_total', {
+    reporter: 'destination',
+    connection_security_policy: 'mutual_tls',
+    source_principal: 'spiffe://cluster.local/ns/default/sa/a1',
+  });
+  assert.ok(opened >= 1);
+});
+
+test('captured → uncaptured TCP destination: plain passthrough', { skip }, async () => {
+  const conns = await serveIn(pods.b2, 8082);
+  const r = await runIn(pods.a1.ns, [APP, 'send', pods.b2.ip, '8082', '4096']);
+  assert.deepEqual([r.ok, r.same], [true, true], JSON.stringify(r));
+  assert.equal(conns[0].split(':')[0], pods.a1.ip);
+});
+
+test('uncaptured → captured: arrives on 15006 as plaintext; STRICT denies it', { skip }, async () => {
+  const conns = await serveIn(pods.b1, 8083);
+  const r = await runIn(pods.b2.ns, [APP, 'send', pods.b1.ip, '8083', '2048']);
+  assert.deepEqual([r.ok, r.same], [true, true], JSON.stringify(r));
+  assert.equal(conns[0]?.split(':')[0], pods.b2.ip, 'the app sees the plaintext client IP');
+  const plain = await metric('b', 'istio_tcp_connections_opened_total', { reporter: 'destination', destination_workload: 'b1', connection_security_policy: 'unknown' });
+  assert.ok(plain >= 1, 'counted as plaintext');
+  // b3 is in namespace "strict": plaintext never reaches its app.
+  const strictConns = await serveIn(pods.b3, 8084);
+  const denied = await runIn(pods.b2.ns, [APP, 'send', pods.b3.ip, '8084', '2048']);
+  assert.equal(denied.received ?? 0, 0, JSON.stringify(denied));
+  assert.equal(strictConns.length, 0, 'the app saw nothing');
+  assert.ok((await metric('b', 'istio_tcp_connections_failed_total', { response_flags: 'DENY', destination_workload: 'b3' })) >= 1);
+  // mTLS from a captured pod to the STRICT namespace is allowed.
+  const ok = await runIn(pods.a1.ns, [APP, 'send', pods.b3.ip, '8084', '2048']);
+  assert.deepEqual([ok.ok, ok.same], [true, true], JSON.stringify(ok));
+});
+
+test('loops: a pod calling its own and the node ztunnel ports ends promptly, without fd growth', { skip }, async () => {
+  const fds = async () => metric('a', 'process_open_fds', {});
+  const before = await fds();
+  for (const port of [15001, 15006, 15008]) {
+    for (const host of [pods.a1.ip, '127.0.0.1']) {
+      const r = await runIn(pods.a1.ns, [APP, 'probe', host, String(port), '3000']);
+      assert.notEqual(r.result, 'timeout', `${host}:${port} must end promptly: ${JSON.stringify(r)}`);
+      assert.ok(r.ms < 2000, `${host}:${port} took ${r.ms} ms`);
+    }
+  }
+  for (const port of [15000, 15020, 15021]) {
+    const r = await runIn(pods.a1.ns, [APP, 'probe', cluster.nodeIp('a'), String(port), '3000']);
+    assert.ok(r.ms < 3500, `node port ${port}: ${JSON.stringify(r)}`);
+  }
+  const afterFds = await fds();
+  assert.ok(afterFds - before < 20, `open fds grew from ${before} to ${afterFds}`);
+});
+
+test('a pod added after start gets proxies; a deleted pod is drained and its listeners gone', { skip }, async () => {
+  const conns = await serveIn(pods.b1, 8085);
+  // a3 is captured but unknown to node-a's daemon: its redirected traffic has nothing to go to.
+  const before = await runIn(pods.a3.ns, [APP, 'send', pods.b1.ip, '8085', '100']);
+  assert.equal(before.ok, false, 'no proxy yet for a3');
+  assert.equal((await cni.a.send(add(pods.a3))).error, '');
+  const r = await runIn(pods.a3.ns, [APP, 'send', pods.b1.ip, '8085', '1000']);
+  assert.deepEqual([r.ok, r.same], [true, true], JSON.stringify(r));
+  assert.ok(conns.length >= 1);
+  const dump = JSON.parse((await http('a', '/config_dump')).body);
+  assert.equal(dump.workloadState['uid-a3'].state, 'Up');
+  // A long-lived connection from a3, then del: it is closed and new connections fail.
+  const hold = cluster.spawn(pods.a3.ns, process.execPath, [APP, 'hold', pods.b1.ip, '8085']);
+  children.push(hold);
+  const events = [];
+  lines(hold, (e) => events.push(e));
+  const deadline = Date.now() + 10_000;
+  while (!events.some((e) => e.event === 'open') && Date.now() < deadline) await new Promise((res) => setTimeout(res, 50));
+  assert.equal((await cni.a.send({ op: 'del', uid: 'uid-a3' })).error, '');
+  const closedBy = Date.now() + 5_000;
+  while (!events.some((e) => e.event === 'closed') && Date.now() < closedBy) await new Promise((res) => setTimeout(res, 50));
+  assert.ok(events.some((e) => e.event === 'closed'), 'the live connection was drained');
+  const afterDel = await runIn(pods.a3.ns, [APP, 'send', pods.b1.ip, '8085', '100']);
+  assert.equal(afterDel.ok, false, 'a3 listeners are gone');
+  assert.ok((await metric('a', 'workload_manager_proxies_stopped_total', {})) >= 1);
+});
+
+test('the CNI connection drops: not ready; reconnect + a snapshot that omits a pod drains it', { skip }, async () => {
+  await cni.a.send({ op: 'close' });
+  await waitReady('a', 500);
+  await cni.a.next((e) => e.event === 'connected', 'reconnect');
+  // The new snapshot names a1 only (again: idempotent) and omits a2.
+  assert.equal((await cni.a.send(add(pods.a1))).error, '');
+  assert.equal((await cni.a.send({ op: 'snapshot' })).error, '');
+  await waitReady('a', 200);
+  const dump = JSON.parse((await http('a', '/config_dump')).body);
+  assert.deepEqual(Object.keys(dump.workloadState).sort(), ['uid-a1']);
+  const conns = await serveIn(pods.b1, 8086);
+  const a1 = await runIn(pods.a1.ns, [APP, 'send', pods.b1.ip, '8086', '100']);
+  assert.equal(a1.ok && a1.same, true, 'a1 still works');
+  const a2 = await runIn(pods.a2.ns, [APP, 'send', pods.b1.ip, '8086', '100']);
+  assert.equal(a2.ok, false, 'a2 was drained');
+  assert.equal(conns.length, 1);
+});
+
+test('protocol violations end the ZDS connection cleanly and the manager reconnects', { skip }, async () => {
+  // keep after the snapshot is a protocol error.
+  const r = await cni.b.send({ op: 'keep', uid: 'uid-b1' });
+  assert.match(r.error ?? '', /snapshot/);
+  await cni.b.next((e) => e.event === 'connected', 'reconnect after the violation');
+  assert.equal((await cni.b.send(add(pods.b1))).error, '');
+  assert.equal((await cni.b.send(add(pods.b3))).error, '');
+  assert.equal((await cni.b.send({ op: 'snapshot' })).error, '');
+  await waitReady('b', 200);
+});

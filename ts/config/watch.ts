@@ -1,0 +1,36 @@
+// Reloading the local config file (LOCAL_XDS_PATH): the daemon polls the file's size and mtime and, when either
+// changes, parses and validates it again. A valid file is handed over as a whole new LocalConfig (the caller
+// applies only what changed, as a delta); an invalid one is reported with its file, path and problem, and the last
+// good config keeps serving. Polling (fs.watchFile) rather than inotify: editors and ConfigMap mounts replace the
+// file by rename, which a watch on the old inode would miss.
+import { unwatchFile, watchFile, type Stats } from 'node:fs';
+import { loadLocalConfig, type LocalConfig } from './local.js';
+
+/** Often enough that a policy change reaches live connections well within a second. */
+export const LOCAL_CONFIG_POLL_MS = 200;
+
+export interface LocalConfigWatch {
+  stop(): void;
+}
+
+export function watchLocalConfig(
+  path: string,
+  onChange: (next: LocalConfig) => void,
+  onError: (err: unknown) => void,
+): LocalConfigWatch {
+  let running: Promise<void> = Promise.resolve();
+  const listener = (curr: Stats, prev: Stats) => {
+    if (curr.mtimeMs === prev.mtimeMs && curr.size === prev.size && curr.ino === prev.ino) return;
+    // Serialize reloads: a slow parse must not let an older file win over a newer one.
+    running = running.then(async () => {
+      try {
+        const next = await loadLocalConfig({ localXdsPath: path, localXds: null });
+        if (next !== null) onChange(next);
+      } catch (err) {
+        onError(err);
+      }
+    });
+  };
+  watchFile(path, { interval: LOCAL_CONFIG_POLL_MS, persistent: false }, listener);
+  return { stop: () => unwatchFile(path, listener) };
+}

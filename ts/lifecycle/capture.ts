@@ -1,0 +1,88 @@
+// Traffic capture: shared (in-pod) mode hands the dataplane's workload proxy manager the istio-cni ZDS socket;
+// dedicated mode starts capture listeners for the one PROXY_WORKLOAD_INFO workload in the daemon's own namespace.
+//
+// Readiness (spec §7.2): shared mode registers "workload proxy manager", which is done only while the manager is
+// connected to istio-cni, has received the snapshot and has no pending pod; it turns pending again when the CNI
+// connection drops, and done again when it recovers, without a restart. The manager's state is polled (one native
+// call per tick, with the event pump), never pushed per pod.
+import type { Logger } from 'pino';
+import type { Config } from '../config/index.js';
+import type { InPodState } from '../native/types.js';
+import type { PendingTask, Readiness } from './readiness.js';
+
+export const CAPTURE_POLL_MS = 250;
+
+export interface CapturePort {
+  startInpod(cfg: { uds: string; mark: number; reusePort: boolean; origSrc: 'auto' | 'required' | 'never' }): void;
+  startDedicated(spec: { namespace: string; name: string; serviceAccount: string; mark: number; origSrc: 'auto' | 'required' | 'never' }): Promise<void>;
+  inpodState(): InPodState | null;
+}
+
+export interface Capture {
+  /** config_dump `workloadState` (pod uid → state, info). */
+  workloadState(): Record<string, unknown>;
+  /** The workload_manager_* metrics. */
+  counters(): InPodState | null;
+  stop(): void;
+}
+
+export function startCapture(
+  config: Config,
+  dp: CapturePort,
+  readiness: Readiness,
+  log: Logger,
+  /** Resolves once the dedicated workload's certificate is installed. */
+  ensureCertificate: (identity: string) => Promise<unknown>,
+): Capture {
+  let last: InPodState | null = null;
+  let timer: NodeJS.Timeout | null = null;
+  const origSrc = config.inpod.origSrc;
+  if (config.proxyMode === 'shared') {
+    let task: PendingTask | null = readiness.register('workload proxy manager');
+    dp.startInpod({ uds: config.inpod.uds, mark: config.inpod.packetMark, reusePort: config.inpod.portReuse, origSrc });
+    log.info({ uds: config.inpod.uds }, 'in-pod mode: waiting for the istio-cni node agent');
+    const poll = () => {
+      const s = dp.inpodState();
+      if (s === null) return;
+      if (last !== null && last.connected !== s.connected) {
+        if (s.connected) log.info('connected to the istio-cni node agent');
+        else log.warn({ error: s.lastError }, 'lost the istio-cni node agent; reconnecting');
+      }
+      last = s;
+      if (s.ready && task !== null) {
+        task.done();
+        task = null;
+        log.info({ pods: s.activeProxies }, 'workload proxy manager ready');
+      } else if (!s.ready && task === null) {
+        task = readiness.register('workload proxy manager');
+      }
+    };
+    timer = setInterval(poll, CAPTURE_POLL_MS);
+    timer.unref();
+  } else if (config.proxyMode === 'dedicated') {
+    const info = config.proxyWorkloadInfo;
+    if (info !== null) {
+      const task = readiness.register('proxy');
+      const identity = `spiffe://${config.trustDomain}/ns/${info.namespace}/sa/${info.serviceAccount}`;
+      void ensureCertificate(identity)
+        .then(() => dp.startDedicated({ ...info, mark: config.inpod.packetMark, origSrc }))
+        .then(
+          () => {
+            task.done();
+            log.info({ workload: `${info.namespace}/${info.name}`, identity }, 'dedicated mode: capture listeners bound');
+          },
+          (err: unknown) => log.error({ err: err instanceof Error ? err.message : String(err) }, 'dedicated mode: cannot start the capture listeners'),
+        );
+      timer = setInterval(() => (last = dp.inpodState()), CAPTURE_POLL_MS);
+      timer.unref();
+    }
+  }
+  return {
+    // config_dump reads the manager fresh (an operator expects what is true now, not up to one poll ago).
+    workloadState: () => dp.inpodState()?.workloads ?? {},
+    counters: () => last,
+    stop: () => {
+      if (timer !== null) clearInterval(timer);
+    },
+  };
+}
