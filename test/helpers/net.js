@@ -11,6 +11,7 @@
 //   13  test/integration/tls-refusals.test.js  workloads 127.13.{1,2,3}.10, daemon's admin 127.13.255.1
 //   14  test/integration/config-errors.test.js daemons that must fail before binding: 127.14.255.1
 //   15  test/integration/lifecycle.test.js     workloads 127.15.{1,2}.10, daemons' admin 127.15.255.{1,2}
+//   17  test/integration/authz.test.js         workloads 127.17.{1,2}.10, daemons' admin 127.17.255.{1,2}
 //       (the demo it runs uses the fixed 127.0.{1,2}.10 of examples/demo.yaml; nothing else uses 127.0.x.x)
 //   60  test/integration/xds.test.js          workloads 127.60.{1..4}.10, VIPs 127.60.100.x, admin 127.60.255.{1,2}
 //   61  test/integration/xds-ca.test.js       workloads 127.61.{1,2,3}.10, daemons' admin 127.61.255.{1,2}
@@ -29,6 +30,7 @@ export const BLOCKS = Object.freeze({
   'tls-refusals': 13,
   'config-errors': 14,
   lifecycle: 15,
+  authz: 17,
   xds: 60,
   'xds-ca': 61,
 });

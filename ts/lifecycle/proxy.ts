@@ -281,6 +281,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     const admin = createAdminServer({
       logs,
       quit: (reason) => void shutdown('graceful', reason),
+      authorize: (r) => dp.authorize(r),
       configDump: () => ({
         workloads: store.dumpWorkloads(),
         services: store.dumpServices(),
