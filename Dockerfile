@@ -3,8 +3,8 @@
 # container engine there); build it with:  docker build -t <registry>/ztunnel-node:0.1.0 .
 #
 # Stage 1 builds the native module (Rust, release) and the TypeScript on Debian with Node 20; stage 2 is a slim
-# Node 20 runtime with only the production node_modules, the compiled dist/ and the .node, plus iptables and
-# iproute2 for inspecting and repairing a node's capture rules from inside the pod.
+# Node 20 runtime with what the npm package ships (bin/, dist/ with the .node, examples/) and only the production
+# node_modules, plus iptables and iproute2 for inspecting a node's capture rules from inside the pod.
 
 # The Rust toolchain is copied from the official image instead of being downloaded by a script.
 FROM rust:1.95-slim-bookworm AS rust
@@ -36,6 +36,8 @@ COPY --from=build /src/package.json /opt/ztunnel-node/
 COPY --from=build /src/node_modules /opt/ztunnel-node/node_modules
 COPY --from=build /src/bin /opt/ztunnel-node/bin
 COPY --from=build /src/dist /opt/ztunnel-node/dist
+# `ztunnel-node demo` and the README's local-mode example read these.
+COPY examples /opt/ztunnel-node/examples
 # ztunnel's default file locations are relative (./var/run/secrets/istio/root-cert.pem,
 # ./var/run/secrets/tokens/istio-token), so the working directory is / as in Istio's image.
 WORKDIR /

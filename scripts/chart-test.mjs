@@ -240,6 +240,12 @@ try {
     // ztunnel's default file locations are relative to /; the chart names them absolutely, but keep both true.
     assert.match(runtime, /^WORKDIR \/$/m);
     assert.deepEqual(runtime.match(/^EXPOSE (.*)$/m)?.[1].split(/\s+/).map(Number).sort(), [15008, 15020, 15021]);
+    // The image carries what the npm package ships (package.json "files"), next to its node_modules.
+    const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
+    for (const dir of pkg.files.filter((f) => f.endsWith('/') && !f.startsWith('!'))) {
+      assert.match(runtime, new RegExp(`^COPY .* /opt/ztunnel-node/${dir.slice(0, -1)}$`, 'm'), `the image lacks ${dir}`);
+    }
+    assert.match(runtime, /^COPY --from=build \/src\/node_modules \/opt\/ztunnel-node\/node_modules$/m);
   });
 
   const kubeconform = findTool('kubeconform') ?? missing(`${CHECK} (kubeconform)`, 'kubeconform', installHint('kubeconform'));
