@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // The Helm chart's tests (deploy/ztunnel-node), run by `npm test` after the build (it imports dist/config):
-//   1. helm lint --strict, with the default values and with deploy/ztunnel-node/ci/nondefault-values.yaml
+//   1. helm lint --strict, with the default values and with deploy/ztunnel-node/ci/nondefault-values.yaml; the
+//      values schema (values.schema.json) rejects a misspelt key and a wrong type
 //   2. helm template with both, then on each rendering:
 //      - the DaemonSet keeps Istio's ztunnel pod contract: args, ports, readiness probe, capabilities, the
 //        ServiceAccount `ztunnel`, priority class, tolerations, grace period, mounts;
@@ -205,6 +206,12 @@ try {
   const renders = {};
   step('helm lint --strict (default values)', () => run(helm, ['lint', '--strict', chart]));
   step('helm lint --strict (ci/nondefault-values.yaml)', () => run(helm, ['lint', '--strict', chart, '-f', nondefault]));
+  step('values.schema.json rejects a misspelt key and a wrong type', () => {
+    for (const bad of ['logAsJSON=true', 'terminationGracePeriodSeconds=thirty']) {
+      const r = capture(helm, ['lint', '--strict', chart, '--set', bad], { cwd: root });
+      assert.notEqual(r.status, 0, `helm lint accepted --set ${bad}`);
+    }
+  });
   step('helm template (default values)', () => {
     renders.default = join(work, 'default.yaml');
     writeFileSync(renders.default, run(helm, ['template', 'ztunnel', chart, '--namespace', 'istio-system', '--kube-version', k8sVersion]));
