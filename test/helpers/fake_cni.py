@@ -110,10 +110,10 @@ def main():
                 return
             hello = conn.recv(1024)
             with lock:
-                old = state["conn"]
+                # Like istio-cni, updates go to the newest connection; older ones stay open (a draining daemon
+                # keeps its connection until it exits).
                 state["conn"] = conn
-            if old is not None:
-                old.close()
+                state.setdefault("all", []).append(conn)
             emit({"event": "connected", "hello": hello.hex()})
             connected.set()
 

@@ -24,6 +24,7 @@ const children = [];
 let pods;
 let cni;
 let daemons;
+let cfgPath;
 
 function lines(child, onLine) {
   createInterface({ input: child.stdout }).on('line', (l) => {
@@ -75,7 +76,7 @@ function add(pod) {
   return { op: 'add', uid: `uid-${pod.name}`, netns: pod.netnsPath, name: pod.name, namespace: pod.namespace ?? 'default', serviceAccount: pod.name };
 }
 
-function startDaemon(node, cfgPath, sock) {
+function startDaemon(node, cfgPath, sock, extraEnv = {}) {
   const env = {
     PATH: process.env.PATH,
     PROXY_MODE: 'shared',
@@ -87,6 +88,7 @@ function startDaemon(node, cfgPath, sock) {
     INPOD_UDS: sock,
     LOG_FORMAT: 'json',
     RUST_LOG: 'info',
+    ...extraEnv,
   };
   const child = cluster.spawn(cluster.nodeNs(node), process.execPath, [join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env });
   children.push(child);
@@ -120,17 +122,17 @@ function runIn(ns, args, timeoutMs = 30_000) {
   });
 }
 
-const http = (node, path) =>
+const http = (node, path, base = 15000) =>
   runIn(cluster.nodeNs(node), [
     '-e',
-    `fetch('http://127.0.0.1:${path.startsWith('/healthz') ? 15021 : path.startsWith('/metrics') ? 15020 : 15000}${path}').then(async r => console.log(JSON.stringify({status: r.status, body: await r.text()}))).catch(e => console.log(JSON.stringify({status: 0, body: String(e)})))`,
+    `fetch('http://127.0.0.1:${base + (path.startsWith('/healthz') ? 21 : path.startsWith('/metrics') ? 20 : 0)}${path}').then(async r => console.log(JSON.stringify({status: r.status, body: await r.text()}))).catch(e => console.log(JSON.stringify({status: 0, body: String(e)})))`,
   ]);
 
-async function waitReady(node, want = 200, ms = 30_000) {
+async function waitReady(node, want = 200, ms = 30_000, base = 15000) {
   const deadline = Date.now() + ms;
   let last;
   while (Date.now() < deadline) {
-    last = await http(node, '/healthz/ready');
+    last = await http(node, '/healthz/ready', base);
     if (last.status === want) return last;
     await new Promise((r) => setTimeout(r, 200));
   }
@@ -181,6 +183,7 @@ before(async () => {
   if (skip) return;
   cluster.build();
   pods = {
+    d1: cluster.addPod('a', 'd1'),
     a1: cluster.addPod('a', 'a1'),
     a2: cluster.addPod('a', 'a2'),
     a3: cluster.addPod('a', 'a3'),
@@ -189,17 +192,18 @@ before(async () => {
     b3: cluster.addPod('b', 'b3'),
   };
   pods.b3.namespace = 'strict';
-  for (const p of ['a1', 'a2', 'a3', 'b1', 'b3']) cluster.capture(pods[p]);
+  for (const p of ['a1', 'a2', 'a3', 'b1', 'b3', 'd1']) cluster.capture(pods[p]);
   const cfg = join(tmp, 'mesh.yaml');
   writeFileSync(
     cfg,
     'workloads:\n' +
-      ['a1', 'a2', 'a3', 'b1', 'b3'].map((p) => workloadYaml(pods[p])).join('') +
+      ['a1', 'a2', 'a3', 'b1', 'b3', 'd1'].map((p) => workloadYaml(pods[p])).join('') +
       workloadYaml(pods.b2, 'TCP') +
       // Istio's STRICT PeerAuthentication, as istiod translates it, for namespace "strict".
       'policies:\n- name: istio_converted_static_strict\n  namespace: strict\n  scope: Namespace\n  action: Deny\n' +
       '  rules:\n  - - - notPrincipals: [{Presence: []}]\n',
   );
+  cfgPath = cfg;
   cni = { a: startCni(join(tmp, 'a.sock')), b: startCni(join(tmp, 'b.sock')) };
   await Promise.all([cni.a.next((e) => e.event === 'listening', 'listening'), cni.b.next((e) => e.event === 'listening', 'listening')]);
   daemons = { a: startDaemon('a', cfg, join(tmp, 'a.sock')), b: startDaemon('b', cfg, join(tmp, 'b.sock')) };
@@ -352,3 +356,77 @@ test('protocol violations end the ZDS connection cleanly and the manager reconne
   assert.equal((await cni.b.send({ op: 'snapshot' })).error, '');
   await waitReady('b', 200);
 });
+
+test('daemon restart during a long transfer: the new daemon binds beside the old (SO_REUSEPORT), no new connection fails, the old one drains by its deadline', { skip }, async () => {
+  const conns = await serveIn(pods.b1, 8087);
+  const hold = cluster.spawn(pods.a1.ns, process.execPath, [APP, 'hold', pods.b1.ip, '8087']);
+  children.push(hold);
+  const held = [];
+  lines(hold, (e) => held.push(e));
+  await waitForEvent(held, (e) => e.event === 'open', 'the long connection');
+  // The new daemon: same node, same ZDS socket, its own admin ports.
+  const next = startDaemon('a', cfgPath, join(tmp, 'a.sock'), { ADMIN_ADDR: '127.0.0.1:15100', STATS_ADDR: '0.0.0.0:15120', READINESS_ADDR: '0.0.0.0:15121' });
+  await cni.a.next((e) => e.event === 'connected', 'hello from the new daemon');
+  assert.equal((await cni.a.send(add(pods.a1))).error, '', 'the new daemon binds a1 beside the old one');
+  assert.equal((await cni.a.send({ op: 'snapshot' })).error, '');
+  await waitReady('a', 200, 30_000, 15100);
+  // New connections keep flowing while the old daemon drains.
+  const old = daemons.a;
+  const oldExit = new Promise((resolve) => old.child.once('close', (code) => resolve(code)));
+  const results = [];
+  const loop = (async () => {
+    const until = Date.now() + 3_000;
+    while (Date.now() < until) {
+      results.push(await runIn(pods.a1.ns, [APP, 'send', pods.b1.ip, '8087', '2000']));
+    }
+  })();
+  await new Promise((r) => setTimeout(r, 500));
+  const termAt = Date.now();
+  old.child.kill('SIGTERM');
+  await loop;
+  assert.ok(results.length >= 3, `only ${results.length} connections tried`);
+  const failed = results.filter((r) => !(r.ok && r.same));
+  assert.deepEqual(failed, [], 'no new connection failed during the hand-over');
+  assert.equal(await oldExit, 0, 'the old daemon exits 0');
+  // CONNECTION_TERMINATION_DEADLINE is 5 s by default: the long connection ends by then (plus slack).
+  await waitForEvent(held, (e) => e.event === 'closed', 'the long connection to end at the deadline', 9_000);
+  assert.ok(Date.now() - termAt < 9_000);
+  daemons.a = next;
+  assert.ok(conns.length >= results.length);
+});
+
+test('dedicated mode: one workload, iptables redirection in its own namespace', { skip }, async () => {
+  // The daemon runs inside d1's own namespace (not the node's), next to the application it serves.
+  const env = { ...process.env, PROXY_MODE: 'dedicated', PROXY_WORKLOAD_INFO: 'default/d1/d1', NODE_NAME: 'node-a', LOCAL_XDS_PATH: cfgPath, LOCAL_CA_DIR: join(tmp, 'ca'), XDS_ADDRESS: '', CA_ADDRESS: '', LOG_FORMAT: 'json' };
+  const child = cluster.spawn(pods.d1.ns, process.execPath, [join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env });
+  children.push(child);
+  const deadline = Date.now() + 30_000;
+  let ready = null;
+  while (Date.now() < deadline) {
+    ready = await runIn(pods.d1.ns, ['-e', "fetch('http://127.0.0.1:15021/healthz/ready').then(async r => console.log(JSON.stringify({status: r.status}))).catch(() => console.log(JSON.stringify({status: 0})))"]);
+    if (ready.status === 200) break;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  assert.equal(ready?.status, 200, 'the dedicated daemon is ready');
+  // Outbound from d1 is captured (15001) and tunneled to b1 over HBONE.
+  const conns = await serveIn(pods.b1, 8088);
+  const out = await runIn(pods.d1.ns, [APP, 'send', pods.b1.ip, '8088', '50000']);
+  assert.deepEqual([out.ok, out.same], [true, true], JSON.stringify(out));
+  assert.equal(conns[0].split(':')[0], pods.d1.ip);
+  assert.ok((await metric('b', 'istio_tcp_connections_opened_total', { reporter: 'destination', source_principal: 'spiffe://cluster.local/ns/default/sa/d1', connection_security_policy: 'mutual_tls' })) >= 1);
+  // Inbound to d1 from a captured pod: HBONE to d1:15008, served by the dedicated daemon.
+  const inConns = await serveIn(pods.d1, 8089);
+  const inbound = await runIn(pods.a1.ns, [APP, 'send', pods.d1.ip, '8089', '3000']);
+  assert.deepEqual([inbound.ok, inbound.same], [true, true], JSON.stringify(inbound));
+  assert.equal(inConns[0].split(':')[0], pods.a1.ip);
+  child.kill('SIGTERM');
+});
+
+async function waitForEvent(events, pred, what, ms = 10_000) {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline) {
+    if (events.some(pred)) return;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`timed out waiting for ${what}: ${JSON.stringify(events)}`);
+}
