@@ -319,6 +319,11 @@ test('a pod added after start gets proxies; a deleted pod is drained and its lis
   lines(hold, (e) => events.push(e));
   const deadline = Date.now() + 10_000;
   while (!events.some((e) => e.event === 'open') && Date.now() < deadline) await new Promise((res) => setTimeout(res, 50));
+  // config_dump lists the live connection on both sides, with ztunnel's keys.
+  const out = JSON.parse((await http('a', '/config_dump')).body).workloadState['uid-a3'].connections.outbound;
+  assert.ok(out.some((c) => c.originalDst === `${pods.b1.ip}:8085` && c.actualDst === `${pods.b1.ip}:15008` && c.protocol === 'HBONE'), JSON.stringify(out));
+  const inb = JSON.parse((await http('b', '/config_dump')).body).workloadState['uid-b1'].connections.inbound;
+  assert.ok(inb.some((c) => c.originalDst === `${pods.b1.ip}:8085` && c.protocol === 'HBONE' && c.src.startsWith(pods.a3.ip)), JSON.stringify(inb));
   assert.equal((await cni.a.send({ op: 'del', uid: 'uid-a3' })).error, '');
   const closedBy = Date.now() + 5_000;
   while (!events.some((e) => e.event === 'closed') && Date.now() < closedBy) await new Promise((res) => setTimeout(res, 50));

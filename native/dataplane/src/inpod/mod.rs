@@ -105,8 +105,15 @@ pub struct WorkloadManager {
 struct PodJson<'a> {
     state: PodPhase,
     info: InfoJson<'a>,
+    connections: ConnectionsJson,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ConnectionsJson {
+    inbound: Vec<crate::proxy::tracker::ConnInfo>,
+    outbound: Vec<crate::proxy::tracker::ConnInfo>,
 }
 
 #[derive(Serialize)]
@@ -146,7 +153,15 @@ impl WorkloadManager {
         uids.sort();
         for uid in uids {
             let p = &pods[uid];
+            let local = LocalRef::Pod {
+                namespace: Arc::from(p.info.namespace.as_str()),
+                name: Arc::from(p.info.name.as_str()),
+                service_account: Arc::from(""),
+                node: Arc::from(""),
+            };
+            let (inbound, outbound) = self.base.tracker.connections_of(&local);
             let j = PodJson {
+                connections: ConnectionsJson { inbound, outbound },
                 state: p.phase,
                 info: InfoJson {
                     name: &p.info.name,

@@ -221,7 +221,7 @@ async fn handle_stream(
     let local = local.expect("validated");
     // Register, then check: a policy change from here on re-evaluates this connection (tracker.rs).
     let conn = rbac::Connection::new(Some(peer_id.clone()), peer.ip(), target.ip(), target.port());
-    let track = pi.tracker.register(local_ref.clone(), conn.clone());
+    let track = pi.tracker.register(local_ref.clone(), conn.clone(), "HBONE");
     let decision = {
         let st = pi.state.read().expect("state lock");
         let resolved = local_ref.resolve(&st);

@@ -66,7 +66,7 @@ async fn handle(
         return refused(pi, peer, Some(dst), format!("local workload {local_ref} is not known"));
     };
     let conn = rbac::Connection::new(None, peer.ip(), dst.ip(), dst.port());
-    let track = pi.tracker.register(local_ref.clone(), conn.clone());
+    let track = pi.tracker.register(local_ref.clone(), conn.clone(), "TCP");
     let decision = {
         let st = pi.state.read().expect("state lock");
         rbac::authorize(&st, &local, &conn)

@@ -37,6 +37,19 @@ impl LocalRef {
     }
 }
 
+impl LocalRef {
+    /// The same local workload (for listing a pod's connections).
+    pub fn same(&self, other: &LocalRef) -> bool {
+        match (self, other) {
+            (LocalRef::Uid(a), LocalRef::Uid(b)) => a == b,
+            (LocalRef::Pod { namespace: n1, name: a, .. }, LocalRef::Pod { namespace: n2, name: b, .. }) => {
+                n1 == n2 && a == b
+            }
+            _ => false,
+        }
+    }
+}
+
 impl std::fmt::Display for LocalRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

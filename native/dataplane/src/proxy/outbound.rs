@@ -294,16 +294,30 @@ pub fn labels(routed: Option<&Routed>, source: Option<&Workload>) -> crate::metr
 
 /// Copy bytes between the client and an established upstream until both directions end, then write the access
 /// log. `guard` counts the bytes: sent = client → upstream, received = upstream → client.
+#[allow(clippy::too_many_arguments)]
 pub async fn relay(
     pi: &ProxyInputs,
+    local: &LocalRef,
     client: tokio::net::TcpStream,
     client_addr: SocketAddr,
+    original_dst: SocketAddr,
     routed: &Routed,
     upstream: Upstream,
     mut guard: crate::metrics::ConnectionGuard,
     force: &tokio_util::sync::CancellationToken,
 ) {
     let started = Instant::now();
+    let protocol = if routed.request.protocol == Protocol::Hbone { "HBONE" } else { "TCP" };
+    let _listed = pi.tracker.register_outbound(
+        local.clone(),
+        super::tracker::ConnInfo {
+            inbound: false,
+            src: client_addr,
+            original_dst,
+            actual_dst: routed.request.upstream,
+            protocol,
+        },
+    );
     let counters = guard.counters.clone();
     let (sent, recv) =
         (crate::copy::Tally::new(Some(&counters.sent)), crate::copy::Tally::new(Some(&counters.received)));
@@ -405,7 +419,7 @@ pub async fn serve_capture(
             match connect(&pi, &local, peer, dst).await {
                 Ok((routed, upstream)) => {
                     let guard = pi.metrics.open(labels(Some(&routed), None));
-                    relay(&pi, stream, peer, &routed, upstream, guard, &force).await;
+                    relay(&pi, &local, stream, peer, dst, &routed, upstream, guard, &force).await;
                 }
                 Err((routed, err)) => {
                     let source = local.resolve(&pi.state.read().expect("state lock"));

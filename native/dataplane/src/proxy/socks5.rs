@@ -159,7 +159,7 @@ async fn handle(
                 return;
             }
             let guard = pi.metrics.open(outbound::labels(Some(&routed), None));
-            outbound::relay(pi, stream, peer, &routed, upstream, guard, force).await;
+            outbound::relay(pi, src, stream, peer, dst, &routed, upstream, guard, force).await;
         }
         Err((routed, err)) => {
             let _ = send_reply(&mut stream, reply_code(&err)).await;

@@ -22,6 +22,19 @@ struct Tracked {
     local: LocalRef,
     conn: rbac::Connection,
     close: CancellationToken,
+    info: ConnInfo,
+}
+
+/// What config_dump's `workloadState.connections` shows of a live connection (ztunnel's keys).
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnInfo {
+    #[serde(skip)]
+    pub inbound: bool,
+    pub src: std::net::SocketAddr,
+    pub original_dst: std::net::SocketAddr,
+    pub actual_dst: std::net::SocketAddr,
+    pub protocol: &'static str,
 }
 
 #[derive(Default)]
@@ -44,11 +57,44 @@ impl Drop for TrackGuard {
 }
 
 impl Tracker {
-    pub fn register(self: &Arc<Self>, local: LocalRef, conn: rbac::Connection) -> TrackGuard {
+    /// Register an inbound connection (authorization is then continuous).
+    pub fn register(self: &Arc<Self>, local: LocalRef, conn: rbac::Connection, protocol: &'static str) -> TrackGuard {
+        let dst = std::net::SocketAddr::new(conn.dst_ip, conn.dst_port);
+        let info = ConnInfo {
+            inbound: true,
+            src: std::net::SocketAddr::new(conn.src_ip, 0),
+            original_dst: dst,
+            actual_dst: dst,
+            protocol,
+        };
+        self.insert(local, conn, info)
+    }
+
+    /// Register an outbound connection: listed in config_dump, never re-evaluated (authorization is inbound only).
+    pub fn register_outbound(self: &Arc<Self>, local: LocalRef, info: ConnInfo) -> TrackGuard {
+        let conn = rbac::Connection::new(None, info.src.ip(), info.actual_dst.ip(), info.actual_dst.port());
+        self.insert(local, conn, ConnInfo { inbound: false, ..info })
+    }
+
+    fn insert(self: &Arc<Self>, local: LocalRef, conn: rbac::Connection, info: ConnInfo) -> TrackGuard {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let close = CancellationToken::new();
-        self.conns.lock().expect("tracker lock").insert(id, Tracked { local, conn, close: close.clone() });
+        self.conns.lock().expect("tracker lock").insert(id, Tracked { local, conn, close: close.clone(), info });
         TrackGuard { tracker: self.clone(), id, close }
+    }
+
+    /// The live (inbound, outbound) connections of one local workload.
+    pub fn connections_of(&self, local: &LocalRef) -> (Vec<ConnInfo>, Vec<ConnInfo>) {
+        let conns = self.conns.lock().expect("tracker lock");
+        let (mut inbound, mut outbound) = (Vec::new(), Vec::new());
+        for t in conns.values().filter(|t| t.local.same(local)) {
+            if t.info.inbound {
+                inbound.push(t.info.clone())
+            } else {
+                outbound.push(t.info.clone())
+            }
+        }
+        (inbound, outbound)
     }
 
     pub fn len(&self) -> usize {
@@ -64,7 +110,7 @@ impl Tracker {
         let state = pi.state.read().expect("state lock");
         let conns = self.conns.lock().expect("tracker lock");
         for t in conns.values() {
-            if t.close.is_cancelled() {
+            if !t.info.inbound || t.close.is_cancelled() {
                 continue;
             }
             let decision = match t.local.resolve(&state) {
