@@ -8,7 +8,7 @@
 // which delivers them to the echo server. The table printed afterwards comes from what an operator would look
 // at: both nodes' /metrics.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { copyFile, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -22,7 +22,8 @@ import { socks5Connect } from './socks5-client.js';
 export const DEMO_USAGE = `usage: ztunnel-node demo [--ca-dir DIR] [--no-wait]
 
 Starts two proxies (node-a, node-b) on loopback addresses, sends a few messages from workload "sleep" on node-a
-to workload "echo" on node-b through HBONE, and prints what both proxies recorded.
+to workload "echo" on node-b through HBONE, and prints what both proxies recorded. Then it writes an authorization
+policy denying "sleep" into the config file the proxies watch, and shows a live connection cut and a new one refused.
 
   --ca-dir DIR   built-in CA directory to use (default: a temporary directory, removed at exit)
   --no-wait      exit after printing the table instead of waiting for Ctrl-C
@@ -99,7 +100,18 @@ async function nodeSpec(name: string, base: number): Promise<NodeSpec> {
   return { name, admin: await pickPort(base), stats: await pickPort(base + 20), readiness: await pickPort(base + 21) };
 }
 
-function startNode(spec: NodeSpec, caDir: string, env: Readonly<Record<string, string | undefined>>): RunningNode {
+/** The policy the demo adds to show authorization: deny everything from sleep's identity to the namespace. */
+const DENY_SLEEP_POLICY = `
+policies:
+- name: deny-sleep
+  namespace: default
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - principals: [{Exact: "cluster.local/ns/default/sa/sleep"}]
+`;
+
+function startNode(spec: NodeSpec, caDir: string, configPath: string, env: Readonly<Record<string, string | undefined>>): RunningNode {
   // The children get exactly the demo's configuration, not whatever ztunnel variables the shell has set.
   const childEnv: Record<string, string> = {};
   for (const [k, v] of Object.entries(env)) {
@@ -108,7 +120,7 @@ function startNode(spec: NodeSpec, caDir: string, env: Readonly<Record<string, s
   Object.assign(childEnv, {
     PROXY_MODE: 'local',
     NODE_NAME: spec.name,
-    LOCAL_XDS_PATH: DEMO_YAML,
+    LOCAL_XDS_PATH: configPath,
     LOCAL_CA_DIR: caDir,
     XDS_ADDRESS: '',
     CA_ADDRESS: '',
@@ -222,6 +234,45 @@ async function settledMetrics(a: NodeSpec, b: NodeSpec): Promise<{ a: Sample[]; 
   }
 }
 
+/**
+ * Opens a connection sleep -> echo, appends a DENY for sleep to the config file the daemons watch, and shows the
+ * live connection being cut and a new one refused; then restores the file.
+ */
+async function policyScene(configPath: string, b: NodeSpec): Promise<{ ok: boolean; rows: Array<[string, string]> }> {
+  const original = await readFile(configPath, 'utf8');
+  const live = await socks5Connect({ proxyHost: SLEEP_IP, proxyPort: SOCKS5_PORT, destHost: ECHO_IP, destPort: ECHO_PORT });
+  await exchange(live, ['still allowed']);
+  const closed = new Promise<number>((resolve) => live.once('close', () => resolve(performance.now())));
+  live.on('data', () => undefined);
+  live.on('error', () => undefined);
+  live.resume();
+  const written = performance.now();
+  await writeFile(configPath, original + DENY_SLEEP_POLICY);
+  const closedAt = await Promise.race([closed, sleep(5_000).then(() => null)]);
+  let refused = 'NOT refused';
+  let refusedOk = false;
+  try {
+    const s = await socks5Connect({ proxyHost: SLEEP_IP, proxyPort: SOCKS5_PORT, destHost: ECHO_IP, destPort: ECHO_PORT });
+    s.destroy();
+  } catch (err) {
+    refused = `refused: ${err instanceof Error ? err.message : String(err)}`;
+    refusedOk = true;
+  }
+  const samples = await scrape(b);
+  const denied = sumSamples(samples, 'istio_tcp_connections_failed_total', { reporter: 'destination', response_flags: 'DENY' });
+  await writeFile(configPath, original);
+  live.destroy();
+  return {
+    ok: closedAt !== null && refusedOk && denied > 0,
+    rows: [
+      ['policy added', 'deny-sleep: DENY principals cluster.local/ns/default/sa/sleep (namespace default)'],
+      ['live connection', closedAt === null ? 'NOT cut within 5 s' : `cut ${(closedAt - written).toFixed(0)} ms after the file was written`],
+      ['new connection', refused],
+      ['node-b', `${denied} connection(s) with response_flags="DENY"; the policy was then removed again`],
+    ],
+  };
+}
+
 function table(rows: ReadonlyArray<[string, string]>): string {
   const width = Math.max(...rows.map(([k]) => k.length));
   return rows.map(([k, v]) => `  ${k.padEnd(width)}  ${v}`).join('\n');
@@ -236,6 +287,7 @@ export async function runDemo(args: readonly string[], env: Readonly<Record<stri
   const tempCa = parsed.caDir === null ? await mkdtemp(join(tmpdir(), 'ztunnel-node-demo-ca-')) : null;
   const caDir = parsed.caDir ?? (tempCa as string);
   const nodes: RunningNode[] = [];
+  const cleanupDirs: string[] = [];
   let echo: TcpServer | null = null;
   let cleaning: Promise<void> | null = null;
 
@@ -252,6 +304,7 @@ export async function runDemo(args: readonly string[], env: Readonly<Record<stri
       );
       await new Promise<void>((resolve) => (echo ? echo.close(() => resolve()) : resolve()));
       if (tempCa) await rm(tempCa, { recursive: true, force: true });
+      for (const d of cleanupDirs) await rm(d, { recursive: true, force: true });
     })());
 
   // Ctrl-C reaches the children too (same process group); they drain while we wait for them.
@@ -267,7 +320,12 @@ export async function runDemo(args: readonly string[], env: Readonly<Record<stri
   try {
     const specA = await nodeSpec('node-a', 15000);
     const specB = await nodeSpec('node-b', 15100);
-    nodes.push(startNode(specA, caDir, env), startNode(specB, caDir, env));
+    // The daemons read a copy of examples/demo.yaml, which the demo then edits to add and remove a policy.
+    const workDir = await mkdtemp(join(tmpdir(), 'ztunnel-node-demo-'));
+    cleanupDirs.push(workDir);
+    const configPath = join(workDir, 'demo.yaml');
+    await copyFile(DEMO_YAML, configPath);
+    nodes.push(startNode(specA, caDir, configPath, env), startNode(specB, caDir, configPath, env));
     echo = await startEchoServer();
     process.stderr.write('starting node-a and node-b...\n');
     await Promise.all(nodes.map(waitReady));
@@ -307,7 +365,13 @@ ${table([
 
 ${table(nodes.map((n) => [n.name, `admin http://127.0.0.1:${n.admin}/config_dump  metrics http://127.0.0.1:${n.stats}/metrics  ready http://127.0.0.1:${n.readiness}/healthz/ready`]))}
 `);
-    const ok = echoed === MESSAGES.length && mtls;
+    const policy = await policyScene(configPath, b);
+    process.stdout.write(`
+Authorization: a DENY policy is written into the config file while a connection is open
+
+${table(policy.rows)}
+`);
+    const ok = echoed === MESSAGES.length && mtls && policy.ok;
     if (parsed.wait && !cleaning) {
       process.stdout.write('\nPress Ctrl-C to stop.\n');
       await new Promise<void>((resolve) => {
