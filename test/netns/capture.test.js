@@ -4,13 +4,12 @@
 // TCP programs (test/helpers/netns-app.mjs) that know nothing of the mesh.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { Cluster, isRoot } from '../helpers/netns.js';
+import { jsonLines as lines, startCni as startCniAgent } from '../helpers/fake-cni.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const skip = isRoot() ? false : 'needs root (network namespaces, iptables)';
@@ -25,52 +24,6 @@ let pods;
 let cni;
 let daemons;
 let cfgPath;
-
-function lines(child, onLine) {
-  createInterface({ input: child.stdout }).on('line', (l) => {
-    try {
-      onLine(JSON.parse(l));
-    } catch {
-      // not JSON
-    }
-  });
-}
-
-/** The fake CNI agent of one node: send() a command and await the matching reply. */
-function startCni(sock) {
-  const child = spawn('python3', [join(root, 'test', 'helpers', 'fake_cni.py'), sock], { stdio: ['pipe', 'pipe', 'inherit'] });
-  children.push(child);
-  const events = [];
-  const waiters = [];
-  lines(child, (ev) => {
-    events.push(ev);
-    for (const w of [...waiters]) {
-      if (w.match(ev)) {
-        waiters.splice(waiters.indexOf(w), 1);
-        w.resolve(ev);
-      }
-    }
-  });
-  const next = (match, what, ms = 20_000) =>
-    new Promise((resolve, reject) => {
-      const found = events.find((e) => match(e) && !e.taken);
-      if (found) {
-        found.taken = true;
-        return resolve(found);
-      }
-      const t = setTimeout(() => reject(new Error(`fake CNI: no ${what} within ${ms} ms; saw ${JSON.stringify(events)}`)), ms);
-      waiters.push({ match: (e) => match(e) && !e.taken && (e.taken = true), resolve: (e) => (clearTimeout(t), resolve(e)) });
-    });
-  return {
-    events,
-    next,
-    async send(cmd) {
-      child.stdin.write(JSON.stringify(cmd) + '\n');
-      if (cmd.op === 'close') return next((e) => e.event === 'closed', 'close');
-      return next((e) => e.op === cmd.op && (e.event === 'ack' || e.event === 'error' || e.event === 'disconnected'), `reply to ${cmd.op}`);
-    },
-  };
-}
 
 function add(pod) {
   return { op: 'add', uid: `uid-${pod.name}`, netns: pod.netnsPath, name: pod.name, namespace: pod.namespace ?? 'default', serviceAccount: pod.name };
@@ -204,7 +157,7 @@ before(async () => {
       '  rules:\n  - - - notPrincipals: [{Presence: []}]\n',
   );
   cfgPath = cfg;
-  cni = { a: startCni(join(tmp, 'a.sock')), b: startCni(join(tmp, 'b.sock')) };
+  cni = { a: startCniAgent(join(tmp, 'a.sock'), children), b: startCniAgent(join(tmp, 'b.sock'), children) };
   await Promise.all([cni.a.next((e) => e.event === 'listening', 'listening'), cni.b.next((e) => e.event === 'listening', 'listening')]);
   daemons = { a: startDaemon('a', cfg, join(tmp, 'a.sock')), b: startDaemon('b', cfg, join(tmp, 'b.sock')) };
   const hello = await cni.a.next((e) => e.event === 'connected', 'hello from node-a');
@@ -285,7 +238,9 @@ test('uncaptured → captured: arrives on 15006 as plaintext; STRICT denies it',
 
 test('loops: a pod calling its own and the node ztunnel ports ends promptly, without fd growth', { skip }, async () => {
   const fds = async () => metric('a', 'process_open_fds', {});
+  const cpu = async () => metric('a', 'process_cpu_seconds_total', {});
   const before = await fds();
+  const cpuBefore = await cpu();
   for (const port of [15001, 15006, 15008]) {
     for (const host of [pods.a1.ip, '127.0.0.1']) {
       const r = await runIn(pods.a1.ns, [APP, 'probe', host, String(port), '3000']);
@@ -299,6 +254,11 @@ test('loops: a pod calling its own and the node ztunnel ports ends promptly, wit
   }
   const afterFds = await fds();
   assert.ok(afterFds - before < 20, `open fds grew from ${before} to ${afterFds}`);
+  // A loop would spin: the daemon's CPU time over the whole probe run stays small, and stays flat after it.
+  const cpuAfter = await cpu();
+  assert.ok(cpuAfter - cpuBefore < 2, `daemon used ${(cpuAfter - cpuBefore).toFixed(2)} CPU-s during the probes`);
+  await new Promise((r) => setTimeout(r, 1000));
+  assert.ok((await cpu()) - cpuAfter < 0.5, 'no CPU burned after the probes ended');
 });
 
 test('a pod added after start gets proxies; a deleted pod is drained and its listeners gone', { skip }, async () => {
