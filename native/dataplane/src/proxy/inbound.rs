@@ -11,7 +11,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -88,19 +88,12 @@ pub fn validate_connect<B>(
 /// Serve one local workload's HBONE listener until drained.
 pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, local: LocalRef, tls: Arc<ServerConfig>, drain: Drain) {
     let acceptor = TlsAcceptor::from(tls);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, peer)) => (s, crate::socket::canonical(peer)),
-                Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
-            },
-            _ = drain.graceful.cancelled() => return,
-        };
-        let (pi, uid, acceptor, d) = (pi.clone(), local.clone(), acceptor.clone(), drain.clone());
-        drain.tasks.spawn(async move {
-            serve_connection(pi, uid, acceptor, tcp, peer, d).await;
-        });
-    }
+    let d = drain.clone();
+    super::accept_until_drained(listener, &drain, |tcp, peer| {
+        let (pi, local, acceptor, d) = (pi.clone(), local.clone(), acceptor.clone(), d.clone());
+        serve_connection(pi, local, acceptor, tcp, peer, d)
+    })
+    .await
 }
 
 async fn serve_connection(
@@ -111,7 +104,6 @@ async fn serve_connection(
     peer: SocketAddr,
     drain: Drain,
 ) {
-    let _ = tcp.set_nodelay(true);
     let hs_deadline = pi.cfg.handshake_timeout();
     let warn = |msg: &str, err: String| {
         pi.events.push(Event {

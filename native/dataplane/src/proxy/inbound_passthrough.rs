@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::net::{TcpListener, TcpStream};
 
@@ -17,20 +17,12 @@ use crate::metrics::{ConnectionInfo, Reporter, TrafficLabels};
 use crate::rbac;
 
 pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, local: LocalRef, drain: Drain) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, peer)) => (s, crate::socket::canonical(peer)),
-                Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
-            },
-            _ = drain.graceful.cancelled() => return,
-        };
-        let (pi, local, force) = (pi.clone(), local.clone(), drain.force.clone());
-        drain.tasks.spawn(async move {
-            let _ = stream.set_nodelay(true);
-            handle(&pi, &local, stream, peer, &force).await;
-        });
-    }
+    let force = drain.force.clone();
+    super::accept_until_drained(listener, &drain, |stream, peer| {
+        let (pi, local, force) = (pi.clone(), local.clone(), force.clone());
+        async move { handle(&pi, &local, stream, peer, &force).await }
+    })
+    .await
 }
 
 fn refused(pi: &ProxyInputs, peer: SocketAddr, dst: Option<SocketAddr>, error: String) {

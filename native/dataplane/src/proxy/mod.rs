@@ -59,6 +59,30 @@ impl std::fmt::Display for LocalRef {
     }
 }
 
+/// Accept connections until the drain's graceful signal; each runs as a task the drain tracks (so it can wait for
+/// it, then force it). Sets TCP_NODELAY and canonicalizes the peer (no `::ffff:` from dual-stack listeners). An
+/// accept error (e.g. EMFILE) backs off briefly instead of spinning.
+pub async fn accept_until_drained<F, Fut>(listener: tokio::net::TcpListener, drain: &crate::drain::Drain, mut handle: F)
+where
+    F: FnMut(tokio::net::TcpStream, std::net::SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, peer)) => (s, crate::socket::canonical(peer)),
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = drain.graceful.cancelled() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        drain.tasks.spawn(handle(stream, peer));
+    }
+}
+
 /// What every proxy needs, shared by reference.
 pub struct ProxyInputs {
     pub cfg: Arc<Config>,

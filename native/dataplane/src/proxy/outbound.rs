@@ -386,6 +386,35 @@ pub fn access_log(
     pi.events.push(Event { kind: "access", level, message: "connection complete".into(), fields: f });
 }
 
+/// Count and log an outbound connection that never reached its upstream (`connection failed`, ztunnel's record).
+pub fn record_failure(
+    pi: &ProxyInputs,
+    local: &LocalRef,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    routed: Option<&Routed>,
+    err: &OutboundError,
+) {
+    let source = local.resolve(&pi.state.read().expect("state lock"));
+    let mut guard = pi.metrics.open(labels(routed, source.as_deref()));
+    guard.fail(err.response_flag());
+    let mut f = crate::fields! {
+        "src.addr" => peer.to_string(),
+        "dst.addr" => dst.to_string(),
+        "direction" => "outbound",
+        "error" => err.to_string(),
+    };
+    if let Some(r) = routed {
+        f.insert("dst.hbone_addr".into(), r.request.upstream.to_string().into());
+    }
+    pi.events.push(crate::events::Event {
+        kind: "access",
+        level: crate::events::Level::Warn,
+        message: "connection failed".into(),
+        fields: f,
+    });
+}
+
 /// Outbound capture (15001, in-pod): connections the pod's iptables rules redirected here; the destination is the
 /// original one (SO_ORIGINAL_DST). Same routing and relay as the SOCKS5 entry; a failure closes the connection.
 pub async fn serve_capture(
@@ -394,17 +423,10 @@ pub async fn serve_capture(
     local: LocalRef,
     drain: crate::drain::Drain,
 ) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, peer)) => (s, crate::socket::canonical(peer)),
-                Err(_) => { tokio::time::sleep(std::time::Duration::from_millis(50)).await; continue; }
-            },
-            _ = drain.graceful.cancelled() => return,
-        };
-        let (pi, local, force) = (pi.clone(), local.clone(), drain.force.clone());
-        drain.tasks.spawn(async move {
-            let _ = stream.set_nodelay(true);
+    let force = drain.force.clone();
+    super::accept_until_drained(listener, &drain, |stream, peer| {
+        let (pi, local, force) = (pi.clone(), local.clone(), force.clone());
+        async move {
             let dst = match crate::socket::original_dst(&stream) {
                 Ok(d) => d,
                 Err(e) => {
@@ -421,23 +443,11 @@ pub async fn serve_capture(
                     let guard = pi.metrics.open(labels(Some(&routed), None));
                     relay(&pi, &local, stream, peer, dst, &routed, upstream, guard, &force).await;
                 }
-                Err((routed, err)) => {
-                    let source = local.resolve(&pi.state.read().expect("state lock"));
-                    let mut guard = pi.metrics.open(labels(routed.as_ref(), source.as_deref()));
-                    guard.fail(err.response_flag());
-                    pi.events.push(crate::events::Event {
-                        kind: "access",
-                        level: crate::events::Level::Warn,
-                        message: "connection failed".into(),
-                        fields: crate::fields! {
-                            "src.addr" => peer.to_string(), "dst.addr" => dst.to_string(),
-                            "direction" => "outbound", "error" => err.to_string(),
-                        },
-                    });
-                }
+                Err((routed, err)) => record_failure(&pi, &local, peer, dst, routed.as_ref(), &err),
             }
-        });
-    }
+        }
+    })
+    .await
 }
 
 #[cfg(test)]

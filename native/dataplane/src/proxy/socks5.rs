@@ -6,7 +6,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -119,20 +119,12 @@ pub async fn send_reply<S: AsyncWriteExt + Unpin>(s: &mut S, code: u8) -> std::i
 }
 
 pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, src: LocalRef, drain: Drain) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, peer)) => (s, crate::socket::canonical(peer)),
-                Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
-            },
-            _ = drain.graceful.cancelled() => return,
-        };
-        let (pi, uid, force) = (pi.clone(), src.clone(), drain.force.clone());
-        drain.tasks.spawn(async move {
-            let _ = stream.set_nodelay(true);
-            handle(&pi, &uid, stream, peer, &force).await;
-        });
-    }
+    let force = drain.force.clone();
+    super::accept_until_drained(listener, &drain, |stream, peer| {
+        let (pi, src, force) = (pi.clone(), src.clone(), force.clone());
+        async move { handle(&pi, &src, stream, peer, &force).await }
+    })
+    .await
 }
 
 async fn handle(
@@ -152,7 +144,6 @@ async fn handle(
         }
         Err(_) => return,
     };
-    let started = Instant::now();
     match outbound::connect(pi, src, peer, dst).await {
         Ok((routed, upstream)) => {
             if send_reply(&mut stream, reply::SUCCEEDED).await.is_err() {
@@ -163,25 +154,7 @@ async fn handle(
         }
         Err((routed, err)) => {
             let _ = send_reply(&mut stream, reply_code(&err)).await;
-            let source = src.resolve(&pi.state.read().expect("state lock"));
-            let mut guard = pi.metrics.open(outbound::labels(routed.as_ref(), source.as_deref()));
-            guard.fail(err.response_flag());
-            let mut f = crate::fields! {
-                "src.addr" => peer.to_string(),
-                "dst.addr" => dst.to_string(),
-                "direction" => "outbound",
-                "error" => err.to_string(),
-            };
-            if let Some(r) = &routed {
-                f.insert("dst.hbone_addr".into(), r.request.upstream.to_string().into());
-            }
-            let _ = started;
-            pi.events.push(crate::events::Event {
-                kind: "access",
-                level: crate::events::Level::Warn,
-                message: "connection failed".into(),
-                fields: f,
-            });
+            outbound::record_failure(pi, src, peer, dst, routed.as_ref(), &err);
         }
     }
 }
