@@ -83,7 +83,7 @@ function tailOf(child) {
  * { topologies: { name: { name, target, socks, pids, roles } }, unavailable: { name: reason }, envoyHandshakes(),
  *   stop() }.
  */
-export async function startAll({ root, tmp, block, loadgen, workers, envoy, only }) {
+export async function startAll({ root, tmp, block, loadgen, workers, envoy, only, daemonEnv = {} }) {
   const net = layout(block);
   const children = [];
   // Last resort: nothing of ours outlives the harness, whatever ends it.
@@ -127,6 +127,7 @@ export async function startAll({ root, tmp, block, loadgen, workers, envoy, only
         PROXY_MODE: 'local', NODE_NAME: node, LOCAL_XDS_PATH: cfg, LOCAL_CA_DIR: caDir,
         ADMIN_ADDR: `${ip}:15000`, STATS_ADDR: `${ip}:15020`, READINESS_ADDR: `${ip}:15021`,
         RUST_LOG: 'warn', ZTUNNEL_WORKER_THREADS: String(workers), XDS_ADDRESS: '', CA_ADDRESS: '',
+        ...daemonEnv,
       };
       const child = track(spawn(process.execPath, [join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'ignore', 'pipe'] }), node);
       daemons.push({ node, child, ready: `http://${ip}:15021/healthz/ready` });

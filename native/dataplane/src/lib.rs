@@ -4,6 +4,7 @@
 //! inbound HBONE listeners, the SOCKS5 entries, the HBONE client pool and the copy loops. The napi binding is a thin
 //! facade over this type; Rust tests drive it directly.
 
+pub mod alloc;
 pub mod ca;
 pub mod config;
 pub mod copy;
@@ -103,6 +104,7 @@ pub struct Dataplane {
 impl Dataplane {
     pub fn new(cfg: Config) -> Result<Dataplane, DataplaneError> {
         cfg.validate()?;
+        alloc::tune();
         let cfg = Arc::new(cfg);
         let next = Arc::new(AtomicUsize::new(0));
         let rt = tokio::runtime::Builder::new_multi_thread()
