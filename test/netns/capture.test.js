@@ -140,6 +140,7 @@ before(async () => {
     a1: cluster.addPod('a', 'a1'),
     a2: cluster.addPod('a', 'a2'),
     a3: cluster.addPod('a', 'a3'),
+    a4: cluster.addPod('a', 'a4'),
     b1: cluster.addPod('b', 'b1'),
     b2: cluster.addPod('b', 'b2'),
     b3: cluster.addPod('b', 'b3'),
@@ -320,6 +321,23 @@ test('protocol violations end the ZDS connection cleanly and the manager reconne
   assert.equal((await cni.b.send(add(pods.b3))).error, '');
   assert.equal((await cni.b.send({ op: 'snapshot' })).error, '');
   await waitReady('b', 200);
+});
+
+test('a failed add is NACKed with the reason, keeps the node not ready, and is retried until it works', { skip }, async () => {
+  // Something in pod a4 already holds 15001 (without SO_REUSEPORT): the proxies cannot bind there.
+  const squatter = cluster.spawn(pods.a4.ns, process.execPath, [APP, 'serve', '15001']);
+  children.push(squatter);
+  await new Promise((resolve) => lines(squatter, (e) => e.event === 'listening' && resolve()));
+  const ack = await cni.a.send(add(pods.a4));
+  assert.match(ack.error, /15001/, `the NACK names the problem: ${ack.error}`);
+  await waitReady('a', 500);
+  const pending = JSON.parse((await http('a', '/config_dump')).body).workloadState['uid-a4'];
+  assert.equal(pending.state, 'Pending');
+  assert.equal((await metric('a', 'workload_manager_pending_proxy_count', {})), 1);
+  squatter.kill('SIGKILL');
+  // The manager retries every 5 s.
+  await waitReady('a', 200, 15_000);
+  assert.equal(JSON.parse((await http('a', '/config_dump')).body).workloadState['uid-a4'].state, 'Up');
 });
 
 test('daemon restart during a long transfer: the new daemon binds beside the old (SO_REUSEPORT), no new connection fails, the old one drains by its deadline', { skip }, async () => {

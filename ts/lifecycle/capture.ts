@@ -80,7 +80,8 @@ export function startCapture(
   return {
     // config_dump reads the manager fresh (an operator expects what is true now, not up to one poll ago).
     workloadState: () => dp.inpodState()?.workloads ?? {},
-    counters: () => last,
+    // Read fresh per scrape (one native call), like the workload state: a poll's copy may be 250 ms old.
+    counters: () => dp.inpodState(),
     stop: () => {
       if (timer !== null) clearInterval(timer);
     },
