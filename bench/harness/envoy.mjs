@@ -73,6 +73,11 @@ function admin(ip, port) {
   return { address: { socket_address: { address: ip, port_value: port } } };
 }
 
+/** Istio lifts Envoy's default circuit breakers (1,024 connections/requests per cluster) to the maximum. */
+const UNLIMITED = {
+  thresholds: [{ max_connections: 4294967295, max_pending_requests: 4294967295, max_requests: 4294967295, max_retries: 4294967295 }],
+};
+
 function endpoint(host, port) {
   return { endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: host, port_value: port } } } }] }] };
 }
@@ -101,6 +106,7 @@ export function clientConfig({ adminIp, adminPort, targets, server, certs, serve
         name: 'hbone',
         type: 'STATIC',
         connect_timeout: '5s',
+        circuit_breakers: UNLIMITED,
         load_assignment: { cluster_name: 'hbone', ...endpoint(server.ip, server.port) },
         typed_extension_protocol_options: {
           'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': {
@@ -181,6 +187,7 @@ export function serverConfig({ adminIp, adminPort, listen, workload, certs, trus
         name: 'workload',
         type: 'STATIC',
         connect_timeout: '5s',
+        circuit_breakers: UNLIMITED,
         load_assignment: { cluster_name: 'workload', ...endpoint(workload.ip, workload.port) },
       }],
     },

@@ -49,7 +49,7 @@ function derive(result) {
   }
   for (const [topo, m] of Object.entries(result.memory ?? {})) {
     (s.idle_rss_mib ??= {})[topo] = [m.idleRss.reduce((a, b) => a + b, 0) / 1024 ** 2];
-    const holds = Object.keys(m.holding).map(Number).sort((a, b) => a - b);
+    const holds = Object.keys(m.holding).map(Number).filter((n) => !m.holding[n].error).sort((a, b) => a - b);
     if (holds.length) (s.rss_per_1000_idle_mib ??= {})[topo] = [m.holding[holds[0]].perThousandMiB.reduce((a, b) => a + b, 0)];
     for (const n of holds.slice(1)) {
       (s[`rss_per_1000_idle_at_${n}_mib`] ??= {})[topo] = [m.holding[n].perThousandMiB.reduce((a, b) => a + b, 0)];
@@ -117,6 +117,9 @@ export function renderMarkdown(result) {
     `${(p.bytes4 / 1024 ** 2).toFixed(0)} MiB over 4 streams; latency: ${p.rateCount} exchanges at ${p.rate} rps and ${p.maxCount} back to back; ` +
     `${p.cps} new connections per round; idle memory with ${p.hold.join(' and ')} connections held.`, '');
   for (const [t, info] of Object.entries(result.topologies)) if (!info.available) lines.push(`**${t} skipped:** ${info.reason}`, '');
+  for (const [t, m] of Object.entries(result.memory ?? {})) {
+    for (const [n, h] of Object.entries(m.holding)) if (h.error) lines.push(`**${t} could not hold ${n} connections:** ${h.error}`, '');
+  }
   lines.push(`| measurement | ${topos.join(' | ')} | ztunnel-node / direct | ztunnel-node / Envoy |`);
   lines.push(`|---|${topos.map(() => '---').join('|')}|---|---|`);
   const keys = [...METRICS.map((m) => m[0]), ...Object.keys(result.summary).filter((k) => k.startsWith('rss_per_1000_idle_at_'))];
@@ -180,7 +183,7 @@ export function renderSvg(result) {
     const bars = TOPOLOGIES.filter((t) => row[t]);
     out.push(`<g transform="translate(${x0},${y0})">`);
     out.push(`<text x="14" y="18" font-weight="bold">${esc(title)}</text><text x="14" y="33" fill="#555">${esc(sub)}</text>`);
-    const plotTop = 48;
+    const plotTop = 62;
     const plotH = H - plotTop - 40;
     const maxV = Math.max(1e-9, ...bars.map((t) => Math.max(row[t].max, row[t].median)));
     const bw = Math.min(56, (W - 40) / Math.max(1, bars.length) - 14);
@@ -197,7 +200,9 @@ export function renderSvg(result) {
         const cx = bx + bw / 2;
         out.push(`<line x1="${cx}" y1="${yMin.toFixed(1)}" x2="${cx}" y2="${yMax.toFixed(1)}" stroke="#000" stroke-width="1"/>`);
       }
-      out.push(`<text x="${bx + bw / 2}" y="${(by - 4).toFixed(1)}" text-anchor="middle">${esc(fmt(c.median))}</text>`);
+      // The value sits above the bar and its whisker.
+      const labelY = Math.min(by, c.n > 1 ? plotTop + plotH - (c.max / maxV) * plotH : by) - 4;
+      out.push(`<text x="${bx + bw / 2}" y="${labelY.toFixed(1)}" text-anchor="middle">${esc(fmt(c.median))}</text>`);
       out.push(`<text x="${bx + bw / 2}" y="${plotTop + plotH + 14}" text-anchor="middle" font-size="10">${esc(t.replace('ztunnel-node', 'ztn'))}</text>`);
     });
     if (bars.length === 0) out.push(`<text x="14" y="${plotTop + 20}" fill="#555">not measured</text>`);

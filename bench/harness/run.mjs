@@ -126,11 +126,21 @@ export async function runBench(opts) {
       for (const n of p.hold) {
         const before = t.pids.map((pid) => memory(pid).rss);
         const h = spawn(loadgen, ['hold', ...via(t), '--count', String(n)], { stdio: ['pipe', 'pipe', 'pipe'] });
-        await waitLine(h, /"holding":\d+/, `hold ${n} through ${t.name}`, 120_000);
+        const exited = new Promise((r) => h.once('exit', r));
+        try {
+          await waitLine(h, /"holding":\d+/, `hold ${n} through ${t.name}`, 120_000);
+        } catch (err) {
+          // A path that cannot hold N connections is a result, not the end of the run.
+          log(err.message);
+          mem[t.name].holding[n] = { error: err.message.split('\n')[0] };
+          h.kill();
+          await exited;
+          continue;
+        }
         await new Promise((r) => setTimeout(r, 1_000)); // let the proxies settle (buffers of the handshakes freed)
         const during = t.pids.map((pid) => memory(pid).rss);
         h.stdin.end();
-        await new Promise((r) => h.once('exit', r));
+        await exited;
         mem[t.name].holding[n] = { before, during, perThousandMiB: during.map((d, i) => ((d - before[i]) / MiB) * (1000 / n)) };
         await new Promise((r) => setTimeout(r, 1_000)); // connections closed on both sides before the next step
       }
