@@ -113,7 +113,7 @@ async fn serve_connection(
             fields: fields! {"src.addr" => peer.to_string(), "direction" => "inbound", "error" => err},
         });
     };
-    let tls = match tokio::time::timeout(hs_deadline, acceptor.accept(tcp)).await {
+    let mut tls = match tokio::time::timeout(hs_deadline, acceptor.accept(crate::tls::tls_socket(tcp))).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             pi.metrics.tls_handshake_failures_inbound.fetch_add(1, Ordering::Relaxed);
@@ -124,6 +124,7 @@ async fn serve_connection(
             return warn("TLS handshake failed", "timed out".into());
         }
     };
+    tls.get_mut().1.set_buffer_limit(Some(crate::tls::TLS_SEND_BUFFER));
     // The verifier accepted exactly one SPIFFE SAN in our trust domain; read that same SAN back.
     let peer_id = match tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| spiffe_identity(c)) {
         Some(Ok(id)) => Arc::new(id),

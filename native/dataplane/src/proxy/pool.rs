@@ -288,9 +288,9 @@ impl Pool {
             .map_err(|e| PoolError::Connect(key.dst, e))?;
         // No SNI is sent (enable_sni = false); the name only satisfies the API.
         let server_name = rustls::pki_types::ServerName::IpAddress(key.dst.ip().into());
-        let tls = tokio::time::timeout(
+        let mut tls = tokio::time::timeout(
             self.cfg.handshake_timeout(),
-            TlsConnector::from(Arc::new(tls_cfg)).connect(server_name, tcp),
+            TlsConnector::from(Arc::new(tls_cfg)).connect(server_name, crate::tls::tls_socket(tcp)),
         )
         .await
         .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")))
@@ -298,6 +298,7 @@ impl Pool {
             self.metrics.tls_handshake_failures_outbound.fetch_add(1, Ordering::Relaxed);
             PoolError::Tls(key.dst, e)
         })?;
+        tls.get_mut().1.set_buffer_limit(Some(crate::tls::TLS_SEND_BUFFER));
         let (send, mut conn) =
             builder(&self.cfg).handshake::<_, Bytes>(tls).await.map_err(|e| PoolError::H2Handshake(key.dst, e))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
