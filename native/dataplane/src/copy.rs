@@ -5,6 +5,8 @@
 //!   on HTTP/2) and the other direction keeps going; an error in either direction ends both.
 //! - Buffers start small and grow with the bytes moved (1 KiB → 16 KiB after 128 KiB → 256 KiB after 10 MiB), so
 //!   idle connections cost little and bulk transfers make few syscalls (ztunnel #1024, #1169).
+//! - TCP → HTTP/2 holds no buffer while its socket has nothing to read: an idle tunneled connection costs no copy
+//!   buffer at all (the buffer is allocated once the socket is readable).
 //! - Data read from TCP is handed to h2 as `Bytes` without another copy.
 //! - Every chunk moved is added to the connection's byte counters.
 
@@ -82,13 +84,21 @@ where
 }
 
 /// TCP → HTTP/2: read from the socket and send DATA frames, respecting the peer's flow control.
-pub async fn tcp_to_h2<R>(mut r: R, mut send: SendStream<Bytes>, counter: &Tally<'_>) -> io::Result<u64>
-where
-    R: AsyncRead + Unpin,
-{
+pub async fn tcp_to_h2(
+    mut r: tokio::net::tcp::OwnedReadHalf,
+    mut send: SendStream<Bytes>,
+    counter: &Tally<'_>,
+) -> io::Result<u64> {
+    use futures_util::FutureExt;
     let mut moved = 0u64;
     let mut buf = BytesMut::new();
     loop {
+        if r.readable().now_or_never().is_none() {
+            // About to wait for the peer: wait without a buffer (the last one's unused tail is still tied to the
+            // allocation h2 may be holding).
+            buf = BytesMut::new();
+            r.readable().await?;
+        }
         buf.reserve(buffer_size(moved));
         let n = r.read_buf(&mut buf).await?;
         if n == 0 {
