@@ -27,6 +27,7 @@ export const METRICS = [
   ['added_max_p99_us', 'latency added at p99, max rate (vs direct, same round)', 'µs', 'lower'],
   ['lat_max_rps', 'max rate, one connection (req/s)', 'req/s', 'higher'],
   ['cps', 'new connections/s through a warm tunnel', 'conn/s', 'higher'],
+  ['cpu_us_per_connection', 'proxies\' CPU per new connection (1-byte echo)', 'µs', 'lower'],
   ['tput1_cpu_s_per_gb', 'proxies\' CPU per GB, single stream', 'CPU-s/GB', 'lower'],
   ['tput4_cpu_s_per_gb', 'proxies\' CPU per GB, 4 streams', 'CPU-s/GB', 'lower'],
   ['vcpu_at_rate', 'proxies\' CPU at {rate} rps of 1 KiB', 'vCPU', 'lower'],
@@ -158,7 +159,8 @@ export function renderSvg(result) {
     ['tput4_gbps', '4-stream throughput', 'Gbit/s, higher is better'],
     ['added_rate_p99_us', `p99 latency added at ${result.config.params.rate} rps`, 'µs over direct, lower is better'],
     ['cps', 'New connections/s (warm tunnel)', 'higher is better'],
-    ['tput1_cpu_s_per_gb', 'Proxies\' CPU per GB (1 stream)', 'CPU-s/GB, lower is better'],
+    ['cpu_us_per_connection', 'proxies\' CPU per new connection (1-byte echo)', 'µs', 'lower'],
+  ['tput1_cpu_s_per_gb', 'Proxies\' CPU per GB (1 stream)', 'CPU-s/GB, lower is better'],
     ['rss_per_1000_idle_mib', 'Memory per 1,000 idle connections', 'MiB, both proxies, lower is better'],
   ];
   const W = 330;

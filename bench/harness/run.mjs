@@ -175,7 +175,11 @@ export async function runBench(opts) {
         for (const k of ['p50', 'p90', 'p99', 'p999']) add(`lat_max_${k}_us`, t.name, r[`${k}_us`]);
         add('lat_max_rps', t.name, r.rps);
       }
-      for (const t of order) add('cps', t.name, run(['connections', ...via(t), '--count', String(p.cps)]).cps);
+      for (const t of order) {
+        const cpu0 = totalCpu(t.pids);
+        add('cps', t.name, run(['connections', ...via(t), '--count', String(p.cps)]).cps);
+        if (t.pids.length) add('cpu_us_per_connection', t.name, ((totalCpu(t.pids) - cpu0) / p.cps) * 1e6);
+      }
       log(`round ${round + 1}/${p.rounds} done (${((Date.now() - started) / 1000).toFixed(0)}s)`);
     }
     const handshakesAfter = await env.envoyHandshakes();

@@ -68,7 +68,10 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
   assert.equal(json.targets.length, 6);
   for (const tg of json.targets) {
     assert.equal(typeof tg.text, 'string');
-    if (result.envoy.available || !/Envoy/.test(tg.text)) assert.equal(typeof tg.value, 'number', `target ${tg.id} measured`);
+    // A ratio may be null in a run this small (10 ms CPU ticks can read 0 for a 4 MiB transfer), never missing.
+    assert.ok(tg.value === null || Number.isFinite(tg.value), `target ${tg.id}: ${tg.value}`);
+    if (tg.value === null) assert.equal(tg.met, null, `target ${tg.id}: not judged without a value`);
+    else assert.equal(typeof tg.met, 'boolean', `target ${tg.id}: judged`);
   }
   for (const n of proxied.filter((x) => x !== 'ztunnel-node-tcp')) {
     const held = json.memory[n].holding[PROFILES.smoke.hold[0]];
