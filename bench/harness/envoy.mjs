@@ -65,8 +65,17 @@ export function ensureEnvoy(root, { install = true } = {}) {
 const TLS13 = { tls_minimum_protocol_version: 'TLSv1_3', tls_maximum_protocol_version: 'TLSv1_3' };
 const any = (type) => ({ '@type': `type.googleapis.com/${type}` });
 
-function tlsCerts(files) {
-  return [{ certificate_chain: { filename: files.chain }, private_key: { filename: files.key } }];
+/** TLS 1.3, ALPN h2, our SPIFFE certificate, and the peer's URI SAN matched against `san` under the CA's root. */
+function commonTls(certs, san) {
+  return {
+    alpn_protocols: ['h2'],
+    tls_params: TLS13,
+    tls_certificates: [{ certificate_chain: { filename: certs.chain }, private_key: { filename: certs.key } }],
+    validation_context: {
+      trusted_ca: { filename: certs.root },
+      match_typed_subject_alt_names: [{ san_type: 'URI', matcher: san }],
+    },
+  };
 }
 
 function admin(ip, port) {
@@ -118,15 +127,7 @@ export function clientConfig({ adminIp, adminPort, targets, server, certs, serve
           name: 'envoy.transport_sockets.tls',
           typed_config: {
             ...any('envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext'),
-            common_tls_context: {
-              alpn_protocols: ['h2'],
-              tls_params: TLS13,
-              tls_certificates: tlsCerts(certs),
-              validation_context: {
-                trusted_ca: { filename: certs.root },
-                match_typed_subject_alt_names: [{ san_type: 'URI', matcher: { exact: serverId } }],
-              },
-            },
+            common_tls_context: commonTls(certs, { exact: serverId }),
           },
         },
       }],
@@ -148,15 +149,7 @@ export function serverConfig({ adminIp, adminPort, listen, workload, certs, trus
             typed_config: {
               ...any('envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext'),
               require_client_certificate: true,
-              common_tls_context: {
-                alpn_protocols: ['h2'],
-                tls_params: TLS13,
-                tls_certificates: tlsCerts(certs),
-                validation_context: {
-                  trusted_ca: { filename: certs.root },
-                  match_typed_subject_alt_names: [{ san_type: 'URI', matcher: { prefix: `spiffe://${trustDomain}/` } }],
-                },
-              },
+              common_tls_context: commonTls(certs, { prefix: `spiffe://${trustDomain}/` }),
             },
           },
           filters: [{
