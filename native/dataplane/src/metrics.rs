@@ -150,15 +150,22 @@ struct BucketJson<'a> {
 }
 
 impl Metrics {
-    fn bucket(&self, labels: TrafficLabels) -> Arc<Counters> {
+    /// The bucket of a label set: its shared key (one allocation per distinct label set, not per connection) and
+    /// its counters.
+    fn bucket(&self, labels: TrafficLabels) -> (Arc<TrafficLabels>, Arc<Counters>) {
         let mut b = self.buckets.lock().expect("metrics lock");
-        b.entry(Arc::new(labels)).or_default().clone()
+        if let Some((k, c)) = b.get_key_value(&labels) {
+            return (k.clone(), c.clone());
+        }
+        let (k, c) = (Arc::new(labels), Arc::new(Counters::default()));
+        b.insert(k.clone(), c.clone());
+        (k, c)
     }
 
     /// Count a connection as opened; the returned guard counts it closed when dropped.
     pub fn open(self: &Arc<Self>, labels: TrafficLabels) -> ConnectionGuard {
         let reporter_dest = labels.reporter == "destination";
-        let counters = self.bucket(labels.clone());
+        let (labels, counters) = self.bucket(labels);
         counters.opened.fetch_add(1, Ordering::Relaxed);
         self.sockets(reporter_dest).fetch_add(1, Ordering::Relaxed);
         ConnectionGuard { metrics: self.clone(), labels, counters, failure: None, reporter_dest }
@@ -211,7 +218,8 @@ impl Metrics {
 /// One connection's counters. Bytes are added as they are copied; open/close/failure are counted here.
 pub struct ConnectionGuard {
     metrics: Arc<Metrics>,
-    labels: TrafficLabels,
+    /// Shared with the bucket: a live connection holds a pointer, not its own copy of ~20 label strings.
+    labels: Arc<TrafficLabels>,
     pub counters: Arc<Counters>,
     failure: Option<&'static str>,
     reporter_dest: bool,
@@ -229,9 +237,9 @@ impl Drop for ConnectionGuard {
         self.counters.closed.fetch_add(1, Ordering::Relaxed);
         self.metrics.sockets(self.reporter_dest).fetch_sub(1, Ordering::Relaxed);
         if let Some(flag) = self.failure {
-            let mut labels = self.labels.clone();
+            let mut labels = (*self.labels).clone();
             labels.response_flags = flag.into();
-            self.metrics.bucket(labels).failed.fetch_add(1, Ordering::Relaxed);
+            self.metrics.bucket(labels).1.failed.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
