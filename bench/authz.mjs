@@ -6,7 +6,7 @@
 import { spawnSync } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Dataplane } from '../dist/native/index.js';
+import { emptyMatch, openBenchDataplane } from './common.mjs';
 import { StateStore } from '../dist/state/store.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -18,10 +18,6 @@ const r = spawnSync('cargo', ['run', '--release', '-q', '-p', 'ztunnel-dataplane
 if (r.status !== 0) throw new Error(`rbac_bench failed: ${r.stderr}`);
 const decision = JSON.parse(r.stdout.trim().split('\n').pop());
 
-const emptyMatch = () => ({
-  namespaces: [], notNamespaces: [], principals: [], notPrincipals: [], serviceAccounts: [], notServiceAccounts: [],
-  sourceIps: [], notSourceIps: [], destinationIps: [], notDestinationIps: [], destinationPorts: [], notDestinationPorts: [],
-});
 function policy(i, port = 8000) {
   return {
     name: `p-${i}`,
@@ -35,12 +31,7 @@ function policy(i, port = 8000) {
   };
 }
 
-const dp = Dataplane.open({
-  nodeName: 'bench', clusterId: 'Kubernetes', network: '', trustDomain: 'cluster.local', workerThreads: 1, hbonePort: 15008,
-  poolMaxStreamsPerConnection: 100, poolUnusedReleaseTimeoutMs: 300000,
-  http2: { streamWindowSize: 4194304, connectionWindowSize: 16777216, frameSize: 1048576 },
-  connectTimeoutMs: 10000, terminationDeadlineMs: 1000, socks5Enabled: false, bindSourceIp: false,
-});
+const dp = openBenchDataplane();
 const store = new StateStore();
 const started = performance.now();
 store.apply({ policies: Array.from({ length: POLICIES }, (_, i) => policy(i)) }, (d) => dp.applyState(d));

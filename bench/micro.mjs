@@ -7,7 +7,8 @@ import Benchmark from 'benchmark';
 import { spawnSync } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Dataplane, nativeVersion } from '../dist/native/index.js';
+import { nativeVersion } from '../dist/native/index.js';
+import { emptyMatch, openBenchDataplane } from './common.mjs';
 import { compilePolicy } from '../dist/policy/compile.js';
 import { StateStore } from '../dist/state/store.js';
 
@@ -21,21 +22,12 @@ const workload = (i, ip = `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`) 
   clusterId: 'Kubernetes', locality: { region: '', zone: '', subzone: '' }, services: {}, authorizationPolicies: [], hostname: '',
   networkMode: 'Standard', waypoint: null, networkGateway: null, applicationTunnel: null, nativeTunnel: false,
 });
-const emptyMatch = () => ({
-  namespaces: [], notNamespaces: [], principals: [], notPrincipals: [], serviceAccounts: [], notServiceAccounts: [],
-  sourceIps: [], notSourceIps: [], destinationIps: [], notDestinationIps: [], destinationPorts: [], notDestinationPorts: [],
-});
 const policy = {
   name: 'p', namespace: 'ns-1', scope: 'Namespace', action: 'Allow', dryRun: false,
   rules: Array.from({ length: 10 }, (_, r) => [[{ ...emptyMatch(), principals: [{ Exact: `spiffe://cluster.local/ns/c/sa/s${r}` }], sourceIps: ['10.0.0.0/8'], destinationPorts: [8000 + r] }]]),
 };
 
-const dp = Dataplane.open({
-  nodeName: 'bench', clusterId: 'Kubernetes', network: '', trustDomain: 'cluster.local', workerThreads: 1, hbonePort: 15008,
-  poolMaxStreamsPerConnection: 100, poolUnusedReleaseTimeoutMs: 300000,
-  http2: { streamWindowSize: 4194304, connectionWindowSize: 16777216, frameSize: 1048576 },
-  connectTimeoutMs: 10000, terminationDeadlineMs: 1000, socks5Enabled: false, bindSourceIp: false,
-});
+const dp = openBenchDataplane();
 const store = new StateStore();
 store.apply({ workloads: Array.from({ length: WORKLOADS }, (_, i) => workload(i)), policies: [policy] }, (d) => dp.applyState(d));
 let flip = 0;
