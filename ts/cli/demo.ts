@@ -8,7 +8,7 @@
 // which delivers them to the echo server. The table printed afterwards comes from what an operator would look
 // at: both nodes' /metrics.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { copyFile, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { copyFile, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -234,6 +234,12 @@ async function settledMetrics(a: NodeSpec, b: NodeSpec): Promise<{ a: Sample[]; 
   }
 }
 
+/** Write then rename, as editors and ConfigMap updates do: the watcher never sees a half-written file. */
+async function replaceFile(path: string, text: string): Promise<void> {
+  await writeFile(`${path}.tmp`, text);
+  await rename(`${path}.tmp`, path);
+}
+
 /**
  * Opens a connection sleep -> echo, appends a DENY for sleep to the config file the daemons watch, and shows the
  * live connection being cut and a new one refused; then restores the file.
@@ -247,7 +253,7 @@ async function policyScene(configPath: string, b: NodeSpec): Promise<{ ok: boole
   live.on('error', () => undefined);
   live.resume();
   const written = performance.now();
-  await writeFile(configPath, original + DENY_SLEEP_POLICY);
+  await replaceFile(configPath, original + DENY_SLEEP_POLICY);
   const closedAt = await Promise.race([closed, sleep(5_000).then(() => null)]);
   let refused = 'NOT refused';
   let refusedOk = false;
@@ -260,7 +266,7 @@ async function policyScene(configPath: string, b: NodeSpec): Promise<{ ok: boole
   }
   const samples = await scrape(b);
   const denied = sumSamples(samples, 'istio_tcp_connections_failed_total', { reporter: 'destination', response_flags: 'DENY' });
-  await writeFile(configPath, original);
+  await replaceFile(configPath, original);
   live.destroy();
   return {
     ok: closedAt !== null && refusedOk && denied > 0,

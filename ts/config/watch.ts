@@ -1,5 +1,7 @@
-// Reloading the local config file (LOCAL_XDS_PATH): the daemon polls the file's size and mtime and, when either
-// changes, parses and validates it again. A valid file is handed over as a whole new LocalConfig (the caller
+// Reloading the local config file (LOCAL_XDS_PATH): the daemon polls the file's size and mtime and, once they
+// have changed and then held still for a moment, parses and validates it again. The settle delay matters: a writer
+// that truncates and then writes (`cat > file`, fs.writeFile) is seen mid-way as an empty or partial file, which is
+// valid YAML for "no workloads" and would tear every listener down. A valid file is handed over as a whole new LocalConfig (the caller
 // applies only what changed, as a delta); an invalid one is reported with its file, path and problem, and the last
 // good config keeps serving. Polling (fs.watchFile) rather than inotify: editors and ConfigMap mounts replace the
 // file by rename, which a watch on the old inode would miss.
@@ -7,7 +9,9 @@ import { unwatchFile, watchFile, type Stats } from 'node:fs';
 import { loadLocalConfig, type LocalConfig } from './local.js';
 
 /** Often enough that a policy change reaches live connections well within a second. */
-export const LOCAL_CONFIG_POLL_MS = 200;
+export const LOCAL_CONFIG_POLL_MS = 100;
+/** A change is read once the file has not changed for this long (more than one poll interval). */
+export const LOCAL_CONFIG_SETTLE_MS = 250;
 
 export interface LocalConfigWatch {
   stop(): void;
@@ -19,8 +23,9 @@ export function watchLocalConfig(
   onError: (err: unknown) => void,
 ): LocalConfigWatch {
   let running: Promise<void> = Promise.resolve();
-  const listener = (curr: Stats, prev: Stats) => {
-    if (curr.mtimeMs === prev.mtimeMs && curr.size === prev.size && curr.ino === prev.ino) return;
+  let settle: NodeJS.Timeout | null = null;
+  const reload = () => {
+    settle = null;
     // Serialize reloads: a slow parse must not let an older file win over a newer one.
     running = running.then(async () => {
       try {
@@ -31,6 +36,17 @@ export function watchLocalConfig(
       }
     });
   };
+  const listener = (curr: Stats, prev: Stats) => {
+    if (curr.mtimeMs === prev.mtimeMs && curr.size === prev.size && curr.ino === prev.ino) return;
+    if (settle !== null) clearTimeout(settle);
+    settle = setTimeout(reload, LOCAL_CONFIG_SETTLE_MS);
+    settle.unref();
+  };
   watchFile(path, { interval: LOCAL_CONFIG_POLL_MS, persistent: false }, listener);
-  return { stop: () => unwatchFile(path, listener) };
+  return {
+    stop: () => {
+      if (settle !== null) clearTimeout(settle);
+      unwatchFile(path, listener);
+    },
+  };
 }
