@@ -9,6 +9,7 @@ import { runProxy } from '../../dist/lifecycle/proxy.js';
 import { createLogs } from '../../dist/log/logger.js';
 import { ZtunnelError, LocalConfigError } from '../../dist/errors.js';
 import { parsePrometheusText, sumSamples } from '../../dist/cli/prom-text.js';
+import { get, waitUntil } from '../helpers/local-http.js';
 
 function pki() {
   try {
@@ -73,24 +74,12 @@ function setup({ env = {}, dp = fakeDataplane() } = {}) {
   return { dp, lines, logs, config, deps };
 }
 
-async function get(addr, path, init) {
-  const res = await fetch(`http://127.0.0.1:${addr.port}${path}`, init);
-  return { status: res.status, body: await res.text() };
-}
 
-async function waitFor(fn, what) {
-  const deadline = Date.now() + 5_000;
-  for (;;) {
-    if (await fn()) return;
-    if (Date.now() > deadline) assert.fail(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 test('local mode: certificates, then listeners, then ready; dumps and metrics; quitquitquit drains', { skip }, async () => {
   const { dp, lines, logs, config, deps } = setup();
   const proxy = await runProxy(config, logs, { deps, handleSignals: false });
-  await waitFor(async () => (await get(proxy.addresses.readiness, '/healthz/ready')).status === 200, 'ready');
+  await waitUntil(async () => (await get(proxy.addresses.readiness, '/healthz/ready')).status === 200, 'ready');
 
   const ops = dp.log.map(([op]) => op);
   assert.deepEqual(ops.slice(0, 2), ['open', 'applyState']);
@@ -115,7 +104,7 @@ test('local mode: certificates, then listeners, then ready; dumps and metrics; q
   const samples = parsePrometheusText((await get(proxy.addresses.stats, '/metrics')).body);
   assert.equal(sumSamples(samples, 'istio_tcp_connections_opened_total', { reporter: 'destination' }), 4);
 
-  await waitFor(() => lines.some((l) => l.target === 'access' && l.message === 'connection complete'), 'the access log');
+  await waitUntil(() => lines.some((l) => l.target === 'access' && l.message === 'connection complete'), 'the access log');
   const access = lines.find((l) => l.target === 'access');
   assert.equal(access['src.addr'], '127.0.1.10:1234');
 

@@ -8,6 +8,7 @@ import { loadConfig } from '../../dist/config/index.js';
 import { runProxy } from '../../dist/lifecycle/proxy.js';
 import { createLogs } from '../../dist/log/logger.js';
 import { ADDRESS, AUTHORIZATION, ISTIOD_HOSTNAME, startFakeIstiod, workloadResource } from '../helpers/fake-istiod.js';
+import { get, waitUntil } from '../helpers/local-http.js';
 
 const dir = tempDir('ztn-proxy-xds-');
 const root = makeCa(dir, 'root');
@@ -54,19 +55,7 @@ async function start(env) {
   return { dp, proxy };
 }
 
-async function get(addr, path) {
-  const res = await fetch(`http://127.0.0.1:${addr.port}${path}`);
-  return { status: res.status, body: await res.text() };
-}
 
-async function waitFor(fn, what) {
-  const deadline = Date.now() + 5_000;
-  for (;;) {
-    if (await fn()) return;
-    if (Date.now() > deadline) assert.fail(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 test('the local file and xDS both feed the state; one update is one small delta; listeners follow', async () => {
   const istiod = await startFakeIstiod({ dir });
@@ -83,7 +72,7 @@ test('the local file and xDS both feed the state; one update is one small delta;
     const others = Array.from({ length: 50 }, (_, i) => workloadResource({ name: `w${i}`, ip: `127.0.10.${i + 1}`, node: 'node-z' }));
     await s.pushAndWait(ADDRESS, { resources: [sleep, ...others] });
     await s.pushAndWait(AUTHORIZATION, { resources: [] });
-    await waitFor(async () => (await get(proxy.addresses.readiness, '/healthz/ready')).status === 200, 'ready');
+    await waitUntil(async () => (await get(proxy.addresses.readiness, '/healthz/ready')).status === 200, 'ready');
     const dump = JSON.parse((await get(proxy.addresses.admin, '/config_dump')).body);
     assert.equal(dump.workloads.length, 52);
     assert.ok(dump.workloads.some((w) => w.uid === 'u-file'));
@@ -99,11 +88,11 @@ test('the local file and xDS both feed the state; one update is one small delta;
 
     // The local workload leaves this node: its listeners go, and its certificate is forgotten.
     await s.pushAndWait(ADDRESS, { resources: [workloadResource({ name: 'sleep', ip: '127.0.9.2', node: 'node-q', version: 'v2' })] });
-    await waitFor(() => dp.log.some(([op, uid]) => op === 'removeLocalWorkload' && uid === 'Kubernetes//Pod/default/sleep'), 'listeners removed');
-    await waitFor(async () => JSON.parse((await get(proxy.addresses.admin, '/config_dump')).body).certificates.length === 0, 'certificate forgotten');
+    await waitUntil(() => dp.log.some(([op, uid]) => op === 'removeLocalWorkload' && uid === 'Kubernetes//Pod/default/sleep'), 'listeners removed');
+    await waitUntil(async () => JSON.parse((await get(proxy.addresses.admin, '/config_dump')).body).certificates.length === 0, 'certificate forgotten');
     // It comes back with a new IP: listeners are bound again, on the new IP.
     await s.pushAndWait(ADDRESS, { resources: [workloadResource({ name: 'sleep', ip: '127.0.9.3', node: 'node-a', version: 'v3' })] });
-    await waitFor(() => dp.log.some(([op, x]) => op === 'addLocalWorkload' && x.hboneAddr === '127.0.9.3:15008'), 'listeners on the new IP');
+    await waitUntil(() => dp.log.some(([op, x]) => op === 'addLocalWorkload' && x.hboneAddr === '127.0.9.3:15008'), 'listeners on the new IP');
 
     const metrics = (await get(proxy.addresses.stats, '/metrics')).body;
     assert.match(metrics, /istio_xds_message_total\{url="type.googleapis.com\/istio.workload.Address"\} [1-9]/);
@@ -117,7 +106,7 @@ test('the local file and xDS both feed the state; one update is one small delta;
 test('XDS_ADDRESS="" disables xDS: ready on the local file alone', async () => {
   const { proxy } = await start({ XDS_ADDRESS: '', LOCAL_XDS: LOCAL_XDS.replace('elsewhere', 'node-a') });
   try {
-    await waitFor(async () => (await get(proxy.addresses.readiness, '/healthz/ready')).status === 200, 'ready');
+    await waitUntil(async () => (await get(proxy.addresses.readiness, '/healthz/ready')).status === 200, 'ready');
     const dump = JSON.parse((await get(proxy.addresses.admin, '/config_dump')).body);
     assert.equal(dump.config.xdsAddress, null);
     assert.doesNotMatch((await get(proxy.addresses.stats, '/metrics')).body, /istio_xds_message_total\{/);
