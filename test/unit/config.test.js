@@ -176,3 +176,11 @@ test('configForDump is camelCase and renders durations and addresses', () => {
   // The dump is JSON-serializable as-is.
   assert.deepEqual(JSON.parse(JSON.stringify(d)).nodeName, 'node-a');
 });
+
+test('in-pod settings: PACKET_MARK must fit SO_MARK (u32), ENABLE_ORIG_SRC maps to auto/required/never', () => {
+  assert.throws(() => loadConfig({ env: { PACKET_MARK: '4294967296' }, args: [] }), /PACKET_MARK: "4294967296" is not an integer between 0 and 4294967295/);
+  const d = loadConfig({ env: {}, args: [] }).inpod;
+  assert.deepEqual(d, { uds: '/var/run/ztunnel/ztunnel.sock', packetMark: 1337, portReuse: true, origSrc: 'auto' });
+  assert.equal(loadConfig({ env: { ENABLE_ORIG_SRC: 'true' }, args: [] }).inpod.origSrc, 'required');
+  assert.equal(loadConfig({ env: { ENABLE_ORIG_SRC: 'false', INPOD_PORT_REUSE: 'false' }, args: [] }).inpod.origSrc, 'never');
+});

@@ -30,10 +30,10 @@ const positiveInt = (max = Number.MAX_SAFE_INTEGER) =>
     return n;
   });
 
-const nonNegativeInt = () =>
+const nonNegativeInt = (max = Number.MAX_SAFE_INTEGER) =>
   z.string().transform((s, ctx) => {
     const n = /^\d+$/.test(s.trim()) ? Number(s) : NaN;
-    return Number.isSafeInteger(n) ? n : fail(ctx, s, `"${s}" is not a non-negative integer`);
+    return Number.isSafeInteger(n) && n <= max ? n : fail(ctx, s, `"${s}" is not an integer between 0 and ${max}`);
   });
 
 const cpuQuantity = () =>
@@ -154,7 +154,7 @@ const fields = {
   UNSTABLE_ENABLE_SOCKS5: bool().optional().describe('SOCKS5 listener on :15080 per local workload (default: on in local mode)'),
   LOCAL_CA_DIR: nonEmpty().optional().describe('directory of the built-in CA root (created if absent; required in local mode)'),
   INPOD_UDS: nonEmpty().optional().describe('ZDS socket of the istio-cni node agent (/var/run/ztunnel/ztunnel.sock; shared mode)'),
-  PACKET_MARK: nonNegativeInt().optional().describe('SO_MARK on every socket in a pod netns (1337 = 0x539)'),
+  PACKET_MARK: nonNegativeInt(0xffffffff).optional().describe('SO_MARK on every socket in a pod netns (1337 = 0x539)'),
   INPOD_PORT_REUSE: bool().optional().describe('SO_REUSEPORT on in-pod listeners, so a new daemon binds beside a draining one (true)'),
   ENABLE_ORIG_SRC: bool().optional().describe('keep the client source IP toward local apps: unset = when possible, true = required, false = never'),
   ADMIN_ADDR: address().optional().describe('admin server (127.0.0.1:15000)'),
