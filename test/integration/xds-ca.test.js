@@ -130,7 +130,9 @@ test('CA down: unexpired certificates keep serving, retries back off', async () 
   const failed = istiod.certRequests.filter((x) => x.identity === SLEEP_ID && x.at >= downAt).map((x) => x.at);
   assert.ok(failed.length >= 3 && failed.length <= 6, `attempts while down: ${failed.length}`);
   const gaps = failed.slice(1).map((t, i) => t - failed[i]);
-  assert.ok(gaps[gaps.length - 1] > gaps[0] * 1.4, `gaps ${gaps.join(', ')} ms should grow`);
+  // Each step doubles with +-20 % jitter, so one step grows the gap by at least 0.8 * 2 / 1.2 = 1.33x (the exact
+  // sequence is the certificate-manager unit test's, with the jitter pinned).
+  assert.ok(gaps[gaps.length - 1] > gaps[0] * 1.2, `gaps ${gaps.join(', ')} ms should grow`);
   const c = (await dump(a)).certificates.find((x) => x.identity === SLEEP_ID);
   assert.equal(c.state, 'Available', 'a failed refresh keeps the unexpired certificate');
   assert.equal((await httpGet(a.readinessUrl)).status, 200);
