@@ -4,7 +4,9 @@
 //   client side  a plain TCP listener per target (the load client dials it directly, with no SOCKS5 handshake: a
 //                slightly cheaper entry than ztunnel-node's SOCKS5 one) whose tcp_proxy tunnels each connection over
 //                an HTTP/2 CONNECT (tunneling_config) through an mTLS cluster (TLS 1.3, ALPN h2, the client's SPIFFE
-//                certificate, the server's SPIFFE SAN verified against the same CA's root)
+//                certificate, the server's SPIFFE SAN verified against the same CA's root). A `perConnection` target
+//                uses a second cluster whose connections carry one request each and resume no TLS session: every
+//                connection through it makes a full mTLS handshake (the `tunnels` measurement)
 //   server side  a TLS listener on 15008 requiring a client certificate from that CA, whose HTTP connection manager
 //                accepts CONNECT (upgrade_configs CONNECT, http2_protocol_options.allow_connect, 100 streams per
 //                connection as Istio set) and forwards each stream as TCP to the workload (connect_config)
@@ -91,7 +93,39 @@ function endpoint(host, port) {
   return { endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: host, port_value: port } } } }] }] };
 }
 
-/** The HBONE client role (node A): one plain TCP listener per target, CONNECT through the mTLS cluster. */
+/**
+ * An HBONE cluster to the server role: HTTP/2 over mTLS. `perConnection`: one request per connection and no TLS
+ * session resumption (ztunnel-node resumes none), so each CONNECT makes a new connection with a full handshake.
+ */
+function hboneCluster(name, { server, certs, serverId, perConnection = false }) {
+  return {
+    name,
+    type: 'STATIC',
+    connect_timeout: '5s',
+    circuit_breakers: UNLIMITED,
+    load_assignment: { cluster_name: name, ...endpoint(server.ip, server.port) },
+    typed_extension_protocol_options: {
+      'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': {
+        ...any('envoy.extensions.upstreams.http.v3.HttpProtocolOptions'),
+        ...(perConnection ? { common_http_protocol_options: { max_requests_per_connection: 1 } } : {}),
+        explicit_http_config: { http2_protocol_options: {} },
+      },
+    },
+    transport_socket: {
+      name: 'envoy.transport_sockets.tls',
+      typed_config: {
+        ...any('envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext'),
+        common_tls_context: commonTls(certs, { exact: serverId }),
+        ...(perConnection ? { max_session_keys: 0 } : {}),
+      },
+    },
+  };
+}
+
+/**
+ * The HBONE client role (node A): one plain TCP listener per target, CONNECT through the mTLS cluster (`hbone`, or
+ * `hbone_per_connection` for a target with `perConnection`).
+ */
 export function clientConfig({ adminIp, adminPort, targets, server, certs, serverId }) {
   return {
     admin: admin(adminIp, adminPort),
@@ -105,32 +139,16 @@ export function clientConfig({ adminIp, adminPort, targets, server, certs, serve
             typed_config: {
               ...any('envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy'),
               stat_prefix: `outbound_${i}`,
-              cluster: 'hbone',
+              cluster: t.perConnection ? 'hbone_per_connection' : 'hbone',
               tunneling_config: { hostname: t.authority },
             },
           }],
         }],
       })),
-      clusters: [{
-        name: 'hbone',
-        type: 'STATIC',
-        connect_timeout: '5s',
-        circuit_breakers: UNLIMITED,
-        load_assignment: { cluster_name: 'hbone', ...endpoint(server.ip, server.port) },
-        typed_extension_protocol_options: {
-          'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': {
-            ...any('envoy.extensions.upstreams.http.v3.HttpProtocolOptions'),
-            explicit_http_config: { http2_protocol_options: {} },
-          },
-        },
-        transport_socket: {
-          name: 'envoy.transport_sockets.tls',
-          typed_config: {
-            ...any('envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext'),
-            common_tls_context: commonTls(certs, { exact: serverId }),
-          },
-        },
-      }],
+      clusters: [
+        hboneCluster('hbone', { server, certs, serverId }),
+        ...(targets.some((t) => t.perConnection) ? [hboneCluster('hbone_per_connection', { server, certs, serverId, perConnection: true })] : []),
+      ],
     },
   };
 }
@@ -201,13 +219,18 @@ export function envoyCertificates(dir, caDir, { clientSa = 'sleep', serverSa = '
   return { ...out, serverId: spiffe('default', serverSa) };
 }
 
-/** Envoy's TLS handshake counters from its admin /stats: { client, server } (cluster and listener side). */
-export async function handshakeCounts(adminBase) {
-  const r = await fetch(`${adminBase}/stats?format=json&filter=ssl%5C.handshake%24`);
+/** Envoy's counters whose names match `pattern`, from its admin /stats: { name: value }. */
+export async function envoyStats(adminBase, pattern) {
+  const r = await fetch(`${adminBase}/stats?format=json&filter=${encodeURIComponent(pattern.source)}`);
   const body = await r.json();
-  let total = 0;
-  for (const s of body.stats ?? []) if (/ssl\.handshake$/.test(s.name)) total += Number(s.value ?? 0);
-  return total;
+  const out = {};
+  for (const s of body.stats ?? []) if (pattern.test(s.name)) out[s.name] = Number(s.value ?? 0);
+  return out;
+}
+
+/** Envoy's TLS handshakes (cluster and listener side together), from its admin /stats. */
+export async function handshakeCounts(adminBase) {
+  return Object.values(await envoyStats(adminBase, /ssl\.handshake$/)).reduce((a, b) => a + b, 0);
 }
 
 // `node bench/harness/envoy.mjs`: install (or check) Envoy in bench/.venv and print what is there (.ci/run uses it).

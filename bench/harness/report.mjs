@@ -28,6 +28,8 @@ export const METRICS = [
   ['lat_max_rps', 'max rate, one connection (req/s)', 'req/s', 'higher'],
   ['cps', 'new connections/s through a warm tunnel', 'conn/s', 'higher'],
   ['cpu_us_per_connection', 'proxies\' CPU per new connection (1-byte echo)', 'µs', 'lower'],
+  ['tunnels', 'new mTLS tunnels (a new source identity per connection: a full handshake each)', 'tunnels/s', 'higher'],
+  ['cpu_us_per_tunnel', 'proxies\' CPU per new mTLS tunnel (handshake, CONNECT, 1-byte echo)', 'µs', 'lower'],
   ['tput1_cpu_s_per_gb', 'proxies\' CPU per GB, single stream', 'CPU-s/GB', 'lower'],
   ['tput4_cpu_s_per_gb', 'proxies\' CPU per GB, 4 streams', 'CPU-s/GB', 'lower'],
   ['vcpu_at_rate', 'proxies\' CPU at {rate} rps of 1 KiB', 'vCPU', 'lower'],
@@ -116,7 +118,7 @@ export function renderMarkdown(result) {
   const p = result.config.params;
   lines.push(`Each cell: median of ${p.rounds} interleaved round(s) (min–max). Throughput: ${(p.bytes / 1024 ** 2).toFixed(0)} MiB single stream, ` +
     `${(p.bytes4 / 1024 ** 2).toFixed(0)} MiB over 4 streams; latency: ${p.rateCount} exchanges at ${p.rate} rps and ${p.maxCount} back to back; ` +
-    `${p.cps} new connections per round; idle memory with ${p.hold.join(' and ')} connections held.`, '');
+    `${p.cps} new connections per round; ${p.tunnels} new mTLS tunnels per round; idle memory with ${p.hold.join(' and ')} connections held.`, '');
   for (const [t, info] of Object.entries(result.topologies)) if (!info.available) lines.push(`**${t} skipped:** ${info.reason}`, '');
   for (const [t, m] of Object.entries(result.memory ?? {})) {
     for (const [n, h] of Object.entries(m.holding)) if (h.error) lines.push(`**${t} could not hold ${n} connections:** ${h.error}`, '');
@@ -145,6 +147,17 @@ export function renderMarkdown(result) {
     const h = result.envoy.handshakesAfter;
     lines.push('', `Envoy mTLS: ${h?.client ?? '?'} TLS handshakes on the client side, ${h?.server ?? '?'} on the server side (admin /stats ssl.handshake).`);
   }
+  const counted = result.tunnels?.counted ?? {};
+  if (counted[ZT]) {
+    const c = counted[ZT];
+    const w = result.tunnels.sourceWorkloads;
+    lines.push('', `New tunnels, ztunnel-node: ${c.connections} connections from as many source identities; node-a opened ${c.opened} HBONE connections and node-b accepted ${c.accepted} (ztunnel_node_hbone_connections_opened_total); ${c.handshakeFailures} TLS handshakes failed.` +
+      (w ? ` Adding the ${w.count} source workloads (certificates, listeners) grew node-a's RSS by ${fmt(w.nodeARssGrowthMiB)} MiB.` : ''));
+  }
+  if (counted.envoy) {
+    const c = counted.envoy;
+    lines.push('', `New tunnels, Envoy: ${c.connections} connections; ${c.opened} TLS handshakes by the one-request-per-connection cluster (${c.sessionReused} resumed), ${c.accepted} on the server side.`);
+  }
   lines.push('', ...result.config.notes.map((n) => `- ${n}`), '');
   return lines.join('\n');
 }
@@ -159,8 +172,10 @@ export function renderSvg(result) {
     ['tput4_gbps', '4-stream throughput', 'Gbit/s, higher is better'],
     ['added_rate_p99_us', `p99 latency added at ${result.config.params.rate} rps`, 'µs over direct, lower is better'],
     ['cps', 'New connections/s (warm tunnel)', 'higher is better'],
-    ['cpu_us_per_connection', 'proxies\' CPU per new connection (1-byte echo)', 'µs', 'lower'],
-  ['tput1_cpu_s_per_gb', 'Proxies\' CPU per GB (1 stream)', 'CPU-s/GB, lower is better'],
+    ['cpu_us_per_connection', 'Proxies\' CPU per new connection', 'µs, lower is better'],
+    ['tunnels', 'New mTLS tunnels/s (new identity each)', 'higher is better'],
+    ['cpu_us_per_tunnel', 'Proxies\' CPU per new mTLS tunnel', 'µs, lower is better'],
+    ['tput1_cpu_s_per_gb', 'Proxies\' CPU per GB (1 stream)', 'CPU-s/GB, lower is better'],
     ['rss_per_1000_idle_mib', 'Memory per 1,000 idle connections', 'MiB, both proxies, lower is better'],
   ];
   const W = 330;

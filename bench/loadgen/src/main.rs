@@ -11,17 +11,21 @@
 //!     it received equals the hash of what was sent (slower: for smoke tests, not for measurements).
 //!   ztn-loadgen latency    --target ADDR [--socks ADDR] --size N --count N [--rate RPS]
 //!   ztn-loadgen connections --target ADDR [--socks ADDR] --count N
+//!   ztn-loadgen connections --target ADDR [--socks ADDR | --socks-port P] --sources IP-IP|IP,IP,...
+//!     With `--sources`: one connection per source IP, each bound to its source (any 127/8 address binds without
+//!     root), so every connection comes from a different workload. `--socks-port P` enters through the SOCKS5
+//!     listener at SOURCE:P (in local mode each workload has its own, and that listener names the source identity).
 //!   ztn-loadgen hold       --target ADDR [--socks ADDR] --count N [--parallel P]
 //!     Opens N connections (P dials at a time), proves each one reaches the echo server with a 1-byte round trip,
 //!     prints `{"holding":N,...}` and keeps them all open, idle, until its standard input closes; then closes them
 //!     and prints the final JSON line. The harness measures the proxies' memory in between.
 
 use std::io::Read;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -46,17 +50,47 @@ impl Args {
             None => default,
         })
     }
+    /// `--sources`: `A-B` (an inclusive IPv4 range) or `a,b,c`.
+    fn sources(&self) -> Res<Option<Vec<IpAddr>>> {
+        let Some(spec) = self.get("--sources") else { return Ok(None) };
+        let bad = |e: &dyn std::fmt::Display| format!("--sources {spec}: {e}");
+        if let Some((from, to)) = spec.split_once('-') {
+            let from = u32::from(from.parse::<Ipv4Addr>().map_err(|e| bad(&e))?);
+            let to = u32::from(to.parse::<Ipv4Addr>().map_err(|e| bad(&e))?);
+            if to < from {
+                return Err(bad(&"the range ends before it starts").into());
+            }
+            return Ok(Some((from..=to).map(|n| IpAddr::V4(Ipv4Addr::from(n))).collect()));
+        }
+        Ok(Some(spec.split(',').map(|s| s.parse().map_err(|e| bad(&e))).collect::<Result<_, _>>()?))
+    }
+}
+
+/// A TCP connection to `to`, from `from` when given (port chosen by the kernel).
+async fn connect(to: SocketAddr, from: Option<IpAddr>) -> Res<TcpStream> {
+    let s = match from {
+        None => TcpStream::connect(to).await?,
+        Some(ip) => {
+            let sock = if ip.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+            sock.bind(SocketAddr::new(ip, 0)).map_err(|e| format!("binding {ip}: {e}"))?;
+            sock.connect(to).await?
+        }
+    };
+    s.set_nodelay(true)?;
+    Ok(s)
 }
 
 /// Connect to `target`, through the SOCKS5 proxy at `socks` if given (no auth, CONNECT, IP literal).
 async fn dial(target: SocketAddr, socks: Option<SocketAddr>) -> Res<TcpStream> {
+    dial_from(target, socks, None).await
+}
+
+/// `dial`, with the client's socket bound to `from`.
+async fn dial_from(target: SocketAddr, socks: Option<SocketAddr>, from: Option<IpAddr>) -> Res<TcpStream> {
     let Some(proxy) = socks else {
-        let s = TcpStream::connect(target).await?;
-        s.set_nodelay(true)?;
-        return Ok(s);
+        return connect(target, from).await;
     };
-    let mut s = TcpStream::connect(proxy).await?;
-    s.set_nodelay(true)?;
+    let mut s = connect(proxy, from).await?;
     let mut req = vec![5u8, 1, 0, 5, 1, 0];
     match target {
         SocketAddr::V4(a) => {
@@ -249,16 +283,33 @@ async fn latency(a: &Args) -> Res<serde_json::Value> {
 async fn connections(a: &Args) -> Res<serde_json::Value> {
     let target = a.addr("--target")?.ok_or("--target is required")?;
     let socks = a.addr("--socks")?;
-    let count = a.num("--count", 1000)?;
+    let socks_port =
+        a.get("--socks-port").map(|p| p.parse::<u16>().map_err(|e| format!("--socks-port: {e}"))).transpose()?;
+    // Without --sources: `count` connections from the default source; with it, one from each source.
+    let sources: Vec<Option<IpAddr>> = match a.sources()? {
+        Some(list) => list.into_iter().map(Some).collect(),
+        None => vec![None; a.num("--count", 1000)? as usize],
+    };
+    if socks_port.is_some() && (socks.is_some() || a.get("--sources").is_none()) {
+        return Err("--socks-port needs --sources and no --socks".into());
+    }
     let started = Instant::now();
-    for _ in 0..count {
-        let mut s = dial(target, socks).await?;
+    for &from in &sources {
+        let entry = match (socks_port, from) {
+            (Some(port), Some(ip)) => Some(SocketAddr::new(ip, port)),
+            _ => socks,
+        };
+        let mut s = dial_from(target, entry, from).await.map_err(|e| match from {
+            Some(ip) => format!("from {ip}: {e}"),
+            None => e.to_string(),
+        })?;
         s.write_all(b"e!").await?;
         let mut b = [0u8; 1];
         s.read_exact(&mut b).await?;
         drop(s);
     }
     let secs = started.elapsed().as_secs_f64();
+    let count = sources.len();
     Ok(serde_json::json!({"count": count, "seconds": secs, "cps": count as f64 / secs}))
 }
 
