@@ -10,7 +10,7 @@
 //! - Data read from TCP is handed to h2 as `Bytes` without another copy.
 //! - Every chunk moved is added to the connection's byte counters.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -93,11 +93,14 @@ pub async fn tcp_to_h2(
     let mut moved = 0u64;
     let mut buf = BytesMut::new();
     loop {
-        if r.readable().now_or_never().is_none() {
+        // Readiness is polled on the stream itself: `readable()`'s future would add 168 bytes to every
+        // connection's task for as long as it waits.
+        let ready = |cx: &mut std::task::Context<'_>| AsRef::<tokio::net::TcpStream>::as_ref(&r).poll_read_ready(cx);
+        if poll_fn(ready).now_or_never().is_none() {
             // About to wait for the peer: wait without a buffer (the last one's unused tail is still tied to the
             // allocation h2 may be holding).
             buf = BytesMut::new();
-            r.readable().await?;
+            poll_fn(ready).await?;
         }
         buf.reserve(buffer_size(moved));
         let n = r.read_buf(&mut buf).await?;
@@ -151,27 +154,29 @@ pub fn h2_io(e: h2::Error) -> io::Error {
 }
 
 /// Copy both directions between a TCP stream and an HTTP/2 stream until both are done or one fails.
-pub async fn tcp_h2_bidirectional(
+/// (A plain function returning the join, not an `async fn`: that would keep its arguments beside the join in every
+/// idle connection's task.)
+pub fn tcp_h2_bidirectional<'a>(
     tcp: tokio::net::TcpStream,
     send: SendStream<Bytes>,
     recv: RecvStream,
-    to_h2: &Tally<'_>,
-    from_h2: &Tally<'_>,
-) -> io::Result<(u64, u64)> {
+    to_h2: &'a Tally<'_>,
+    from_h2: &'a Tally<'_>,
+) -> impl Future<Output = io::Result<(u64, u64)>> + 'a {
     let (r, w) = tcp.into_split();
-    tokio::try_join!(tcp_to_h2(r, send, to_h2), h2_to_tcp(recv, w, from_h2))
+    futures_util::future::try_join(tcp_to_h2(r, send, to_h2), h2_to_tcp(recv, w, from_h2))
 }
 
 /// Copy both directions between two TCP streams.
-pub async fn tcp_bidirectional(
+pub fn tcp_bidirectional<'a>(
     a: tokio::net::TcpStream,
     b: tokio::net::TcpStream,
-    a_to_b: &Tally<'_>,
-    b_to_a: &Tally<'_>,
-) -> io::Result<(u64, u64)> {
+    a_to_b: &'a Tally<'_>,
+    b_to_a: &'a Tally<'_>,
+) -> impl Future<Output = io::Result<(u64, u64)>> + 'a {
     let (ar, aw) = a.into_split();
     let (br, bw) = b.into_split();
-    tokio::try_join!(copy_one_way(ar, bw, a_to_b), copy_one_way(br, aw, b_to_a))
+    futures_util::future::try_join(copy_one_way(ar, bw, a_to_b), copy_one_way(br, aw, b_to_a))
 }
 
 #[cfg(test)]

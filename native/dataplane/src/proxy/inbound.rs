@@ -142,15 +142,14 @@ async fn serve_connection(
             as std::pin::Pin<Box<dyn std::future::Future<Output = &'static str> + Send>>,
         None => Box::pin(std::future::pending()),
     };
+    let ctx = Arc::new(StreamContext { pi: pi.clone(), local, peer_id, peer, force: drain.force.clone() });
     let mut going_away = false;
     loop {
         tokio::select! {
             next = conn.accept() => match next {
                 Some(Ok((req, respond))) => {
-                    let (pi, uid, id, force) = (pi.clone(), local.clone(), peer_id.clone(), drain.force.clone());
-                    drain.tasks.spawn(async move {
-                        handle_stream(&pi, &uid, &id, peer, req, respond, &force).await;
-                    });
+                    let setup = Box::pin(establish_stream(ctx.clone(), req, respond));
+                    drain.tasks.spawn(stream_task(ctx.clone(), setup));
                 }
                 Some(Err(_)) | None => break,
             },
@@ -173,15 +172,62 @@ async fn respond_error(respond: &mut SendResponse<Bytes>, status: StatusCode) {
     let _ = respond.send_response(resp, true);
 }
 
-async fn handle_stream(
-    pi: &ProxyInputs,
-    local_ref: &LocalRef,
-    peer_id: &Identity,
+/// What the streams of one HBONE connection share: one allocation per connection, one pointer per stream task.
+struct StreamContext {
+    pi: Arc<ProxyInputs>,
+    local: LocalRef,
+    peer_id: Arc<Identity>,
     peer: SocketAddr,
+    force: CancellationToken,
+}
+
+/// A CONNECT stream that was authorized and whose upstream is connected: what it needs for the rest of its life.
+struct Established {
+    upstream: TcpStream,
+    send: h2::SendStream<Bytes>,
+    body: RecvStream,
+    track: super::tracker::TrackGuard,
+    guard: crate::metrics::ConnectionGuard,
+    local: Arc<Workload>,
+    target: SocketAddr,
+    started: Instant,
+}
+
+type EstablishFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Box<Established>>> + Send>>;
+
+/// One CONNECT stream's task. Validation, authorization and the upstream connect run boxed (the caller's box) and
+/// are freed once established, so the task is sized for the relay, which lives as long as the connection.
+async fn stream_task(ctx: Arc<StreamContext>, establish: EstablishFuture) {
+    // Unboxed by value: the box is freed here, not at the end of the connection.
+    let Some(Established { upstream, send, body, track, mut guard, local, target, started }) =
+        establish.await.map(|b| *b)
+    else {
+        return;
+    };
+    let counters = guard.counters.clone();
+    // The reporter's view: received = bytes from the peer, sent = bytes back to it.
+    let (from_peer, to_peer) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));
+    let result = tokio::select! {
+        r = crate::copy::tcp_h2_bidirectional(upstream, send, body, &to_peer, &from_peer) => r.map(|_| ()),
+        _ = ctx.force.cancelled() => Err(std::io::Error::other("drained")),
+        _ = track.close.cancelled() => Err(std::io::Error::other("connection closed due to policy change")),
+    };
+    let (rx, tx) = (from_peer.get(), to_peer.get());
+    if result.is_err() {
+        guard.fail(if track.close.is_cancelled() { "DENY" } else { "CONNECT" });
+    }
+    drop(track);
+    let err = result.err().map(|e| e.to_string());
+    log_complete(&ctx.pi, ctx.peer, &ctx.peer_id, &local, target, tx, rx, started, err);
+}
+
+/// Validate, authorize and connect one CONNECT stream; answer it (200 with the upstream connected, or the error).
+async fn establish_stream(
+    ctx: Arc<StreamContext>,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
-    force: &CancellationToken,
-) {
+) -> Option<Box<Established>> {
+    let (pi, local_ref, peer_id, peer) = (&*ctx.pi, &ctx.local, &*ctx.peer_id, ctx.peer);
     let started = Instant::now();
     let (local, source) = {
         let st = pi.state.read().expect("state lock");
@@ -208,7 +254,7 @@ async fn handle_stream(
                     "status" => e.status().as_u16(),
                 },
             });
-            return;
+            return None;
         }
     };
     let local = local.expect("validated");
@@ -253,7 +299,7 @@ async fn handle_stream(
             f.insert("policy".into(), p.clone().into());
         }
         pi.events.push(Event { kind: "access", level: Level::Warn, message: "connection denied".into(), fields: f });
-        return;
+        return None;
     }
     // In-pod, the application sees the client's IP (ENABLE_ORIG_SRC); the port is left to the kernel.
     let opts = crate::socket::ConnectOptions {
@@ -267,7 +313,7 @@ async fn handle_stream(
             respond_error(&mut respond, err.status()).await;
             guard.fail("CONNECT");
             log_complete(pi, peer, peer_id, &local, target, 0, 0, started, Some(err.to_string()));
-            return;
+            return None;
         }
     };
     // ENABLE_RESPONSE_BAGGAGE (Istio's default): the 200 carries the destination's baggage for the client's metrics.
@@ -281,23 +327,10 @@ async fn handle_stream(
         Err(e) => {
             guard.fail("CONNECT");
             log_complete(pi, peer, peer_id, &local, target, 0, 0, started, Some(e.to_string()));
-            return;
+            return None;
         }
     };
-    let counters = guard.counters.clone();
-    // The reporter's view: received = bytes from the peer, sent = bytes back to it.
-    let (from_peer, to_peer) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));
-    let result = tokio::select! {
-        r = crate::copy::tcp_h2_bidirectional(upstream, send, req.into_body(), &to_peer, &from_peer) => r.map(|_| ()),
-        _ = force.cancelled() => Err(std::io::Error::other("drained")),
-        _ = track.close.cancelled() => Err(std::io::Error::other("connection closed due to policy change")),
-    };
-    let (rx, tx) = (from_peer.get(), to_peer.get());
-    if result.is_err() {
-        guard.fail(if track.close.is_cancelled() { "DENY" } else { "CONNECT" });
-    }
-    drop(track);
-    log_complete(pi, peer, peer_id, &local, target, tx, rx, started, result.err().map(|e| e.to_string()));
+    Some(Box::new(Established { upstream, send, body: req.into_body(), track, guard, local, target, started }))
 }
 
 #[allow(clippy::too_many_arguments)]

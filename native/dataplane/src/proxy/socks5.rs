@@ -119,45 +119,46 @@ pub async fn send_reply<S: AsyncWriteExt + Unpin>(s: &mut S, code: u8) -> std::i
 }
 
 pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, src: LocalRef, drain: Drain) {
-    let force = drain.force.clone();
+    let l = Arc::new(outbound::Listener { pi, local: src, force: drain.force.clone() });
     super::accept_until_drained(listener, &drain, |stream, peer| {
-        let (pi, src, force) = (pi.clone(), src.clone(), force.clone());
-        async move { handle(&pi, &src, stream, peer, &force).await }
+        let l2 = l.clone();
+        outbound::connection(l.clone(), Box::pin(async move { establish(&l2, stream, peer).await }))
     })
     .await
 }
 
-async fn handle(
-    pi: &ProxyInputs,
-    src: &LocalRef,
+/// The SOCKS5 handshake, the route and the connect; the success reply once the upstream is established.
+async fn establish(
+    l: &outbound::Listener,
     mut stream: TcpStream,
     peer: SocketAddr,
-    force: &tokio_util::sync::CancellationToken,
-) {
-    // The handshake and the connect (which may dial and handshake a new HBONE connection inline) are boxed: their
-    // states are large and short-lived, and unboxed they would size this task for the connection's whole life
-    // (5.7 KiB → 3.1 KiB per tunneled connection).
-    let dst = match Box::pin(tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut stream))).await {
+) -> Option<Box<outbound::Established>> {
+    let pi = &l.pi;
+    let dst = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut stream)).await {
         Ok(Ok(dst)) => dst,
         Ok(Err((_e, code))) => {
             if let Some(code) = code {
                 let _ = send_reply(&mut stream, code).await;
             }
-            return;
+            return None;
         }
-        Err(_) => return,
+        Err(_) => return None,
     };
-    match Box::pin(outbound::connect(pi, src, peer, dst)).await {
+    match outbound::connect(pi, &l.local, peer, dst).await {
         Ok((routed, upstream)) => {
-            if send_reply(&mut stream, reply::SUCCEEDED).await.is_err() {
-                return;
-            }
-            let guard = pi.metrics.open(outbound::labels(Some(&routed), None));
-            outbound::relay(pi, src, stream, peer, dst, &routed, upstream, guard, force).await;
+            send_reply(&mut stream, reply::SUCCEEDED).await.ok()?;
+            Some(Box::new(outbound::Established {
+                client: stream,
+                client_addr: peer,
+                original_dst: dst,
+                routed: Box::new(routed),
+                upstream,
+            }))
         }
         Err((routed, err)) => {
             let _ = send_reply(&mut stream, reply_code(&err)).await;
-            outbound::record_failure(pi, src, peer, dst, routed.as_ref(), &err);
+            outbound::record_failure(pi, &l.local, peer, dst, routed.as_ref(), &err);
+            None
         }
     }
 }

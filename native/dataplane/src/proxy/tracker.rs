@@ -18,11 +18,36 @@ use super::{LocalRef, ProxyInputs};
 use crate::events::{Event, Level};
 use crate::rbac;
 
+/// Boxed in the map: a live connection costs the table a 16-byte slot (times its load-factor headroom) instead of the
+/// whole entry.
 struct Tracked {
     local: LocalRef,
-    conn: rbac::Connection,
     close: CancellationToken,
-    info: ConnInfo,
+    kind: Kind,
+}
+
+/// Inbound connections keep what authorization needs (their listing derives from it); outbound ones their listing.
+enum Kind {
+    Inbound { conn: rbac::Connection, protocol: &'static str },
+    Outbound(ConnInfo),
+}
+
+impl Tracked {
+    fn info(&self) -> ConnInfo {
+        match &self.kind {
+            Kind::Inbound { conn, protocol } => {
+                let dst = std::net::SocketAddr::new(conn.dst_ip, conn.dst_port);
+                ConnInfo {
+                    inbound: true,
+                    src: std::net::SocketAddr::new(conn.src_ip, 0),
+                    original_dst: dst,
+                    actual_dst: dst,
+                    protocol,
+                }
+            }
+            Kind::Outbound(info) => info.clone(),
+        }
+    }
 }
 
 /// What config_dump's `workloadState.connections` shows of a live connection (ztunnel's keys).
@@ -40,7 +65,7 @@ pub struct ConnInfo {
 #[derive(Default)]
 pub struct Tracker {
     next: AtomicU64,
-    conns: Mutex<HashMap<u64, Tracked>>,
+    conns: Mutex<HashMap<u64, Box<Tracked>>>,
 }
 
 /// A registered connection; unregisters when dropped. `close` fires when a policy change denies it.
@@ -59,27 +84,18 @@ impl Drop for TrackGuard {
 impl Tracker {
     /// Register an inbound connection (authorization is then continuous).
     pub fn register(self: &Arc<Self>, local: LocalRef, conn: rbac::Connection, protocol: &'static str) -> TrackGuard {
-        let dst = std::net::SocketAddr::new(conn.dst_ip, conn.dst_port);
-        let info = ConnInfo {
-            inbound: true,
-            src: std::net::SocketAddr::new(conn.src_ip, 0),
-            original_dst: dst,
-            actual_dst: dst,
-            protocol,
-        };
-        self.insert(local, conn, info)
+        self.insert(local, Kind::Inbound { conn, protocol })
     }
 
     /// Register an outbound connection: listed in config_dump, never re-evaluated (authorization is inbound only).
     pub fn register_outbound(self: &Arc<Self>, local: LocalRef, info: ConnInfo) -> TrackGuard {
-        let conn = rbac::Connection::new(None, info.src.ip(), info.actual_dst.ip(), info.actual_dst.port());
-        self.insert(local, conn, ConnInfo { inbound: false, ..info })
+        self.insert(local, Kind::Outbound(ConnInfo { inbound: false, ..info }))
     }
 
-    fn insert(self: &Arc<Self>, local: LocalRef, conn: rbac::Connection, info: ConnInfo) -> TrackGuard {
+    fn insert(self: &Arc<Self>, local: LocalRef, kind: Kind) -> TrackGuard {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let close = CancellationToken::new();
-        self.conns.lock().expect("tracker lock").insert(id, Tracked { local, conn, close: close.clone(), info });
+        self.conns.lock().expect("tracker lock").insert(id, Box::new(Tracked { local, close: close.clone(), kind }));
         TrackGuard { tracker: self.clone(), id, close }
     }
 
@@ -88,10 +104,9 @@ impl Tracker {
         let conns = self.conns.lock().expect("tracker lock");
         let (mut inbound, mut outbound) = (Vec::new(), Vec::new());
         for t in conns.values().filter(|t| t.local.same(local)) {
-            if t.info.inbound {
-                inbound.push(t.info.clone())
-            } else {
-                outbound.push(t.info.clone())
+            match t.kind {
+                Kind::Inbound { .. } => inbound.push(t.info()),
+                Kind::Outbound(_) => outbound.push(t.info()),
             }
         }
         (inbound, outbound)
@@ -110,11 +125,12 @@ impl Tracker {
         let state = pi.state.read().expect("state lock");
         let conns = self.conns.lock().expect("tracker lock");
         for t in conns.values() {
-            if !t.info.inbound || t.close.is_cancelled() {
+            let Kind::Inbound { conn, .. } = &t.kind else { continue };
+            if t.close.is_cancelled() {
                 continue;
             }
             let decision = match t.local.resolve(&state) {
-                Some(w) => rbac::authorize(&state, &w, &t.conn),
+                Some(w) => rbac::authorize(&state, &w, conn),
                 None => continue, // the workload's own removal drains its listeners and connections
             };
             if decision.allowed {
@@ -127,9 +143,9 @@ impl Tracker {
                 level: Level::Warn,
                 message: "connection closed due to policy change".into(),
                 fields: crate::fields! {
-                    "src.addr" => t.conn.src_ip.to_string(),
-                    "src.identity" => t.conn.src_identity.as_ref().map(|i| i.to_string()).unwrap_or_default(),
-                    "dst.addr" => std::net::SocketAddr::new(t.conn.dst_ip, t.conn.dst_port).to_string(),
+                    "src.addr" => conn.src_ip.to_string(),
+                    "src.identity" => conn.src_identity.as_ref().map(|i| i.to_string()).unwrap_or_default(),
+                    "dst.addr" => std::net::SocketAddr::new(conn.dst_ip, conn.dst_port).to_string(),
                     "dst.workload" => t.local.to_string(),
                     "direction" => "inbound",
                     "policy" => decision.policy.clone().unwrap_or_default(),
