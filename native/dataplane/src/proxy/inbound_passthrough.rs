@@ -16,13 +16,66 @@ use crate::fields;
 use crate::metrics::{ConnectionInfo, Reporter, TrafficLabels};
 use crate::rbac;
 
+/// What every connection of one 15006 listener shares: one allocation per listener, one pointer per task.
+struct Listener {
+    pi: Arc<ProxyInputs>,
+    local: LocalRef,
+    force: tokio_util::sync::CancellationToken,
+}
+
 pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, local: LocalRef, drain: Drain) {
-    let force = drain.force.clone();
+    let l = Arc::new(Listener { pi, local, force: drain.force.clone() });
     super::accept_until_drained(listener, &drain, |stream, peer| {
-        let (pi, local, force) = (pi.clone(), local.clone(), force.clone());
-        async move { handle(&pi, &local, stream, peer, &force).await }
+        let setup = Box::pin(establish(l.clone(), stream, peer));
+        connection(l.clone(), setup)
     })
     .await
+}
+
+/// An authorized plaintext connection whose upstream is connected.
+struct Established {
+    client: TcpStream,
+    upstream: TcpStream,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    local: Arc<crate::state::Workload>,
+    track: super::tracker::TrackGuard,
+    guard: crate::metrics::ConnectionGuard,
+    started: Instant,
+}
+
+type EstablishFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Box<Established>>> + Send>>;
+
+/// One connection's task, sized for its relay: the checks and the connect run in the caller's box (see
+/// outbound::connection).
+async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
+    let Some(Established { client, upstream, peer, dst, local, track, mut guard, started }) =
+        establish.await.map(|b| *b)
+    else {
+        return;
+    };
+    let pi = &l.pi;
+    let counters = guard.counters.clone();
+    let (rx, tx) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));
+    let result = tokio::select! {
+        r = crate::copy::tcp_bidirectional(client, upstream, &rx, &tx) => r.map(|_| ()),
+        _ = l.force.cancelled() => Err(std::io::Error::other("drained")),
+        _ = track.close.cancelled() => Err(std::io::Error::other("connection closed due to policy change")),
+    };
+    if result.is_err() {
+        guard.fail(if track.close.is_cancelled() { "DENY" } else { "CONNECT" });
+    }
+    let mut f = fields! {
+        "src.addr" => peer.to_string(), "dst.addr" => dst.to_string(), "dst.workload" => local.name.clone(),
+        "dst.namespace" => local.namespace.clone(), "direction" => "inbound",
+        "bytes_sent" => tx.get(), "bytes_recv" => rx.get(),
+        "duration" => format!("{}ms", started.elapsed().as_millis()),
+    };
+    let level = if result.is_err() { Level::Error } else { Level::Info };
+    if let Err(e) = result {
+        f.insert("error".into(), e.to_string().into());
+    }
+    pi.events.push(Event { kind: "access", level, message: "connection complete".into(), fields: f });
 }
 
 fn refused(pi: &ProxyInputs, peer: SocketAddr, dst: Option<SocketAddr>, error: String) {
@@ -39,23 +92,24 @@ fn refused(pi: &ProxyInputs, peer: SocketAddr, dst: Option<SocketAddr>, error: S
     });
 }
 
-async fn handle(
-    pi: &ProxyInputs,
-    local_ref: &LocalRef,
-    stream: TcpStream,
-    peer: SocketAddr,
-    force: &tokio_util::sync::CancellationToken,
-) {
+/// The original destination, authorization and the upstream connect.
+async fn establish(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr) -> Option<Box<Established>> {
+    let (pi, local_ref) = (&*l.pi, &l.local);
     let started = Instant::now();
     let dst = match crate::socket::original_dst(&stream) {
         Ok(d) => d,
-        Err(e) => return refused(pi, peer, None, format!("no original destination: {e}")),
+        Err(e) => {
+            refused(pi, peer, None, format!("no original destination: {e}"));
+            return None;
+        }
     };
     if pi.cfg.illegal_ports().contains(&dst.port()) {
-        return refused(pi, peer, Some(dst), format!("port {} is ztunnel-node's own", dst.port()));
+        refused(pi, peer, Some(dst), format!("port {} is ztunnel-node's own", dst.port()));
+        return None;
     }
     let Some(local) = local_ref.resolve(&pi.state.read().expect("state lock")) else {
-        return refused(pi, peer, Some(dst), format!("local workload {local_ref} is not known"));
+        refused(pi, peer, Some(dst), format!("local workload {local_ref} is not known"));
+        return None;
     };
     let conn = rbac::Connection::new(None, peer.ip(), dst.ip(), dst.port());
     let track = pi.tracker.register(local_ref.clone(), conn.clone(), "TCP");
@@ -84,7 +138,7 @@ async fn handle(
             f.insert("policy".into(), p.into());
         }
         pi.events.push(Event { kind: "access", level: Level::Warn, message: "connection denied".into(), fields: f });
-        return; // dropping the stream closes it: nothing was read, nothing reached the application
+        return None; // dropping the stream closes it: nothing was read, nothing reached the application
     }
     let opts = crate::socket::ConnectOptions {
         bind: pi.preserve_source.then_some(SocketAddr::new(peer.ip(), 0)),
@@ -94,28 +148,9 @@ async fn handle(
         Ok(u) => u,
         Err(e) => {
             guard.fail("CONNECT");
-            return refused(pi, peer, Some(dst), format!("connecting to {dst}: {e}"));
+            refused(pi, peer, Some(dst), format!("connecting to {dst}: {e}"));
+            return None;
         }
     };
-    let counters = guard.counters.clone();
-    let (rx, tx) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));
-    let result = tokio::select! {
-        r = crate::copy::tcp_bidirectional(stream, upstream, &rx, &tx) => r.map(|_| ()),
-        _ = force.cancelled() => Err(std::io::Error::other("drained")),
-        _ = track.close.cancelled() => Err(std::io::Error::other("connection closed due to policy change")),
-    };
-    if result.is_err() {
-        guard.fail(if track.close.is_cancelled() { "DENY" } else { "CONNECT" });
-    }
-    let mut f = fields! {
-        "src.addr" => peer.to_string(), "dst.addr" => dst.to_string(), "dst.workload" => local.name.clone(),
-        "dst.namespace" => local.namespace.clone(), "direction" => "inbound",
-        "bytes_sent" => tx.get(), "bytes_recv" => rx.get(),
-        "duration" => format!("{}ms", started.elapsed().as_millis()),
-    };
-    let level = if result.is_err() { Level::Error } else { Level::Info };
-    if let Err(e) = result {
-        f.insert("error".into(), e.to_string().into());
-    }
-    pi.events.push(Event { kind: "access", level, message: "connection complete".into(), fields: f });
+    Some(Box::new(Established { client: stream, upstream, peer, dst, local, track, guard, started }))
 }
