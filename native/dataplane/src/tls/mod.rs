@@ -25,11 +25,12 @@ pub const SOCKET_READ_BUFFER: usize = 32 * 1024;
 /// a time, a larger limit lets one `writev` carry ~16 records instead of ~4.
 pub const TLS_SEND_BUFFER: usize = 256 * 1024;
 
-/// The socket under an HBONE TLS session (client and server side): reads buffered, writes straight through.
-pub type TlsSocket = tokio::io::BufReader<tokio::net::TcpStream>;
+mod socket;
+pub use socket::TlsSocket;
 
+/// The socket under an HBONE TLS session (client and server side): reads buffered, writes straight through.
 pub fn tls_socket(tcp: tokio::net::TcpStream) -> TlsSocket {
-    tokio::io::BufReader::with_capacity(SOCKET_READ_BUFFER, tcp)
+    TlsSocket::new(tcp, SOCKET_READ_BUFFER)
 }
 
 #[cfg(feature = "aws-lc-rs")]
