@@ -50,6 +50,10 @@ function fakeDataplane({ bindFails = false } = {}) {
       events = [];
       return e;
     },
+    levels: [],
+    setEventLevels(access, dataplane) {
+      this.levels.push([access, dataplane]);
+    },
     drain: async (ms) => (log.push(['drain', ms]), true),
     shutdown: () => log.push(['shutdown']),
   };
@@ -115,6 +119,22 @@ test('local mode: certificates, then listeners, then ready; dumps and metrics; q
   assert.deepEqual(tail, ['drain', 'shutdown']);
   assert.equal(dp.log.find(([op]) => op === 'drain')[1], 2000);
   await assert.rejects(get(proxy.addresses.readiness, '/healthz/ready'), 'servers are closed');
+});
+
+test('the dataplane builds only the events the log filter passes, and follows /logging changes', { skip }, async () => {
+  const { dp, logs, config, deps } = setup();
+  const proxy = await runProxy(config, logs, { deps, handleSignals: false });
+  assert.deepEqual(dp.levels, [['info', 'info']], 'set once at start, from RUST_LOG');
+  const r = await get(proxy.addresses.admin, '/logging?level=warn,access=off', { method: 'POST' });
+  assert.equal(r.status, 200);
+  assert.deepEqual(dp.levels.at(-1), ['off', 'warn']);
+  await get(proxy.addresses.admin, '/logging?reset', { method: 'POST' });
+  assert.deepEqual(dp.levels.at(-1), ['info', 'info']);
+  await get(proxy.addresses.admin, '/quitquitquit', { method: 'POST' });
+  assert.equal(await proxy.closed, 0);
+  const after = dp.levels.length;
+  logs.setFilter({ level: 'debug', targets: {} });
+  assert.equal(dp.levels.length, after, 'no calls into a shut-down dataplane');
 });
 
 test('a listener that cannot bind shuts the proxy down with exit code 1', { skip }, async () => {

@@ -26,6 +26,7 @@ function fakeDataplane() {
     metrics: () => ({ connections: [], socketsOpen: { source: 0, destination: 0 } }),
     authorize: () => ({}),
     drainEvents: () => [],
+    setEventLevels: () => undefined,
     drain: async () => true,
     shutdown: () => log.push(['shutdown']),
   };

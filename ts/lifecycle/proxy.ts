@@ -62,6 +62,7 @@ export type DataplanePort = Pick<
   | 'startDedicated'
   | 'inpodState'
   | 'drainEvents'
+  | 'setEventLevels'
   | 'drain'
   | 'shutdown'
 >;
@@ -166,6 +167,10 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const loggers = { access: logs.forTarget('access'), dataplane: logs.forTarget('dataplane') };
 
   const dp = deps.openDataplane(dataplaneConfig(config));
+  // The dataplane builds only the events the log filter lets through, and follows its changes (admin /logging).
+  const syncEventLevels = () => dp.setEventLevels(logs.levelOf('access'), logs.levelOf('dataplane'));
+  syncEventLevels();
+  const stopEventLevels = logs.onChange(syncEventLevels);
   const servers: Server[] = [];
   const pump = () => {
     try {
@@ -308,6 +313,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     );
   } catch (err) {
     await Promise.all(servers.map((s) => closeServer(s, 0)));
+    stopEventLevels();
     pump();
     dp.shutdown();
     throw err;
@@ -350,6 +356,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       if (!clean) log.warn({ deadlineMs }, 'drain deadline reached; remaining connections were closed');
     } finally {
       clearInterval(pumpTimer);
+      stopEventLevels();
       pump(); // the last access logs of drained connections
       dp.shutdown();
     }

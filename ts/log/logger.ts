@@ -16,7 +16,11 @@ export interface Logs {
   /** The logger of one target, created on first use; its level follows the filter. */
   forTarget(target: string): Logger;
   filter(): LogFilter;
+  /** The level in force for a target (its override, or the default). */
+  levelOf(target: string): LogLevel;
   setFilter(filter: LogFilter): void;
+  /** Calls `listener` after every filter change; returns the unsubscribe function. */
+  onChange(listener: () => void): () => void;
   /** Back to the filter given at start. */
   reset(): void;
 }
@@ -62,7 +66,9 @@ export function createLogs(opts: { filter: LogFilter; format: LogFormat; sink?: 
   const initial = opts.filter;
   let current: LogFilter = initial;
   const loggers = new Map<string, Logger>();
-  const levelOf = (target: string) => pinoLevel(current.targets[target] ?? current.level);
+  const listeners = new Set<() => void>();
+  const filterLevel = (target: string): LogLevel => current.targets[target] ?? current.level;
+  const levelOf = (target: string) => pinoLevel(filterLevel(target));
   const forTarget = (target: string): Logger => {
     let l = loggers.get(target);
     if (!l) {
@@ -74,12 +80,18 @@ export function createLogs(opts: { filter: LogFilter; format: LogFormat; sink?: 
   const setFilter = (filter: LogFilter) => {
     current = filter;
     for (const [target, l] of loggers) l.level = levelOf(target);
+    for (const listener of listeners) listener();
   };
   return {
     root: forTarget(ROOT_TARGET),
     forTarget,
     filter: () => current,
+    levelOf: filterLevel,
     setFilter,
+    onChange: (listener) => {
+      listeners.add(listener);
+      return () => listeners.delete(listener);
+    },
     reset: () => setFilter(initial),
   };
 }

@@ -25,6 +25,8 @@ export declare class Dataplane {
   /** The in-pod manager's state as JSON (`null` when not running). */
   inpodState(): string
   metrics(): string
+  /** Log filter levels ("trace".."error", "off") for access events and the dataplane's other events. */
+  setEventLevels(access: string, dataplane: string): void
   drainEvents(): string
   certificates(): string
   listeners(): string

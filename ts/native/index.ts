@@ -7,6 +7,7 @@
 import { createRequire } from 'node:module';
 import type * as B from './binding.cjs';
 import { fromNativeError, ZtunnelError } from '../errors.js';
+import type { LogLevel } from '../log/filter.js';
 import type {
   DedicatedSpec,
   InPodConfig,
@@ -176,6 +177,14 @@ export class Dataplane {
   /** Explain the authorization decision for a hypothetical inbound connection (the enforcement code path). */
   authorize(request: AuthorizeRequest): AuthorizeExplanation {
     return JSON.parse(call(() => this.inner.authorize(JSON.stringify(request)))) as AuthorizeExplanation;
+  }
+
+  /**
+   * The log levels in force for access events and the dataplane's other events: events below them are not built
+   * (a filtered-out access log costs a connection nothing).
+   */
+  setEventLevels(access: LogLevel, dataplane: LogLevel): void {
+    call(() => this.inner.setEventLevels(access, dataplane));
   }
 
   /** Events queued since the last call, oldest first. */

@@ -94,6 +94,12 @@ impl Dataplane {
         self.inner.metrics_json()
     }
 
+    /// Log filter levels ("trace".."error", "off") for access events and the dataplane's other events.
+    #[napi]
+    pub fn set_event_levels(&self, access: String, dataplane: String) -> Result<()> {
+        self.inner.set_event_levels(&access, &dataplane).map_err(err)
+    }
+
     #[napi]
     pub fn drain_events(&self) -> String {
         self.inner.drain_events_json()

@@ -305,6 +305,16 @@ impl Dataplane {
         self.pi.metrics.snapshot_json()
     }
 
+    /// The log filter levels of access events and of the dataplane's other events ("trace".."error", "off");
+    /// events below them are not even built.
+    pub fn set_event_levels(&self, access: &str, dataplane: &str) -> Result<(), DataplaneError> {
+        let parse = |s: &str| {
+            events::parse_min_level(s).ok_or_else(|| DataplaneError::Spec(format!("unknown log level {s:?}")))
+        };
+        self.pi.events.set_min_levels(parse(access)?, parse(dataplane)?);
+        Ok(())
+    }
+
     pub fn drain_events_json(&self) -> String {
         self.pi.events.drain_json()
     }

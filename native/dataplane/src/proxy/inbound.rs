@@ -345,6 +345,10 @@ fn log_complete(
     started: Instant,
     error: Option<String>,
 ) {
+    let level = if error.is_some() { Level::Error } else { Level::Info };
+    if !pi.events.enabled("access", level) {
+        return;
+    }
     let mut f = fields! {
         "src.addr" => peer.to_string(),
         "src.identity" => peer_id.to_string(),
@@ -357,7 +361,6 @@ fn log_complete(
         "bytes_recv" => received,
         "duration" => format!("{}ms", started.elapsed().as_millis()),
     };
-    let level = if error.is_some() { Level::Error } else { Level::Info };
     if let Some(e) = error {
         f.insert("error".into(), e.into());
     }

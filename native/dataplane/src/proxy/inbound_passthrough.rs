@@ -65,13 +65,16 @@ async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
     if result.is_err() {
         guard.fail(if track.close.is_cancelled() { "DENY" } else { "CONNECT" });
     }
+    let level = if result.is_err() { Level::Error } else { Level::Info };
+    if !pi.events.enabled("access", level) {
+        return;
+    }
     let mut f = fields! {
         "src.addr" => peer.to_string(), "dst.addr" => dst.to_string(), "dst.workload" => local.name.clone(),
         "dst.namespace" => local.namespace.clone(), "direction" => "inbound",
         "bytes_sent" => tx.get(), "bytes_recv" => rx.get(),
         "duration" => format!("{}ms", started.elapsed().as_millis()),
     };
-    let level = if result.is_err() { Level::Error } else { Level::Info };
     if let Err(e) = result {
         f.insert("error".into(), e.to_string().into());
     }

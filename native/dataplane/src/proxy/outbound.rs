@@ -383,6 +383,10 @@ pub fn access_log(
     error: Option<String>,
 ) {
     use crate::events::{Event, Level};
+    let level = if error.is_some() { Level::Error } else { Level::Info };
+    if !pi.events.enabled("access", level) {
+        return;
+    }
     let mut f = crate::fields! {
         "src.addr" => client.to_string(),
         "direction" => "outbound",
@@ -409,7 +413,6 @@ pub fn access_log(
             }
         }
     }
-    let level = if error.is_some() { Level::Error } else { Level::Info };
     if let Some(e) = error {
         f.insert("error".into(), e.into());
     }
