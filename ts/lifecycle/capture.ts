@@ -4,18 +4,20 @@
 // Readiness (spec §7.2): shared mode registers "workload proxy manager", which is done only while the manager is
 // connected to istio-cni, has received the snapshot and has no pending pod; it turns pending again when the CNI
 // connection drops, and done again when it recovers, without a restart. The manager's state is polled (one native
-// call per tick, with the event pump), never pushed per pod.
+// call per tick, with the event pump), never pushed per pod; polls and metric scrapes leave the pods' live
+// connections out (their cost is O(pods)), only config_dump lists them.
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.js';
 import type { InPodState } from '../native/types.js';
 import type { PendingTask, Readiness } from './readiness.js';
 
 export const CAPTURE_POLL_MS = 250;
+const SUMMARY = { connections: false };
 
 export interface CapturePort {
   startInpod(cfg: { uds: string; mark: number; reusePort: boolean; origSrc: 'auto' | 'required' | 'never' }): void;
   startDedicated(spec: { namespace: string; name: string; serviceAccount: string; mark: number; origSrc: 'auto' | 'required' | 'never' }): Promise<void>;
-  inpodState(): InPodState | null;
+  inpodState(opts?: { connections: boolean }): InPodState | null;
 }
 
 export interface Capture {
@@ -42,7 +44,7 @@ export function startCapture(
     dp.startInpod({ uds: config.inpod.uds, mark: config.inpod.packetMark, reusePort: config.inpod.portReuse, origSrc });
     log.info({ uds: config.inpod.uds }, 'in-pod mode: waiting for the istio-cni node agent');
     const poll = () => {
-      const s = dp.inpodState();
+      const s = dp.inpodState(SUMMARY);
       if (s === null) return;
       if (last !== null && last.connected !== s.connected) {
         if (s.connected) log.info('connected to the istio-cni node agent');
@@ -73,7 +75,7 @@ export function startCapture(
           },
           (err: unknown) => log.error({ err: err instanceof Error ? err.message : String(err) }, 'dedicated mode: cannot start the capture listeners'),
         );
-      timer = setInterval(() => (last = dp.inpodState()), CAPTURE_POLL_MS);
+      timer = setInterval(() => (last = dp.inpodState(SUMMARY)), CAPTURE_POLL_MS);
       timer.unref();
     }
   }
@@ -81,7 +83,7 @@ export function startCapture(
     // config_dump reads the manager fresh (an operator expects what is true now, not up to one poll ago).
     workloadState: () => dp.inpodState()?.workloads ?? {},
     // Read fresh per scrape (one native call), like the workload state: a poll's copy may be 250 ms old.
-    counters: () => dp.inpodState(),
+    counters: () => dp.inpodState(SUMMARY),
     stop: () => {
       if (timer !== null) clearInterval(timer);
     },

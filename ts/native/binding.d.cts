@@ -22,8 +22,11 @@ export declare class Dataplane {
   startInpod(configJson: string): void
   /** Dedicated mode: `{ namespace, name, serviceAccount, mark, origSrc? }`. */
   startDedicated(specJson: string): Promise<void>
-  /** The in-pod manager's state as JSON (`null` when not running). */
-  inpodState(): string
+  /**
+   * The in-pod manager's state as JSON (`null` when not running). `connections` (default true): list each pod's
+   * live connections, for config_dump; polls and metric scrapes pass false (O(pods), not O(connections)).
+   */
+  inpodState(connections?: boolean | undefined | null): string
   metrics(): string
   /** Log filter levels ("trace".."error", "off") for access events and the dataplane's other events. */
   setEventLevels(access: string, dataplane: string): void

@@ -169,9 +169,12 @@ export class Dataplane {
     return callAsync(() => this.inner.startDedicated(JSON.stringify(spec)));
   }
 
-  /** The in-pod manager's state; null when it is not running. */
-  inpodState(): InPodState | null {
-    return JSON.parse(call(() => this.inner.inpodState())) as InPodState | null;
+  /**
+   * The in-pod manager's state; null when it is not running. With `connections: false` the pods' live connections
+   * are left out (config_dump wants them; a readiness poll or a metric scrape must not pay O(connections)).
+   */
+  inpodState(opts: { connections: boolean } = { connections: true }): InPodState | null {
+    return JSON.parse(call(() => this.inner.inpodState(opts.connections))) as InPodState | null;
   }
 
   /** Explain the authorization decision for a hypothetical inbound connection (the enforcement code path). */

@@ -178,5 +178,14 @@ export interface InPodState {
   pendingProxies: number;
   proxiesStarted: number;
   proxiesStopped: number;
-  workloads: Record<string, { state: 'Pending' | 'Up'; info: { name: string; namespace: string; serviceAccount: string }; error?: string }>;
+  workloads: Record<
+    string,
+    {
+      state: 'Pending' | 'Up';
+      info: { name: string; namespace: string; serviceAccount: string };
+      error?: string;
+      /** Only when asked for (`inpodState({ connections: true })`, the default). */
+      connections?: { inbound: unknown[]; outbound: unknown[] };
+    }
+  >;
 }

@@ -83,10 +83,11 @@ impl Dataplane {
         inner.handle().clone().spawn(async move { inner.start_dedicated(spec).await }).await.map_err(err)?.map_err(err)
     }
 
-    /// The in-pod manager's state as JSON (`null` when not running).
+    /// The in-pod manager's state as JSON (`null` when not running). `connections` (default true): list each pod's
+    /// live connections, for config_dump; polls and metric scrapes pass false (O(pods), not O(connections)).
     #[napi]
-    pub fn inpod_state(&self) -> String {
-        self.inner.inpod_state_json()
+    pub fn inpod_state(&self, connections: Option<bool>) -> String {
+        self.inner.inpod_state_json(connections.unwrap_or(true))
     }
 
     #[napi]

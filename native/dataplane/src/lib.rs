@@ -258,9 +258,9 @@ impl Dataplane {
     }
 
     /// The in-pod manager's state (JSON; `null` when not running).
-    pub fn inpod_state_json(&self) -> String {
+    pub fn inpod_state_json(&self, connections: bool) -> String {
         match self.inpod.lock().expect("inpod lock").as_ref() {
-            Some(m) => m.state_json(),
+            Some(m) => m.state_json(connections),
             None => "null".into(),
         }
     }

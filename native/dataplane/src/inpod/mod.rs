@@ -105,7 +105,8 @@ pub struct WorkloadManager {
 struct PodJson<'a> {
     state: PodPhase,
     info: InfoJson<'a>,
-    connections: ConnectionsJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    connections: Option<ConnectionsJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
 }
@@ -143,7 +144,9 @@ impl WorkloadManager {
 
     /// The manager's state as JSON for TS: readiness, `workloadState` of config_dump, and the workload_manager_*
     /// metrics.
-    pub fn state_json(&self) -> String {
+    /// The manager's state as JSON. `connections`: list each pod's live connections (config_dump); without them
+    /// the answer costs O(pods), not O(connections), which is what readiness polls and metric scrapes need.
+    pub fn state_json(&self, connections: bool) -> String {
         let pods = self.pods.lock().expect("pods lock");
         let status = self.status.lock().expect("status lock");
         let pending = pods.values().filter(|p| p.phase == PodPhase::Pending).count();
@@ -153,15 +156,18 @@ impl WorkloadManager {
         uids.sort();
         for uid in uids {
             let p = &pods[uid];
-            let local = LocalRef::Pod {
-                namespace: Arc::from(p.info.namespace.as_str()),
-                name: Arc::from(p.info.name.as_str()),
-                service_account: Arc::from(""),
-                node: Arc::from(""),
-            };
-            let (inbound, outbound) = self.base.tracker.connections_of(&local);
+            let listed = connections.then(|| {
+                let local = LocalRef::Pod {
+                    namespace: Arc::from(p.info.namespace.as_str()),
+                    name: Arc::from(p.info.name.as_str()),
+                    service_account: Arc::from(""),
+                    node: Arc::from(""),
+                };
+                let (inbound, outbound) = self.base.tracker.connections_of(&local);
+                ConnectionsJson { inbound, outbound }
+            });
             let j = PodJson {
-                connections: ConnectionsJson { inbound, outbound },
+                connections: listed,
                 state: p.phase,
                 info: InfoJson {
                     name: &p.info.name,

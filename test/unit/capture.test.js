@@ -1,0 +1,41 @@
+// Shared (in-pod) mode's polling of the workload proxy manager: readiness follows the manager, and the frequent
+// callers (the 250 ms poll, metric scrapes) ask for the state without the pods' live connections, whose listing
+// costs O(connections); only config_dump asks for them.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import pino from 'pino';
+import { loadConfig } from '../../dist/config/index.js';
+import { startCapture, CAPTURE_POLL_MS } from '../../dist/lifecycle/capture.js';
+import { Readiness } from '../../dist/lifecycle/readiness.js';
+
+test('in-pod polls and scrapes leave the live connections out; config_dump lists them', async () => {
+  const calls = [];
+  let state = { connected: true, snapshotReceived: true, ready: false, lastError: null, activeProxies: 0, pendingProxies: 1, proxiesStarted: 0, proxiesStopped: 0, workloads: {} };
+  const dp = {
+    startInpod: () => undefined,
+    startDedicated: async () => undefined,
+    inpodState: (opts) => (calls.push(opts), state),
+  };
+  const config = loadConfig({ env: { PROXY_MODE: 'shared', NODE_NAME: 'node-a', INPOD_UDS: '/tmp/unused.sock', XDS_ADDRESS: '', CA_ADDRESS: '' } });
+  const readiness = new Readiness();
+  const capture = startCapture(config, dp, readiness, pino({ level: 'silent' }), async () => undefined);
+  try {
+    await new Promise((r) => setTimeout(r, CAPTURE_POLL_MS * 2 + 50));
+    assert.ok(calls.length >= 1, 'the manager is polled');
+    assert.ok(calls.every((o) => o?.connections === false), `polls: ${JSON.stringify(calls)}`);
+    assert.ok(readiness.pending().includes('workload proxy manager'), 'pending while a pod is pending');
+    state = { ...state, ready: true, pendingProxies: 0, activeProxies: 1 };
+    await new Promise((r) => setTimeout(r, CAPTURE_POLL_MS + 50));
+    assert.ok(!readiness.pending().includes('workload proxy manager'), 'done once the manager is ready');
+
+    calls.length = 0;
+    capture.counters();
+    assert.deepEqual(calls, [{ connections: false }], 'a metrics scrape');
+    calls.length = 0;
+    capture.workloadState();
+    assert.equal(calls.length, 1);
+    assert.notEqual(calls[0]?.connections, false, 'config_dump lists the connections');
+  } finally {
+    capture.stop();
+  }
+});
