@@ -307,3 +307,15 @@ export function closeSocket(socket, { timeoutMs = 10_000 } = {}) {
     socket.end();
   });
 }
+
+/**
+ * One echoed exchange through a workload's SOCKS5 entry (`socksIp`:15080) to `dest`:`port`, then a clean close.
+ * Resolves 0, or the SOCKS5 reply code when the connection was refused.
+ */
+export async function throughSocks5(socksIp, dest, port = 8080, message = 'ping') {
+  const r = await socks5Request({ socks: { host: socksIp, port: 15080 }, dest: { host: dest, port } });
+  if (r.code !== 0) return r.code;
+  await echoOnce(r.socket, message);
+  await closeSocket(r.socket);
+  return 0;
+}

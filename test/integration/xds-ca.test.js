@@ -6,7 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { makeTempDir, startDaemon, workload } from '../helpers/daemon.js';
-import { block, closeSocket, echoOnce, httpGet, socks5Request, startEchoServer, waitFor } from '../helpers/net.js';
+import { block, closeSocket, echoOnce, httpGet, socks5Request, startEchoServer, throughSocks5, waitFor } from '../helpers/net.js';
 import { makeCa, makeLeaf } from '../helpers/pki.js';
 import { ISTIOD_HOSTNAME, startFakeIstiod } from '../helpers/fake-istiod.js';
 import { sumSamples } from '../../dist/cli/prom-text.js';
@@ -50,13 +50,7 @@ async function dump(d) {
   return JSON.parse((await httpGet(`${d.adminUrl}/config_dump`)).body);
 }
 
-async function through(message = 'ping') {
-  const r = await socks5Request({ socks: { host: SLEEP, port: 15080 }, dest: { host: ECHO, port: 8080 } });
-  if (r.code !== 0) return r.code;
-  await echoOnce(r.socket, message);
-  await closeSocket(r.socket);
-  return 0;
-}
+const through = (message = 'ping') => throughSocks5(SLEEP, ECHO, 8080, message);
 
 let a;
 let b;

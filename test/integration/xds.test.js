@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { makeTempDir, startDaemon } from '../helpers/daemon.js';
-import { block, closeSocket, echoOnce, httpGet, socks5Request, startEchoServer, waitFor } from '../helpers/net.js';
+import { block, closeSocket, echoOnce, httpGet, socks5Request, startEchoServer, throughSocks5, waitFor } from '../helpers/net.js';
 import {
   ADDRESS,
   AUTHORIZATION,
@@ -89,13 +89,7 @@ async function serve(stream, address, authz = []) {
   return { initial: { [ADDRESS]: a, [AUTHORIZATION]: z }, acks: [ackA, ackZ] };
 }
 
-async function through(socksIp, dest, port = 8080, message = 'ping') {
-  const r = await socks5Request({ socks: { host: socksIp, port: 15080 }, dest: { host: dest, port } });
-  if (r.code !== 0) return r.code;
-  await echoOnce(r.socket, message);
-  await closeSocket(r.socket);
-  return 0;
-}
+const through = throughSocks5;
 
 let a;
 let b;
