@@ -310,35 +310,23 @@ pub struct Established {
     pub upstream: Upstream,
 }
 
-/// The entry and connect phase of an outbound connection, boxed by its caller (an async fn keeps its arguments
+/// The entry and connect phase of an outbound connection, boxed by its caller (an async fn keeps its argument
 /// slots for its whole life, so taking the future itself by value would put all of it back in the task).
 pub type EstablishFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Box<Established>>> + Send>>;
 
 /// One outbound connection's task. The entry (SOCKS5 handshake, or the original destination) and the connect run
 /// boxed and are freed once the upstream is established: their state is large and short-lived, and inline it would
 /// size the task, which lives as long as the connection, for its worst moment. Idle connections are what a node
-/// holds by the thousand (bench: about 2.2 KB → under 1 KB per task).
+/// holds by the thousand (bench: about 2.2 KB → under 1 KB per task). Then bytes are copied between the client and
+/// the upstream until both directions end, and the access log is written; the metrics count sent = client →
+/// upstream, received = upstream → client.
 pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
-    let Some(est) = establish.await else { return };
-    relay(&l.pi, &l.local, est, &l.force).await;
-}
-
-/// Moves a value out of its box and frees the box now (a `*boxed` pattern frees it only at the end of the scope).
-#[allow(clippy::boxed_local)] // taking the box is the point: it is consumed (freed) by this call
-fn unbox<T>(b: Box<T>) -> T {
-    *b
-}
-
-/// Copy bytes between the client and an established upstream until both directions end, then write the access
-/// log. The metrics count sent = client → upstream, received = upstream → client.
-pub async fn relay(
-    pi: &ProxyInputs,
-    local: &LocalRef,
-    est: Box<Established>,
-    force: &tokio_util::sync::CancellationToken,
-) {
+    // Unboxed by value: the box is freed here, not at the end of the connection.
+    let Some(Established { client, client_addr, original_dst, routed, upstream }) = establish.await.map(|b| *b) else {
+        return;
+    };
+    let (pi, local, force) = (&*l.pi, &l.local, &l.force);
     let started = Instant::now();
-    let Established { client, client_addr, original_dst, routed, upstream } = unbox(est);
     let mut guard = pi.metrics.open(labels(Some(&routed), None));
     let protocol = if routed.request.protocol == Protocol::Hbone { "HBONE" } else { "TCP" };
     let _listed = pi.tracker.register_outbound(
@@ -458,13 +446,16 @@ pub async fn serve_capture(
 ) {
     let l = Arc::new(Listener { pi, local, force: drain.force.clone() });
     super::accept_until_drained(listener, &drain, |stream, peer| {
-        let l2 = l.clone();
-        connection(l.clone(), Box::pin(async move { establish_captured(&l2, stream, peer).await }))
+        connection(l.clone(), Box::pin(establish_captured(l.clone(), stream, peer)))
     })
     .await
 }
 
-async fn establish_captured(l: &Listener, client: tokio::net::TcpStream, peer: SocketAddr) -> Option<Box<Established>> {
+async fn establish_captured(
+    l: Arc<Listener>,
+    client: tokio::net::TcpStream,
+    peer: SocketAddr,
+) -> Option<Box<Established>> {
     let pi = &l.pi;
     let dst = match crate::socket::original_dst(&client) {
         Ok(d) => d,

@@ -121,15 +121,14 @@ pub async fn send_reply<S: AsyncWriteExt + Unpin>(s: &mut S, code: u8) -> std::i
 pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, src: LocalRef, drain: Drain) {
     let l = Arc::new(outbound::Listener { pi, local: src, force: drain.force.clone() });
     super::accept_until_drained(listener, &drain, |stream, peer| {
-        let l2 = l.clone();
-        outbound::connection(l.clone(), Box::pin(async move { establish(&l2, stream, peer).await }))
+        outbound::connection(l.clone(), Box::pin(establish(l.clone(), stream, peer)))
     })
     .await
 }
 
 /// The SOCKS5 handshake, the route and the connect; the success reply once the upstream is established.
 async fn establish(
-    l: &outbound::Listener,
+    l: Arc<outbound::Listener>,
     mut stream: TcpStream,
     peer: SocketAddr,
 ) -> Option<Box<outbound::Established>> {
