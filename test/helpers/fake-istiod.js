@@ -52,6 +52,26 @@ export function makeServerPki(dir) {
   };
 }
 
+/**
+ * The env of a daemon fed only by `istiod` (xDS and CA over TLS, verified as ISTIOD_HOSTNAME), as node `node`,
+ * with `extra` on top.
+ */
+export function istiodEnv(istiod, node, extra = {}) {
+  return {
+    LOCAL_XDS_PATH: undefined,
+    XDS_ADDRESS: istiod.address,
+    XDS_ROOT_CA: istiod.rootCaPath,
+    CA_ADDRESS: istiod.address,
+    CA_ROOT_CA: istiod.rootCaPath,
+    ALT_XDS_HOSTNAME: ISTIOD_HOSTNAME,
+    CLUSTER_ID: 'Kubernetes',
+    INSTANCE_IP: node === 'node-a' ? '10.0.0.1' : '10.0.0.2',
+    POD_NAME: `ztunnel-${node}`,
+    POD_NAMESPACE: 'istio-system',
+    ...extra,
+  };
+}
+
 /** A queue whose `next(pred)` resolves with the first (past or future) item matching `pred`, once. */
 class Inbox {
   constructor() {

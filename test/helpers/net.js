@@ -18,6 +18,7 @@
 //                                              new-tunnel source workloads from 127.18.10.1)
 //   60  test/integration/xds.test.js          workloads 127.60.{1..4}.10, VIPs 127.60.100.x, admin 127.60.255.{1,2}
 //   61  test/integration/xds-ca.test.js       workloads 127.61.{1,2,3}.10, daemons' admin 127.61.255.{1,2}
+//   62  test/integration/authz-push-order.test.js  workloads 127.62.{1,2,3}.10, daemons' admin 127.62.255.{1,2}
 //
 // Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
 // node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
@@ -37,6 +38,7 @@ export const BLOCKS = Object.freeze({
   'bench-harness': 18,
   xds: 60,
   'xds-ca': 61,
+  'authz-push-order': 62,
 });
 
 /** Addresses of one file's block. */

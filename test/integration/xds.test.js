@@ -11,7 +11,7 @@ import { block, closeSocket, echoOnce, httpGet, socks5Request, startEchoServer, 
 import {
   ADDRESS,
   AUTHORIZATION,
-  ISTIOD_HOSTNAME,
+  istiodEnv,
   policyResource,
   rawResource,
   serviceResource,
@@ -51,25 +51,15 @@ test.after(async () => {
 });
 
 function daemonEnv(node, extra = {}) {
-  return {
-    LOCAL_XDS_PATH: undefined,
-    XDS_ADDRESS: istiod.address,
-    XDS_ROOT_CA: istiod.rootCaPath,
-    CA_ADDRESS: istiod.address,
-    CA_ROOT_CA: istiod.rootCaPath,
-    ALT_XDS_HOSTNAME: ISTIOD_HOSTNAME,
+  return istiodEnv(istiod, node, {
     AUTH_TOKEN: tokenPath,
     XDS_HEADER_X_TENANT: 'blue',
     CA_HEADER_X_CA_TENANT: 'green',
-    CLUSTER_ID: 'Kubernetes',
-    INSTANCE_IP: node === 'node-a' ? '10.0.0.1' : '10.0.0.2',
-    POD_NAME: `ztunnel-${node}`,
-    POD_NAMESPACE: 'istio-system',
     ISTIO_META_DNS_CAPTURE: 'true',
     ISTIO_METAJSON_LABELS: '{"app":"ztunnel"}',
     RUST_LOG: 'info,xds=debug',
     ...extra,
-  };
+  });
 }
 
 const sleepW = (version = 'v1') => workloadResource({ name: 'sleep', ip: SLEEP, node: 'node-a', version });

@@ -28,6 +28,12 @@ export const DEFAULT_HTTP2_CONNECTION_WINDOW_SIZE = 16 * 1024 * 1024;
 export const DEFAULT_HTTP2_FRAME_SIZE = 1024 * 1024;
 /** Upstream connect timeout (ztunnel's); long enough for a cold peer, short enough to surface NetworkPolicy drops. */
 export const DEFAULT_CONNECTION_TIMEOUT_MS = 10_000;
+/**
+ * How long a live inbound connection is left unjudged while its workload names an authorization policy that has not
+ * arrived. istiod sends the workload's new reference about half a millisecond before the policy itself; a second
+ * covers that and a loaded control plane, and bounds how long a policy that never comes can leave traffic unjudged.
+ */
+export const DEFAULT_MISSING_POLICY_GRACE_MS = 1_000;
 /** Drain deadline when neither CONNECTION_TERMINATION_DEADLINE nor the grace period is given (ztunnel's 5 s). */
 export const DEFAULT_TERMINATION_DEADLINE_MS = 5_000;
 /** Requested certificate lifetime: 24 h, what istiod issues by default. */

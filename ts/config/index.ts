@@ -46,6 +46,7 @@ export interface Config {
   readonly poolUnusedReleaseTimeoutMs: number;
   readonly http2: { readonly streamWindowSize: number; readonly connectionWindowSize: number; readonly frameSize: number };
   readonly connectionTimeoutMs: number;
+  readonly missingPolicyGraceMs: number;
   readonly terminationDeadlineMs: number;
   readonly numWorkerThreads: number;
   readonly secretTtlMs: number;
@@ -194,6 +195,7 @@ function resolve(
       frameSize: raw.HTTP2_FRAME_SIZE ?? D.DEFAULT_HTTP2_FRAME_SIZE,
     },
     connectionTimeoutMs: Math.ceil(raw.CONNECTION_TIMEOUT ?? D.DEFAULT_CONNECTION_TIMEOUT_MS),
+    missingPolicyGraceMs: Math.ceil(raw.MISSING_POLICY_GRACE ?? D.DEFAULT_MISSING_POLICY_GRACE_MS),
     terminationDeadlineMs: terminationDeadlineMs(raw.CONNECTION_TERMINATION_DEADLINE, raw.TERMINATION_GRACE_PERIOD_SECONDS),
     numWorkerThreads: workerThreads(raw, cpuCount),
     secretTtlMs: Math.ceil(raw.SECRET_TTL ?? D.DEFAULT_SECRET_TTL_MS),
@@ -266,6 +268,7 @@ export function configForDump(cfg: Config): Record<string, unknown> {
     localXds: cfg.localXds === null ? null : '<inline>',
     poolUnusedReleaseTimeout: formatDurationMs(cfg.poolUnusedReleaseTimeoutMs),
     connectionTimeout: formatDurationMs(cfg.connectionTimeoutMs),
+    missingPolicyGrace: formatDurationMs(cfg.missingPolicyGraceMs),
     selfTerminationDeadline: formatDurationMs(cfg.terminationDeadlineMs),
     secretTtl: formatDurationMs(cfg.secretTtlMs),
     logFilter: formatLogFilter(cfg.logFilter),

@@ -145,6 +145,7 @@ const fields = {
   CONNECTION_TERMINATION_DEADLINE: duration().optional().describe('drain deadline (default from TERMINATION_GRACE_PERIOD_SECONDS, else 5s)'),
   TERMINATION_GRACE_PERIOD_SECONDS: nonNegativeInt().optional().describe('pod grace period; drain deadline N-5s if N>10 else N-1s (min 1s)'),
   ZTUNNEL_WORKER_THREADS: workerThreads().optional().describe('dataplane threads: N, N% of cores, or 0 = all cores'),
+  MISSING_POLICY_GRACE: duration().optional().describe('how long live connections wait for a named policy that has not arrived (1s)'),
   ZTUNNEL_CPU_LIMIT: cpuQuantity().optional().describe('cores to size thread pools by (default: all)'),
   ZTUNNEL_RESOURCE_CPU_LIMIT: cpuQuantity().optional().describe('container CPU limit (cores); wins over ZTUNNEL_CPU_LIMIT'),
   ZTUNNEL_RESOURCE_CPU_REQUEST: cpuQuantity().optional().describe('container CPU request (cores)'),

@@ -120,6 +120,7 @@ export function dataplaneConfig(config: Config): DataplaneConfig {
     http2: { ...config.http2 },
     connectTimeoutMs: config.connectionTimeoutMs,
     terminationDeadlineMs: config.terminationDeadlineMs,
+    missingPolicyGraceMs: config.missingPolicyGraceMs,
     socks5Enabled: config.socks5Enabled,
     bindSourceIp: config.proxyMode === 'local',
   };

@@ -16,6 +16,8 @@ export interface DataplaneConfig {
   http2: { streamWindowSize: number; connectionWindowSize: number; frameSize: number };
   connectTimeoutMs: number;
   terminationDeadlineMs: number;
+  /** How long live inbound connections are not judged on a named policy that has not arrived. */
+  missingPolicyGraceMs: number;
   /** Include 15080 in the illegal ports. */
   socks5Enabled: boolean;
   /** Bind outbound sockets to the source workload's IP (local mode: peers then see the workload's address). */

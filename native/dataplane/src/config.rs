@@ -52,6 +52,9 @@ pub struct Config {
     /// Bind outbound sockets to the source workload's IP. Local mode sets it, so peers (and their policies) see
     /// the workload's address rather than 127.0.0.1; in a pod's netns the pod IP is the only address anyway.
     pub bind_source_ip: bool,
+    /// How long a live inbound connection is left unjudged while its workload names an authorization policy that
+    /// has not arrived (istiod pushes the reference just before the policy). New connections are refused meanwhile.
+    pub missing_policy_grace_ms: u64,
 }
 
 impl Default for Config {
@@ -71,6 +74,7 @@ impl Default for Config {
             socks5_enabled: true,
             handshake_timeout_ms: 10_000,
             bind_source_ip: false,
+            missing_policy_grace_ms: 1_000,
         }
     }
 }
@@ -113,6 +117,10 @@ impl Config {
 
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub fn missing_policy_grace(&self) -> Duration {
+        Duration::from_millis(self.missing_policy_grace_ms)
     }
 
     pub fn handshake_timeout(&self) -> Duration {

@@ -99,6 +99,7 @@ pub struct Dataplane {
     drain: Drain,
     local: Mutex<HashMap<String, LocalWorkload>>,
     inpod: Mutex<Option<Arc<inpod::WorkloadManager>>>,
+    reevaluator: Arc<proxy::reevaluation::Reevaluator>,
 }
 
 impl Dataplane {
@@ -131,6 +132,8 @@ impl Dataplane {
             sockets: Arc::new(socket::DefaultSockets),
             preserve_source: false,
         });
+        let reevaluator = Arc::new(proxy::reevaluation::Reevaluator::default());
+        handle.spawn(reevaluator.clone().run(pi.clone(), drain.force.clone()));
         Ok(Dataplane {
             rt: Mutex::new(Some(rt)),
             handle,
@@ -138,6 +141,7 @@ impl Dataplane {
             drain,
             local: Mutex::new(HashMap::new()),
             inpod: Mutex::new(None),
+            reevaluator,
         })
     }
 
@@ -159,12 +163,23 @@ impl Dataplane {
         self.apply_state(delta)
     }
 
+    /// Authorization is continuous: the live connections the change can affect are judged again by the
+    /// re-evaluation task (proxy/reevaluation.rs), after this returns.
     pub fn apply_state(&self, delta: StateDelta) -> Result<(), DataplaneError> {
         let valid = delta.validate()?;
-        self.pi.state.write().expect("state lock").apply_valid(valid);
-        // Authorization is continuous: every tracked inbound connection is checked against the new state.
-        self.pi.tracker.reevaluate(&self.pi);
+        let scope = {
+            let mut state = self.pi.state.write().expect("state lock");
+            let scope = proxy::reevaluation::Scope::of_change(&state, &valid);
+            state.apply_valid(valid);
+            scope
+        };
+        self.reevaluator.submit(scope);
         Ok(())
+    }
+
+    /// (state changes submitted for re-evaluation, those judged): tests and benchmarks wait for them to meet.
+    pub fn reevaluation_progress(&self) -> (u64, u64) {
+        self.reevaluator.progress()
     }
 
     pub fn create_csr(&self, identity: &str) -> Result<String, DataplaneError> {

@@ -11,8 +11,10 @@
 //! Where ztunnel-node is deliberately stricter than ztunnel (README "Authorization"):
 //! - In a DENY policy an empty match matches every connection. istiod sends an empty match for a DENY whose rules
 //!   were L7-only; ztunnel skips it and the DENY never fires (istio#61126). We fail closed.
-//! - A WORKLOAD_SELECTOR policy a workload names but that has not arrived denies every inbound connection to that
-//!   workload until it arrives (ztunnel skips unknown policies, failing open during xDS lag).
+//! - A WORKLOAD_SELECTOR policy a workload names but that has not arrived denies every NEW inbound connection to
+//!   that workload until it arrives (ztunnel skips unknown policies, failing open during xDS lag). Live connections
+//!   are not judged on a missing policy until a grace period passes (`authorize_live`): istiod sends a workload's
+//!   new policy reference just before the policy itself, and the final policy set may well allow them.
 //! - The identity is the one verified in the TLS handshake; nothing from headers reaches this module.
 //!
 //! Evaluation is a pure function of the state and the connection; `explain` returns the same decision with the
@@ -222,13 +224,52 @@ pub fn explain(state: &State, w: &Workload, c: &Connection) -> Explanation {
     Explanation { decision, considered }
 }
 
+/// The re-evaluation of a live connection: `authorize`, except that a missing policy still within its grace
+/// period (`in_grace(key)`) defers the verdict instead of denying. A matching enforced DENY among the known
+/// policies still decides at once: the final set contains it too, so the connection is denied whatever arrives.
+pub enum LiveDecision {
+    Decided(Decision),
+    /// Not judged yet: this missing policy may still arrive.
+    Deferred(String),
+}
+
+pub fn authorize_live(state: &State, w: &Workload, c: &Connection, in_grace: impl FnMut(&str) -> bool) -> LiveDecision {
+    evaluate(state, w, c, in_grace, true)
+}
+
 /// The decision alone: the per-connection path (one pass, no explanation, keys formatted only for the decider).
+/// A missing policy denies.
 pub fn authorize(state: &State, w: &Workload, c: &Connection) -> Decision {
+    match evaluate(state, w, c, |_| false, false) {
+        LiveDecision::Decided(d) => d,
+        LiveDecision::Deferred(key) => missing_decision(&key),
+    }
+}
+
+fn evaluate(
+    state: &State,
+    w: &Workload,
+    c: &Connection,
+    mut in_grace: impl FnMut(&str) -> bool,
+    live: bool,
+) -> LiveDecision {
+    let mut deferred: Option<&str> = None;
     let mut have_allow = false;
     let mut allow: Option<(&Arc<Policy>, usize)> = None;
     for entry in policy_set(state, w) {
         let p = match entry {
-            Entry::Missing(key) => return missing_decision(key),
+            Entry::Missing(key) if in_grace(key) => {
+                deferred.get_or_insert(key);
+                continue;
+            }
+            Entry::Missing(key) => {
+                let mut d = missing_decision(key);
+                if live {
+                    d.reason =
+                        format!("policy {key} is referenced by the workload but did not arrive in time (fail closed)");
+                }
+                return LiveDecision::Decided(d);
+            }
             Entry::Known(_, p) => p,
         };
         if p.dry_run {
@@ -237,7 +278,7 @@ pub fn authorize(state: &State, w: &Workload, c: &Connection) -> Decision {
         match p.action {
             Action::Deny => {
                 if let Some(rule) = policy_matches(p, c) {
-                    return final_decision(false, Some((p.key(), rule)), None);
+                    return LiveDecision::Decided(final_decision(false, Some((p.key(), rule)), None));
                 }
             }
             Action::Allow => {
@@ -248,7 +289,10 @@ pub fn authorize(state: &State, w: &Workload, c: &Connection) -> Decision {
             }
         }
     }
-    final_decision(have_allow, None, allow.map(|(p, rule)| (p.key(), rule)))
+    match deferred {
+        Some(key) => LiveDecision::Deferred(key.to_string()),
+        None => LiveDecision::Decided(final_decision(have_allow, None, allow.map(|(p, rule)| (p.key(), rule)))),
+    }
 }
 
 /// Dry-run policies that would have changed the decision's outcome are reported, never enforced.

@@ -1,33 +1,38 @@
-//! Inbound connections under continuous authorization.
+//! Live connections: inbound ones under continuous authorization, and every one for config_dump.
 //!
 //! Invariants:
 //! - A connection is registered BEFORE its first authorization check. A state change writes the new state first
-//!   and re-evaluates the registered connections after, so a change can never fall between a connection's check
-//!   and its registration.
-//! - Re-evaluation uses the same pure `rbac::authorize` as the first check; a connection now denied is closed
-//!   through its own token (the connection's task drops both sockets), and counted and logged.
-//! - Lock order: state (read) before the tracker's map. Registration takes only the map.
+//!   and is re-evaluated after (`reevaluation.rs` snapshots this tracker only then), so a change can never fall
+//!   between a connection's check and its registration.
+//! - The table is sharded by connection id; opening or closing a connection locks one shard for one insert or
+//!   remove. A re-evaluation copies a shard's inbound entries (`Arc` clones) under that lock and evaluates them
+//!   after releasing it, so no connection ever waits on an authorization pass.
+//! - Lock order: never the state lock while a shard is held (the snapshot takes only shards; evaluation takes only
+//!   the state).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{LocalRef, ProxyInputs};
-use crate::events::{Event, Level};
+use super::LocalRef;
 use crate::rbac;
 
-/// Boxed in the map: a live connection costs the table a 16-byte slot (times its load-factor headroom) instead of the
-/// whole entry.
-struct Tracked {
-    local: LocalRef,
-    close: CancellationToken,
-    kind: Kind,
+/// Shards of the table: enough that two workers opening connections rarely meet, few enough that a snapshot of
+/// all of them is cheap.
+const SHARDS: usize = 16;
+
+/// Behind an `Arc` in the map: a live connection costs the table a pointer-sized slot (times its load-factor
+/// headroom), and a re-evaluation can hold the entry without holding the shard.
+pub(crate) struct Tracked {
+    pub(crate) local: LocalRef,
+    pub(crate) close: CancellationToken,
+    pub(crate) kind: Kind,
 }
 
 /// Inbound connections keep what authorization needs (their listing derives from it); outbound ones their listing.
-enum Kind {
+pub(crate) enum Kind {
     Inbound { conn: rbac::Connection, protocol: &'static str },
     Outbound(ConnInfo),
 }
@@ -62,10 +67,12 @@ pub struct ConnInfo {
     pub protocol: &'static str,
 }
 
+type Shard = Mutex<HashMap<u64, Arc<Tracked>>>;
+
 #[derive(Default)]
 pub struct Tracker {
     next: AtomicU64,
-    conns: Mutex<HashMap<u64, Box<Tracked>>>,
+    shards: [Shard; SHARDS],
 }
 
 /// A registered connection; unregisters when dropped. `close` fires when a policy change denies it.
@@ -77,7 +84,7 @@ pub struct TrackGuard {
 
 impl Drop for TrackGuard {
     fn drop(&mut self) {
-        self.tracker.conns.lock().expect("tracker lock").remove(&self.id);
+        self.tracker.shard(self.id).remove(&self.id);
     }
 }
 
@@ -95,63 +102,50 @@ impl Tracker {
     fn insert(self: &Arc<Self>, local: LocalRef, kind: Kind) -> TrackGuard {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let close = CancellationToken::new();
-        self.conns.lock().expect("tracker lock").insert(id, Box::new(Tracked { local, close: close.clone(), kind }));
+        self.shard(id).insert(id, Arc::new(Tracked { local, close: close.clone(), kind }));
         TrackGuard { tracker: self.clone(), id, close }
+    }
+
+    /// A shard's map. The maps hold no invariant a panicking holder could break halfway (one insert or remove, or
+    /// a read), so a poisoned lock is taken as it is rather than spreading the panic to every connection.
+    fn shard(&self, id: u64) -> MutexGuard<'_, HashMap<u64, Arc<Tracked>>> {
+        self.shards[(id % SHARDS as u64) as usize].lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn shards(&self) -> impl Iterator<Item = MutexGuard<'_, HashMap<u64, Arc<Tracked>>>> {
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The live (inbound, outbound) connections of one local workload.
     pub fn connections_of(&self, local: &LocalRef) -> (Vec<ConnInfo>, Vec<ConnInfo>) {
-        let conns = self.conns.lock().expect("tracker lock");
         let (mut inbound, mut outbound) = (Vec::new(), Vec::new());
-        for t in conns.values().filter(|t| t.local.same(local)) {
-            match t.kind {
-                Kind::Inbound { .. } => inbound.push(t.info()),
-                Kind::Outbound(_) => outbound.push(t.info()),
+        for shard in self.shards() {
+            for t in shard.values().filter(|t| t.local.same(local)) {
+                match t.kind {
+                    Kind::Inbound { .. } => inbound.push(t.info()),
+                    Kind::Outbound(_) => outbound.push(t.info()),
+                }
             }
         }
         (inbound, outbound)
     }
 
+    /// The inbound connections not yet closed, one shard locked at a time (each only for the copy).
+    pub(crate) fn inbound_snapshot(&self) -> Vec<Arc<Tracked>> {
+        let mut out = Vec::new();
+        for shard in self.shards() {
+            out.extend(
+                shard.values().filter(|t| matches!(t.kind, Kind::Inbound { .. }) && !t.close.is_cancelled()).cloned(),
+            );
+        }
+        out
+    }
+
     pub fn len(&self) -> usize {
-        self.conns.lock().expect("tracker lock").len()
+        self.shards().map(|s| s.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// Re-check every tracked connection against the current state; close the ones now denied.
-    pub fn reevaluate(&self, pi: &ProxyInputs) {
-        let state = pi.state.read().expect("state lock");
-        let conns = self.conns.lock().expect("tracker lock");
-        for t in conns.values() {
-            let Kind::Inbound { conn, .. } = &t.kind else { continue };
-            if t.close.is_cancelled() {
-                continue;
-            }
-            let decision = match t.local.resolve(&state) {
-                Some(w) => rbac::authorize(&state, &w, conn),
-                None => continue, // the workload's own removal drains its listeners and connections
-            };
-            if decision.allowed {
-                continue;
-            }
-            t.close.cancel();
-            pi.metrics.authz_closed_by_policy.fetch_add(1, Ordering::Relaxed);
-            pi.events.push(Event {
-                kind: "access",
-                level: Level::Warn,
-                message: "connection closed due to policy change".into(),
-                fields: crate::fields! {
-                    "src.addr" => conn.src_ip.to_string(),
-                    "src.identity" => conn.src_identity.as_ref().map(|i| i.to_string()).unwrap_or_default(),
-                    "dst.addr" => std::net::SocketAddr::new(conn.dst_ip, conn.dst_port).to_string(),
-                    "dst.workload" => t.local.to_string(),
-                    "direction" => "inbound",
-                    "policy" => decision.policy.clone().unwrap_or_default(),
-                    "reason" => decision.reason,
-                },
-            });
-        }
     }
 }
