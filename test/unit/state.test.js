@@ -32,11 +32,13 @@ test('the first apply is a full replacement carrying only native fields', () => 
   assert.equal(delta.full, true);
   assert.deepEqual(delta.workloads.map((w) => w.uid).sort(), ['w1', 'w2']);
   assert.deepEqual(delta.services.map((s) => s.hostname).sort(), ['a.example', 'svc.example']);
-  // Control-plane-only fields do not cross the boundary.
-  assert.equal('waypoint' in delta.workloads[0], false);
-  assert.equal('networkMode' in delta.workloads[0], false);
-  assert.equal('cidrVips' in delta.services[0], false);
-  assert.deepEqual(Object.keys(delta.services[0]).sort(), ['hostname', 'name', 'namespace', 'ports', 'subjectAltNames', 'vips']);
+  // The routing fields cross the boundary (the dataplane routes on them); nothing else does.
+  assert.equal('waypoint' in delta.workloads[0], true);
+  assert.equal('networkMode' in delta.workloads[0], true);
+  assert.deepEqual(Object.keys(delta.services[0]).sort(), [
+    'canonical', 'cidrVips', 'hostname', 'ipFamilies', 'loadBalancer', 'name', 'namespace', 'ports', 'subjectAltNames',
+    'vips', 'visibility', 'waypoint',
+  ]);
 });
 
 test('later applies send only what changed, and nothing when nothing changed', () => {
@@ -60,14 +62,15 @@ test('later applies send only what changed, and nothing when nothing changed', (
   assert.equal(delta.services, undefined);
 });
 
-test('a change the native side does not see updates the dump but sends nothing', () => {
+test('a waypoint change reaches the dataplane and the dump', () => {
   const store = new StateStore();
   store.replace(model(BASE), () => {});
   const next = model(BASE);
   next.workloads[1].waypoint = { destination: '/10.0.0.9', hboneMtlsPort: 15008 };
   const { sent, send } = record();
-  assert.equal(store.replace(next, send), null);
-  assert.equal(sent.length, 0);
+  const delta = store.replace(next, send);
+  assert.equal(sent.length, 1);
+  assert.deepEqual(delta.workloads.map((w) => [w.uid, w.waypoint]), [['w1', { destination: '/10.0.0.9', hboneMtlsPort: 15008 }]]);
   assert.deepEqual(store.dumpWorkloads().find((w) => w.uid === 'w1').waypoint, { destination: '/10.0.0.9', hboneMtlsPort: 15008 });
 });
 

@@ -65,7 +65,7 @@ const portKey = () =>
     error: (iss) => `"${String(iss.input)}" is not a port (1-65535)`,
   });
 
-/** servicePort -> targetPort; target 0 means "same as the service port". */
+/** servicePort -> targetPort; target 0 means "not set" (Istio's meaning: each endpoint's own port map decides). */
 const portMap = () =>
   z.record(portKey(), z.number().int().min(0).max(65535, { error: (iss) => `${String(iss.input)} is not a port (0-65535)` }));
 

@@ -34,6 +34,25 @@ export interface Locality {
   subzone: string;
 }
 
+/** Where a waypoint or network gateway is: "<network>/<ip>" or "<namespace>/<hostname>". */
+export interface GatewayAddress {
+  destination: string;
+  hboneMtlsPort: number;
+}
+
+export interface ApplicationTunnel {
+  protocol: 'NONE' | 'PROXY';
+  port: number | null;
+}
+
+export type NetworkMode = 'Standard' | 'HostNetwork';
+
+export interface LoadBalancer {
+  routingPreferences: Array<'Region' | 'Zone' | 'Subzone' | 'Node' | 'Cluster' | 'Network'>;
+  mode: 'Standard' | 'Strict' | 'Failover' | 'Passthrough';
+  healthPolicy: 'OnlyHealthy' | 'AllowAll';
+}
+
 export interface Workload {
   uid: string;
   name: string;
@@ -56,6 +75,12 @@ export interface Workload {
   services: Record<string, Record<string, number>>;
   authorizationPolicies: string[];
   hostname: string;
+  /** HostNetwork workloads share the node's IP and are not found by it. */
+  networkMode: NetworkMode;
+  waypoint: GatewayAddress | null;
+  networkGateway: GatewayAddress | null;
+  applicationTunnel: ApplicationTunnel | null;
+  nativeTunnel: boolean;
 }
 
 export interface Service {
@@ -64,9 +89,17 @@ export interface Service {
   hostname: string;
   /** "<network>/<ip>" */
   vips: string[];
-  /** "<servicePort>" -> targetPort (0 = same as the service port) */
+  /** "<network>/<cidr>" */
+  cidrVips: string[];
+  /** "<servicePort>" -> targetPort (0 = not set: each endpoint's own port map must name the port) */
   ports: Record<string, number>;
   subjectAltNames: string[];
+  waypoint: GatewayAddress | null;
+  loadBalancer: LoadBalancer | null;
+  ipFamilies: 'Dual' | 'IPv4' | 'IPv6' | null;
+  /** Wins a VIP shared with services of other namespaces. */
+  canonical: boolean;
+  visibility: 'Public' | 'Namespace' | null;
 }
 
 export interface StateDelta {

@@ -1,44 +1,13 @@
 // The TS-side model of the mesh state. WorkloadInfo/ServiceInfo are the native Workload/Service
-// (docs/native-api.md) plus the fields only the control plane and config_dump use today (waypoints, gateways,
-// load balancing). The native side receives exactly its own fields: see toNativeWorkload/toNativeService.
+// (docs/native-api.md): the dataplane routes on every field (waypoints, gateways, load balancing). The native side
+// receives exactly its own fields: see toNativeWorkload/toNativeService.
 import type { Service, Workload } from '../native/types.js';
 
-/** Where a waypoint or network gateway is: "<network>/<ip>" or "<namespace>/<hostname>". */
-export interface GatewayAddress {
-  destination: string;
-  hboneMtlsPort: number;
-}
+export type { ApplicationTunnel, GatewayAddress, LoadBalancer, NetworkMode } from '../native/types.js';
 
-export interface ApplicationTunnel {
-  protocol: 'NONE' | 'PROXY';
-  port: number | null;
-}
-
-export type NetworkMode = 'Standard' | 'HostNetwork';
-
-export interface WorkloadInfo extends Workload {
-  networkMode: NetworkMode;
-  waypoint: GatewayAddress | null;
-  networkGateway: GatewayAddress | null;
-  applicationTunnel: ApplicationTunnel | null;
-  nativeTunnel: boolean;
-}
-
-export interface LoadBalancer {
-  routingPreferences: Array<'Region' | 'Zone' | 'Subzone' | 'Node' | 'Cluster' | 'Network'>;
-  mode: 'Standard' | 'Strict' | 'Failover' | 'Passthrough';
-  healthPolicy: 'OnlyHealthy' | 'AllowAll';
-}
-
-export interface ServiceInfo extends Service {
-  /** "<network>/<cidr>" */
-  cidrVips: string[];
-  waypoint: GatewayAddress | null;
-  loadBalancer: LoadBalancer | null;
-  ipFamilies: 'Dual' | 'IPv4' | 'IPv6' | null;
-  canonical: boolean;
-  visibility: 'Public' | 'Namespace' | null;
-}
+/** The dataplane's workload is the whole workload record (the model lives once, in the dataplane). */
+export type WorkloadInfo = Workload;
+export type ServiceInfo = Service;
 
 export type StringMatch = { Exact: string } | { Prefix: string } | { Suffix: string } | { Presence: [] };
 
@@ -116,6 +85,11 @@ export function toNativeWorkload(w: Workload): Workload {
     services: w.services,
     authorizationPolicies: w.authorizationPolicies,
     hostname: w.hostname,
+    networkMode: w.networkMode,
+    waypoint: w.waypoint,
+    networkGateway: w.networkGateway,
+    applicationTunnel: w.applicationTunnel,
+    nativeTunnel: w.nativeTunnel,
   };
 }
 
@@ -125,7 +99,13 @@ export function toNativeService(s: Service): Service {
     namespace: s.namespace,
     hostname: s.hostname,
     vips: s.vips,
+    cidrVips: s.cidrVips,
     ports: s.ports,
     subjectAltNames: s.subjectAltNames,
+    waypoint: s.waypoint,
+    loadBalancer: s.loadBalancer,
+    ipFamilies: s.ipFamilies,
+    canonical: s.canonical,
+    visibility: s.visibility,
   };
 }

@@ -36,12 +36,12 @@ fn main() {
         n = n.wrapping_add(7);
         n % total
     };
-    assert!(build_request(&st, &cfg, &src, vip, &mut pick).is_ok());
+    assert!(build_request(&st, &cfg, &src, src.ips[0], vip, &mut pick).is_ok());
     let measure = |dst, pick: &mut dyn FnMut(u64) -> u64| {
         let iters = 200_000;
         let t = Instant::now();
         for _ in 0..iters {
-            std::hint::black_box(build_request(&st, &cfg, &src, dst, pick).unwrap());
+            std::hint::black_box(build_request(&st, &cfg, &src, src.ips[0], dst, pick).unwrap());
         }
         t.elapsed().as_nanos() as f64 / iters as f64
     };

@@ -1,9 +1,10 @@
 //! Outbound: where a local workload's connection goes, and getting it there.
 //!
-//! The routing decision (`build_request`) is a pure function of the state: destination IP → service VIP (pick a
-//! healthy endpoint that has the port, weighted by capacity, service port → target port) or workload by IP;
-//! an HBONE workload is reached through its node's 15008 with `:authority <ip>:<port>`; a TCP workload or an
-//! unknown destination is reached directly (plain TCP passthrough). I/O happens only after the decision.
+//! The routing decision (`build_request`) is a pure function of the state, ztunnel's cases in ztunnel's order:
+//! service VIP (its waypoint first; else a load-balanced endpoint), else workload by IP (its waypoint unless the
+//! client is that waypoint), else plain TCP passthrough. An HBONE workload is reached through its node's 15008 with
+//! `:authority <ip>:<port>`; a waypoint with `:authority` = the original destination. I/O happens only after the
+//! decision; a case that cannot be routed is an error with a stable reason, never a bypass.
 //!
 //! Invariant: the protocol comes only from the destination's state. If an HBONE destination cannot be reached
 //! over mTLS (no certificate, handshake failure, wrong peer identity), the connection fails; nothing retries in
@@ -22,18 +23,35 @@ use super::pool::{PoolError, PoolKey, StreamLease};
 use super::{LocalRef, ProxyInputs};
 use crate::config::Config;
 use crate::identity::Identity;
-use crate::state::{Protocol, Service, State, Workload, WorkloadStatus};
+use crate::state::{
+    GatewayAddress, GatewayDestination, HealthPolicy, IpFamilies, LbMode, LbScope, Protocol, Service, State, Workload,
+    WorkloadStatus,
+};
 use crate::tls::ExpectedIdentities;
+
+/// Which path a request takes (ztunnel's request types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// To the destination workload itself (HBONE to its node, or plain TCP).
+    Direct,
+    /// To the destination's waypoint over HBONE, `:authority` = the original destination.
+    Waypoint,
+    /// Unknown destination (or a PASSTHROUGH service): plain TCP to the original destination.
+    Passthrough,
+}
 
 /// Where and how to send one outbound connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     pub protocol: Protocol,
+    pub path: Path,
     /// The address dialed: `<ip>:15008` for HBONE, the target itself for TCP.
     pub upstream: SocketAddr,
-    /// The final target (`:authority` for HBONE).
+    /// The final target (`:authority` for HBONE): the endpoint, or the original destination through a waypoint.
     pub target: SocketAddr,
+    /// The workload at the other end of the next hop (the waypoint, when going through one).
     pub destination: Option<Arc<Workload>>,
+    /// The service the client addressed (never the waypoint's).
     pub service: Option<Arc<Service>>,
     /// Identities the HBONE server may present.
     pub expected: ExpectedIdentities,
@@ -49,100 +67,344 @@ pub enum RouteError {
     NoPort(String, u16),
     #[error("workload {0} has no address")]
     NoAddress(String),
-    #[error("no valid routing destination: workload {0} is on network {1:?} and has no gateway")]
+    #[error("no valid routing destination: workload {0} is on network {1:?} (reaching another network through its gateway is not supported yet)")]
     RemoteNetwork(String, String),
+    #[error("waypoint {0} not found")]
+    UnknownWaypoint(String),
+    #[error("workload {0} is addressed by hostname only (DNS resolution of workload hostnames is not supported yet)")]
+    HostnameOnly(String),
 }
 
-/// Decide where a connection from `src` to `dst` goes. `pick(total)` returns a number in `0..total` (the
-/// weighted endpoint choice); tests pass a fixed one.
+impl RouteError {
+    /// A short, stable reason (log field and metric label).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RouteError::SelfCall(_) => "self_call",
+            RouteError::NoHealthyUpstream(..) => "no_healthy_upstream",
+            RouteError::NoPort(..) => "no_port",
+            RouteError::NoAddress(_) => "no_address",
+            RouteError::RemoteNetwork(..) => "remote_network",
+            RouteError::UnknownWaypoint(_) => "unknown_waypoint",
+            RouteError::HostnameOnly(_) => "hostname_only",
+        }
+    }
+}
+
+/// How endpoints of a service are chosen: for a client's own destination, or for a waypoint (which must have the
+/// port, or an application tunnel that carries it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resolution {
+    Standard,
+    Waypoint,
+}
+
+/// A chosen next hop before its IP is picked.
+struct Hop {
+    workload: Arc<Workload>,
+    port: u16,
+    service: Option<Arc<Service>>,
+}
+
+impl Hop {
+    /// The identities the hop may present: its own and its service's SANs.
+    fn expected(&self) -> ExpectedIdentities {
+        let mut ids = vec![self.workload.identity()];
+        if let Some(s) = &self.service {
+            ids.extend(s.subject_alt_names.iter().cloned());
+        }
+        ExpectedIdentities::new(ids)
+    }
+}
+
+/// Decide where a connection from `src` (at `src_ip`) to `dst` goes, as ztunnel's `build_request` does (one
+/// function, its cases in order; README "Routing"). `pick(total)` returns a number in `0..total` (the weighted
+/// endpoint choice); tests pass a fixed one.
 pub fn build_request(
     state: &State,
     cfg: &Config,
     src: &Workload,
+    src_ip: IpAddr,
     dst: SocketAddr,
     pick: &mut dyn FnMut(u64) -> u64,
 ) -> Result<Request, RouteError> {
-    if cfg.illegal_ports().contains(&dst.port()) && (dst.ip().is_loopback() || src.ips.contains(&dst.ip())) {
-        return Err(RouteError::SelfCall(dst.port()));
+    self_call(cfg, src, None, dst)?;
+    // 1. A service VIP (or CIDR VIP): its waypoint first.
+    let service = state.service_by_vip(&src.network, dst.ip(), &src.namespace).cloned();
+    if let Some(gw) = service.as_ref().and_then(|s| s.waypoint.as_ref()) {
+        return to_waypoint(state, src, gw, dst, service.clone(), pick);
     }
-    let (dest, port, service) = if let Some(svc) = state.service_by_vip(&src.network, dst.ip(), &src.namespace) {
-        let target_port = match svc.ports.get(&dst.port()) {
-            Some(0) => dst.port(),
-            Some(p) => *p,
-            None => return Err(RouteError::NoPort(svc.key.to_string(), dst.port())),
-        };
-        let candidates: Vec<(&Arc<Workload>, u16)> = state
-            .endpoints(&svc.key)
-            .filter(|(w, _)| w.status == WorkloadStatus::Healthy && !w.ips.is_empty() && w.capacity > 0)
-            .map(|(w, ports)| (w, ports.get(&dst.port()).copied().filter(|p| *p != 0).unwrap_or(target_port)))
-            .collect();
-        let total: u64 = candidates.iter().map(|(w, _)| u64::from(w.capacity)).sum();
-        if total == 0 {
-            return Err(RouteError::NoHealthyUpstream(svc.key.to_string(), dst.port()));
+    // 2. The upstream: a load-balanced endpoint of the service, else the workload with that IP.
+    let upstream = match &service {
+        Some(svc) if svc.load_balancer.as_ref().is_some_and(|lb| lb.mode == LbMode::Passthrough) => None,
+        Some(svc) => from_service(state, src, svc, dst.port(), Resolution::Standard, pick)?,
+        None => state.workload_by_addr(&src.network, dst.ip()).map(|w| Hop {
+            workload: w.clone(),
+            port: dst.port(),
+            service: None,
+        }),
+    };
+    // 3. None: a service must have had one (unless it is PASSTHROUGH); an unknown destination is passed through.
+    let Some(us) = upstream else {
+        if let Some(svc) = &service {
+            if !svc.load_balancer.as_ref().is_some_and(|lb| lb.mode == LbMode::Passthrough) {
+                return Err(RouteError::NoHealthyUpstream(svc.key.to_string(), dst.port()));
+            }
         }
-        let mut n = pick(total) % total;
-        let (w, p) = candidates
-            .iter()
-            .find(|(w, _)| {
-                let c = u64::from(w.capacity);
-                if n < c {
-                    true
-                } else {
-                    n -= c;
-                    false
-                }
-            })
-            .expect("n < total");
-        ((*w).clone(), *p, Some(svc.clone()))
-    } else if let Some(w) = state.workload_by_addr(&src.network, dst.ip()) {
-        (w.clone(), dst.port(), None)
-    } else {
         return Ok(passthrough(dst));
     };
-    if dest.network != src.network {
-        return Err(RouteError::RemoteNetwork(dest.uid.clone(), dest.network.clone()));
+    // 4. Another network: only through its gateway (double HBONE), which is not built yet: fail closed.
+    if us.workload.network != src.network {
+        return Err(RouteError::RemoteNetwork(us.workload.uid.clone(), us.workload.network.clone()));
     }
-    // The dialed IP when it is one of the workload's, else the first of the same family, else the first.
-    let ip = if dest.ips.contains(&dst.ip()) {
-        dst.ip()
-    } else {
-        dest.ips
-            .iter()
-            .find(|ip| ip.is_ipv4() == dst.is_ipv4())
-            .or_else(|| dest.ips.first())
-            .copied()
-            .ok_or_else(|| RouteError::NoAddress(dest.uid.clone()))?
-    };
-    let target = SocketAddr::new(ip, port);
-    Ok(match dest.protocol {
-        Protocol::Hbone => {
-            let mut ids = vec![dest.identity()];
-            if let Some(s) = &service {
-                ids.extend(s.subject_alt_names.iter().cloned());
-            }
-            Request {
-                protocol: Protocol::Hbone,
-                upstream: SocketAddr::new(ip, cfg.hbone_port),
-                target,
-                destination: Some(dest),
-                service,
-                expected: ExpectedIdentities::new(ids),
-            }
+    // 5. A workload addressed directly goes through its waypoint, unless the client is that waypoint.
+    if service.is_none() && !from_waypoint(state, &us.workload, src, src_ip) {
+        if let Some(gw) = us.workload.waypoint.as_ref() {
+            return to_waypoint(state, src, gw, dst, None, pick);
         }
+    }
+    // 6. Direct.
+    let families = service.as_ref().and_then(|s| s.ip_families);
+    let ip = pick_ip(&us.workload, dst, families)?;
+    let target = SocketAddr::new(ip, us.port);
+    // The own-port check again, after the port mapping: a service may map to one of our ports.
+    self_call(cfg, src, Some(&us.workload), target)?;
+    let expected = us.expected();
+    Ok(match us.workload.protocol {
+        Protocol::Hbone => Request {
+            protocol: Protocol::Hbone,
+            path: Path::Direct,
+            upstream: SocketAddr::new(ip, cfg.hbone_port),
+            target,
+            destination: Some(us.workload),
+            service: us.service,
+            expected,
+        },
         Protocol::Tcp => Request {
             protocol: Protocol::Tcp,
+            path: Path::Direct,
             upstream: target,
             target,
-            destination: Some(dest),
-            service,
+            destination: Some(us.workload),
+            service: us.service,
             expected: ExpectedIdentities::default(),
         },
     })
 }
 
+/// Our own listeners are never a destination: on loopback, on the source's own IPs, or on a workload of this
+/// node (whose listeners we bind).
+fn self_call(cfg: &Config, src: &Workload, dest: Option<&Workload>, to: SocketAddr) -> Result<(), RouteError> {
+    let ours = to.ip().is_loopback()
+        || src.ips.contains(&to.ip())
+        || dest.is_some_and(|w| !w.node.is_empty() && w.node == cfg.node_name);
+    if ours && cfg.illegal_ports().contains(&to.port()) {
+        return Err(RouteError::SelfCall(to.port()));
+    }
+    Ok(())
+}
+
+/// HBONE to the waypoint `gw`, `:authority` = the original destination; `service` is the one addressed, if any.
+fn to_waypoint(
+    state: &State,
+    src: &Workload,
+    gw: &GatewayAddress,
+    dst: SocketAddr,
+    service: Option<Arc<Service>>,
+    pick: &mut dyn FnMut(u64) -> u64,
+) -> Result<Request, RouteError> {
+    let (wp, ip) = resolve_waypoint(state, src, gw, dst, pick)?;
+    if wp.workload.network != src.network {
+        return Err(RouteError::RemoteNetwork(wp.workload.uid.clone(), wp.workload.network.clone()));
+    }
+    Ok(Request {
+        protocol: Protocol::Hbone,
+        path: Path::Waypoint,
+        upstream: SocketAddr::new(ip, wp.port),
+        target: dst,
+        expected: wp.expected(),
+        destination: Some(wp.workload),
+        service,
+    })
+}
+
+/// The waypoint's workload (load-balanced when it is a service), the port to dial, and the IP. By address: the
+/// IP family of the address; by hostname: the caller's.
+fn resolve_waypoint(
+    state: &State,
+    src: &Workload,
+    gw: &GatewayAddress,
+    dst: SocketAddr,
+    pick: &mut dyn FnMut(u64) -> u64,
+) -> Result<(Hop, IpAddr), RouteError> {
+    let unknown = || RouteError::UnknownWaypoint(describe(gw));
+    let (us, family_of) = match &gw.destination {
+        GatewayDestination::Address((net, ip)) => {
+            let addr = SocketAddr::new(*ip, gw.hbone_mtls_port);
+            let us = match state.service_by_vip(net, *ip, &src.namespace) {
+                Some(svc) => from_service(state, src, svc, gw.hbone_mtls_port, Resolution::Waypoint, pick)?,
+                None => state.workload_by_addr(net, *ip).map(|w| Hop {
+                    workload: w.clone(),
+                    port: gw.hbone_mtls_port,
+                    service: None,
+                }),
+            };
+            (us, addr)
+        }
+        GatewayDestination::Hostname(key) => {
+            let us = match state.service(key) {
+                Some(svc) => from_service(state, src, svc, gw.hbone_mtls_port, Resolution::Waypoint, pick)?,
+                None => state.workload_by_hostname(&key.namespace, &key.hostname).map(|w| Hop {
+                    workload: w.clone(),
+                    port: gw.hbone_mtls_port,
+                    service: None,
+                }),
+            };
+            (us, dst)
+        }
+    };
+    let us = us.ok_or_else(unknown)?;
+    let ip = pick_ip(&us.workload, family_of, us.service.as_ref().and_then(|s| s.ip_families))?;
+    Ok((us, ip))
+}
+
+fn describe(gw: &GatewayAddress) -> String {
+    match &gw.destination {
+        GatewayDestination::Address((net, ip)) => format!("{net}/{ip}"),
+        GatewayDestination::Hostname(key) => key.to_string(),
+    }
+}
+
+/// Whether the client is `w`'s own waypoint (its identity, from one of its IPs): then it is not sent back there.
+fn from_waypoint(state: &State, w: &Workload, src: &Workload, src_ip: IpAddr) -> bool {
+    let Some(gw) = &w.waypoint else { return false };
+    let id = src.identity();
+    let is_it = |x: &Workload| x.identity() == id && x.ips.contains(&src_ip);
+    let service_has_it = |s: &Service| state.endpoints(&s.key).any(|(x, _)| is_it(x));
+    match &gw.destination {
+        GatewayDestination::Address((net, ip)) => match state.workload_by_addr(net, *ip) {
+            Some(x) => is_it(x),
+            None => state.service_by_vip(net, *ip, &src.namespace).is_some_and(|s| service_has_it(s)),
+        },
+        GatewayDestination::Hostname(key) => match state.service(key) {
+            Some(s) => service_has_it(s),
+            None => state.workload_by_hostname(&key.namespace, &key.hostname).is_some_and(|x| is_it(x)),
+        },
+    }
+}
+
+/// An endpoint of `svc` for `svc_port` and the port to reach it on; `Ok(None)` when none qualifies.
+fn from_service(
+    state: &State,
+    src: &Workload,
+    svc: &Arc<Service>,
+    svc_port: u16,
+    mode: Resolution,
+    pick: &mut dyn FnMut(u64) -> u64,
+) -> Result<Option<Hop>, RouteError> {
+    let svc_target = svc.ports.get(&svc_port).copied();
+    if mode == Resolution::Standard && svc_target.is_none() {
+        return Err(RouteError::NoPort(svc.key.to_string(), svc_port));
+    }
+    let Some((w, ep_ports)) = load_balance(state, src, svc, svc_port, svc_target, mode, pick) else {
+        return Ok(None);
+    };
+    // The endpoint's own port map, else the service's target port, else (application tunnel) the service port.
+    let port = match (ep_ports.get(&svc_port).copied().filter(|p| *p != 0), svc_target.filter(|p| *p != 0)) {
+        (Some(p), _) | (None, Some(p)) => p,
+        (None, None) if w.application_tunnel.as_ref().is_some_and(|t| t.port.is_some()) => svc_port,
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(Hop { workload: w.clone(), port, service: Some(svc.clone()) }))
+}
+
+/// ztunnel's endpoint choice: endpoints that can be reached and have the port; healthy ones unless the service
+/// allows all; for STRICT only those matching every routing preference, for FAILOVER those matching the most
+/// consecutive preferences; then a random pick weighted by capacity.
+fn load_balance<'a>(
+    state: &'a State,
+    src: &Workload,
+    svc: &Service,
+    svc_port: u16,
+    svc_target: Option<u16>,
+    mode: Resolution,
+    pick: &mut dyn FnMut(u64) -> u64,
+) -> Option<(&'a Arc<Workload>, &'a std::collections::HashMap<u16, u16>)> {
+    let lb = svc.load_balancer.as_ref();
+    let allow_unhealthy = lb.is_some_and(|lb| lb.health_policy == HealthPolicy::AllowAll);
+    let endpoints = state.endpoints(&svc.key).filter(|(w, ports)| {
+        let has_address = !w.ips.is_empty() || !w.hostname.is_empty();
+        // An address-less endpoint is reachable only through its network's gateway, from another network.
+        if !has_address && (w.network == src.network || w.network_gateway.is_none()) {
+            return false;
+        }
+        if w.status != WorkloadStatus::Healthy && !allow_unhealthy {
+            return false;
+        }
+        match mode {
+            Resolution::Standard => svc_target.unwrap_or(0) != 0 || ports.contains_key(&svc_port),
+            Resolution::Waypoint => svc_target.is_some() || w.application_tunnel.is_some(),
+        }
+    });
+    let options: Vec<_> = match lb {
+        Some(lb) if matches!(lb.mode, LbMode::Strict | LbMode::Failover) => {
+            let ranked: Vec<_> = endpoints
+                .filter_map(|(w, ports)| {
+                    let rank = lb.routing_preferences.iter().take_while(|scope| same_scope(scope, src, w)).count();
+                    (lb.mode != LbMode::Strict || rank == lb.routing_preferences.len()).then_some((rank, w, ports))
+                })
+                .collect();
+            let best = ranked.iter().map(|(rank, ..)| *rank).max()?;
+            ranked.into_iter().filter(|(rank, ..)| *rank == best).map(|(_, w, p)| (w, p)).collect()
+        }
+        _ => endpoints.collect(),
+    };
+    let total: u64 = options.iter().map(|(w, _)| u64::from(w.capacity)).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut n = pick(total) % total;
+    options.into_iter().find(|(w, _)| {
+        let c = u64::from(w.capacity);
+        if n < c {
+            true
+        } else {
+            n -= c;
+            false
+        }
+    })
+}
+
+fn same_scope(scope: &LbScope, a: &Workload, b: &Workload) -> bool {
+    match scope {
+        LbScope::Region => a.locality.region == b.locality.region,
+        LbScope::Zone => a.locality.zone == b.locality.zone,
+        LbScope::Subzone => a.locality.subzone == b.locality.subzone,
+        LbScope::Node => a.node == b.node,
+        LbScope::Cluster => a.cluster_id == b.cluster_id,
+        LbScope::Network => a.network == b.network,
+    }
+}
+
+/// The IP to dial on `w`: the one the client dialed if it is `w`'s; else one the service's IP families allow,
+/// of the client's family if possible.
+fn pick_ip(w: &Workload, dialed: SocketAddr, families: Option<IpFamilies>) -> Result<IpAddr, RouteError> {
+    if w.ips.contains(&dialed.ip()) {
+        return Ok(dialed.ip());
+    }
+    let allowed: Vec<IpAddr> = w.ips.iter().copied().filter(|ip| families.is_none_or(|f| f.accepts(*ip))).collect();
+    if let Some(ip) = allowed.iter().find(|ip| ip.is_ipv4() == dialed.is_ipv4()).or_else(|| allowed.first()) {
+        return Ok(*ip);
+    }
+    if !w.hostname.is_empty() {
+        return Err(RouteError::HostnameOnly(w.uid.clone()));
+    }
+    Err(RouteError::NoAddress(w.uid.clone()))
+}
+
 fn passthrough(dst: SocketAddr) -> Request {
     Request {
         protocol: Protocol::Tcp,
+        path: Path::Passthrough,
         upstream: dst,
         target: dst,
         destination: None,
@@ -221,20 +483,20 @@ pub async fn connect(
     client: SocketAddr,
     dst: SocketAddr,
 ) -> Result<(Routed, Upstream), (Option<Routed>, OutboundError)> {
-    let (source, request) = {
+    let (source, request, src_ip) = {
         let state = pi.state.read().expect("state lock");
         let source = src.resolve(&state).ok_or_else(|| (None, OutboundError::UnknownSource(src.to_string())))?;
+        let src_ip = if source.ips.contains(&client.ip()) {
+            client.ip()
+        } else {
+            source.ips.first().copied().unwrap_or(client.ip())
+        };
         let mut rng = |n: u64| rand::random::<u64>() % n.max(1);
-        let request = build_request(&state, &pi.cfg, &source, dst, &mut rng).map_err(|e| (None, e.into()))?;
-        (source, request)
+        let request = build_request(&state, &pi.cfg, &source, src_ip, dst, &mut rng).map_err(|e| (None, e.into()))?;
+        (source, request, src_ip)
     };
     let routed = Routed { source_identity: source.identity(), source: source.clone(), request };
     let (protocol, upstream_addr, target) = (routed.request.protocol, routed.request.upstream, routed.request.target);
-    let src_ip = if source.ips.contains(&client.ip()) {
-        client.ip()
-    } else {
-        source.ips.first().copied().unwrap_or(client.ip())
-    };
     match protocol {
         Protocol::Tcp => {
             let bind: Option<IpAddr> = pi.cfg.bind_source_ip.then_some(src_ip);
@@ -428,6 +690,9 @@ pub fn record_failure(
     if let Some(r) = routed {
         f.insert("dst.hbone_addr".into(), r.request.upstream.to_string().into());
     }
+    if let OutboundError::Route(r) = err {
+        f.insert("reason".into(), r.reason().into());
+    }
     pi.events.push(crate::events::Event {
         kind: "access",
         level: crate::events::Level::Warn,
@@ -503,7 +768,7 @@ mod tests {
         {"uid":"sick","name":"echo-3","namespace":"default","serviceAccount":"echo","workloadIps":["10.0.1.3"],"protocol":"HBONE","status":"Unhealthy",
          "services":{"default/echo.default.svc.cluster.local":{"80":8080}}},
         {"uid":"t1","name":"legacy","namespace":"other","serviceAccount":"legacy","workloadIps":["10.0.2.1"],"protocol":"TCP",
-         "services":{"other/legacy.other.svc.cluster.local":{}}},
+         "services":{"other/legacy.other.svc.cluster.local":{"80":5432},"other/unmapped.other.svc.cluster.local":{}}},
         {"uid":"far","name":"far","namespace":"default","workloadIps":["10.9.0.1"],"network":"remote","protocol":"HBONE",
          "services":{"default/far.default.svc.cluster.local":{"80":80}}}
       ],
@@ -511,6 +776,7 @@ mod tests {
         {"name":"echo","namespace":"default","hostname":"echo.default.svc.cluster.local","vips":["/10.96.0.10"],"ports":{"80":8080},
          "subjectAltNames":["spiffe://cluster.local/ns/default/sa/echo-san","not-a-spiffe-id"]},
         {"name":"legacy","namespace":"other","hostname":"legacy.other.svc.cluster.local","vips":["/10.96.0.20"],"ports":{"80":0}},
+        {"name":"unmapped","namespace":"other","hostname":"unmapped.other.svc.cluster.local","vips":["/10.96.0.21"],"ports":{"80":0}},
         {"name":"empty","namespace":"default","hostname":"empty.default.svc.cluster.local","vips":["/10.96.0.30"],"ports":{"80":8080}},
         {"name":"far","namespace":"default","hostname":"far.default.svc.cluster.local","vips":["/10.96.0.40"],"ports":{"80":80}}
       ]}"#;
@@ -567,8 +833,14 @@ mod tests {
             ),
             // A port the service does not have.
             ("10.96.0.10:81", 0, Err(RouteError::NoPort("default/echo.default.svc.cluster.local".into(), 81))),
-            // TCP workload behind a service whose target port is 0 (= the service port): plain TCP.
-            ("10.96.0.20:80", 0, Ok((Protocol::Tcp, "10.0.2.1:80", "10.0.2.1:80", vec![]))),
+            // A service target port of 0 is "not set": the endpoint's own port map decides (TCP workload: plain TCP)...
+            ("10.96.0.20:80", 0, Ok((Protocol::Tcp, "10.0.2.1:5432", "10.0.2.1:5432", vec![]))),
+            // ...and an endpoint without a mapping for the port is not a candidate.
+            (
+                "10.96.0.21:80",
+                0,
+                Err(RouteError::NoHealthyUpstream("other/unmapped.other.svc.cluster.local".into(), 80)),
+            ),
             ("10.0.2.1:5432", 0, Ok((Protocol::Tcp, "10.0.2.1:5432", "10.0.2.1:5432", vec![]))),
             // A service with no endpoints.
             (
@@ -590,7 +862,7 @@ mod tests {
         ];
         for (dst, pick, want) in rows {
             let mut p = |_total: u64| pick;
-            let got = build_request(&st, &cfg, &src, addr(dst), &mut p)
+            let got = build_request(&st, &cfg, &src, src.ips[0], addr(dst), &mut p)
                 .map(|r| (r.protocol, r.upstream, r.target, r.expected.0.clone()));
             let want = want.map(|(proto, up, target, mut ids)| {
                 ids.sort();
@@ -605,7 +877,8 @@ mod tests {
         let st = state(WORLD);
         let src = st.workload("src").unwrap().clone();
         for pick in 0..100 {
-            let r = build_request(&st, &Config::default(), &src, addr("10.96.0.10:80"), &mut |_| pick).unwrap();
+            let r =
+                build_request(&st, &Config::default(), &src, src.ips[0], addr("10.96.0.10:80"), &mut |_| pick).unwrap();
             assert_ne!(r.target.ip(), "10.0.1.3".parse::<IpAddr>().unwrap());
         }
     }

@@ -4,13 +4,19 @@
 //! module validates what it cannot trust the boundary for (IP syntax, port numbers) and rejects the whole delta
 //! on error, so the previous state keeps serving.
 //!
-//! Indexes: workloads by uid and by `(network, ip)`; services by `namespace/hostname` and by `(network, vip)`;
-//! service endpoints derived from each workload's `services` map.
+//! Indexes: workloads by uid and by `(network, ip)` (several workloads may share an IP: the best one answers, the
+//! others stay indexed for when it leaves; host-network workloads share the node's IP and are not indexed by it);
+//! services by `namespace/hostname`, by `(network, vip)` and by CIDR VIP; service endpoints derived from each
+//! workload's `services` map.
 
 mod model;
 pub mod policy;
 
-pub use model::{Locality, Protocol, Service, ServiceKey, StateDelta, ValidDelta, Workload, WorkloadStatus};
+pub use model::{
+    AppTunnelProtocol, ApplicationTunnel, GatewayAddress, GatewayDestination, HealthPolicy, IpFamilies, LbMode,
+    LbScope, LoadBalancer, Locality, NetworkMode, Protocol, Service, ServiceKey, StateDelta, ValidDelta, Visibility,
+    Workload, WorkloadStatus,
+};
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -30,11 +36,14 @@ pub type NetworkAddr = (String, IpAddr);
 #[derive(Default, Debug)]
 pub struct State {
     workloads: HashMap<String, Arc<Workload>>,
-    workloads_by_addr: HashMap<NetworkAddr, String>,
+    /// Every (non host-network) workload with that address, in arrival order; `workload_by_addr` picks the best.
+    workloads_by_addr: HashMap<NetworkAddr, Vec<String>>,
     /// (namespace, name) → uids: how an in-pod proxy finds its workload from what istio-cni told it.
     workloads_by_name: HashMap<(String, String), Vec<String>>,
     services: HashMap<ServiceKey, Arc<Service>>,
     services_by_vip: HashMap<NetworkAddr, Vec<ServiceKey>>,
+    /// Services addressed by a whole range, longest prefix first.
+    services_by_cidr: Vec<(String, policy::Cidr, ServiceKey)>,
     /// service key → endpoint workload uid → (service port → target port). Kept even for services that have not
     /// arrived yet (ztunnel's "staged" endpoints), so arrival order does not matter.
     endpoints: HashMap<ServiceKey, BTreeMap<String, HashMap<u16, u16>>>,
@@ -86,8 +95,10 @@ impl State {
     fn insert_workload(&mut self, w: Workload) {
         self.remove_workload(&w.uid);
         let w = Arc::new(w);
-        for ip in &w.ips {
-            self.workloads_by_addr.insert((w.network.clone(), *ip), w.uid.clone());
+        if w.network_mode != model::NetworkMode::HostNetwork {
+            for ip in &w.ips {
+                self.workloads_by_addr.entry((w.network.clone(), *ip)).or_default().push(w.uid.clone());
+            }
         }
         self.workloads_by_name.entry((w.namespace.clone(), w.name.clone())).or_default().push(w.uid.clone());
         for (svc, ports) in &w.service_ports {
@@ -107,8 +118,11 @@ impl State {
         }
         for ip in &old.ips {
             let key = (old.network.clone(), *ip);
-            if self.workloads_by_addr.get(&key).map(String::as_str) == Some(uid) {
-                self.workloads_by_addr.remove(&key);
+            if let Some(uids) = self.workloads_by_addr.get_mut(&key) {
+                uids.retain(|u| u != uid);
+                if uids.is_empty() {
+                    self.workloads_by_addr.remove(&key);
+                }
             }
         }
         for svc in old.service_ports.keys() {
@@ -127,11 +141,18 @@ impl State {
         for vip in &s.vips {
             self.services_by_vip.entry(vip.clone()).or_default().push(s.key.clone());
         }
+        for (net, cidr) in &s.cidr_vips {
+            let at = self.services_by_cidr.partition_point(|(_, c, _)| c.prefix >= cidr.prefix);
+            self.services_by_cidr.insert(at, (net.clone(), *cidr, s.key.clone()));
+        }
         self.services.insert(s.key.clone(), s);
     }
 
     fn remove_service(&mut self, key: &ServiceKey) {
         let Some(old) = self.services.remove(key) else { return };
+        if !old.cidr_vips.is_empty() {
+            self.services_by_cidr.retain(|(_, _, k)| k != key);
+        }
         for vip in &old.vips {
             if let Some(keys) = self.services_by_vip.get_mut(vip) {
                 keys.retain(|k| k != key);
@@ -224,15 +245,63 @@ impl State {
         Some(found.find(|w| w.node == node).unwrap_or(first))
     }
 
+    /// The workload at an address. When several share it, ztunnel's order decides: a pod tunnelling HBONE, then a
+    /// pod, then an HBONE workload, then the first to arrive.
     pub fn workload_by_addr(&self, network: &str, ip: IpAddr) -> Option<&Arc<Workload>> {
-        self.workloads_by_addr.get(&(network.to_string(), ip)).and_then(|uid| self.workloads.get(uid))
+        let uids = self.workloads_by_addr.get(&(network.to_string(), ip))?;
+        let rank = |w: &Workload| match (w.is_pod(), w.protocol == Protocol::Hbone) {
+            (true, true) => 0,
+            (true, false) => 1,
+            (false, true) => 2,
+            (false, false) => 3,
+        };
+        uids.iter().filter_map(|u| self.workloads.get(u)).min_by_key(|w| rank(w))
     }
 
-    /// The service behind a VIP. Several services may share a VIP; like ztunnel, prefer the one in the client's
-    /// namespace, then the first.
+    /// The service behind a VIP (exact, else the longest CIDR VIP that contains it), as a client in `client_ns`
+    /// sees it: services visible only in their namespace are hidden from others; among several, the one in the
+    /// client's namespace, then a canonical one, then the first.
     pub fn service_by_vip(&self, network: &str, ip: IpAddr, client_ns: &str) -> Option<&Arc<Service>> {
-        let keys = self.services_by_vip.get(&(network.to_string(), ip))?;
-        keys.iter().find(|k| k.namespace == client_ns).or_else(|| keys.first()).and_then(|k| self.services.get(k))
+        let visible = |k: &ServiceKey| {
+            self.services.get(k).filter(|s| s.visibility == model::Visibility::Public || k.namespace == client_ns)
+        };
+        let best = |keys: &mut dyn Iterator<Item = &ServiceKey>| {
+            let found: Vec<&Arc<Service>> = keys.filter_map(visible).collect();
+            found
+                .iter()
+                .find(|s| s.key.namespace == client_ns)
+                .or_else(|| found.iter().find(|s| s.canonical))
+                .or_else(|| found.first())
+                .copied()
+        };
+        if let Some(keys) = self.services_by_vip.get(&(network.to_string(), ip)) {
+            if let Some(s) = best(&mut keys.iter()) {
+                return Some(s);
+            }
+        }
+        if self.services_by_cidr.is_empty() {
+            return None;
+        }
+        // Longest prefix first: the first range that contains the IP decides (ties among equal prefixes as above).
+        let hit = self.services_by_cidr.iter().find(|(net, c, _)| net == network && c.contains(ip))?;
+        let prefix = hit.1.prefix;
+        best(
+            &mut self
+                .services_by_cidr
+                .iter()
+                .filter(|(net, c, _)| net == network && c.prefix == prefix && c.contains(ip))
+                .map(|(_, _, k)| k),
+        )
+    }
+
+    pub fn service(&self, key: &ServiceKey) -> Option<&Arc<Service>> {
+        self.services.get(key)
+    }
+
+    /// A workload by `namespace` and `hostname` (a workload that only has a hostname). O(workloads): only for the
+    /// rare waypoint or gateway named by a hostname that no service has.
+    pub fn workload_by_hostname(&self, namespace: &str, hostname: &str) -> Option<&Arc<Workload>> {
+        self.workloads.values().find(|w| w.hostname == hostname && w.namespace == namespace)
     }
 
     /// Endpoints of a service: (workload, service port → target port map of that endpoint).

@@ -54,6 +54,141 @@ impl std::fmt::Display for ServiceKey {
     }
 }
 
+/// Where a waypoint or network gateway is, as TS sends it: `destination` is "<network>/<ip>" or
+/// "<namespace>/<hostname>".
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewayAddressJson {
+    pub destination: String,
+    pub hbone_mtls_port: u32,
+}
+
+/// A waypoint or network gateway: a workload or service by address, or a service (or workload) by hostname.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayDestination {
+    Address(NetworkAddr),
+    Hostname(ServiceKey),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayAddress {
+    pub destination: GatewayDestination,
+    pub hbone_mtls_port: u16,
+}
+
+impl GatewayAddressJson {
+    fn validate(&self, what: &'static str, name: &str, field: &str) -> Result<GatewayAddress, StateError> {
+        let bad =
+            |problem: String| StateError::Invalid { what, name: name.into(), problem: format!("{field}: {problem}") };
+        let (head, rest) = self
+            .destination
+            .split_once('/')
+            .ok_or_else(|| bad(format!("{:?} is not <network>/<ip> or <namespace>/<hostname>", self.destination)))?;
+        let destination = match rest.parse::<IpAddr>() {
+            Ok(ip) => GatewayDestination::Address((head.to_string(), ip)),
+            Err(_) if !head.is_empty() && !rest.is_empty() && !rest.contains('/') => {
+                GatewayDestination::Hostname(ServiceKey { namespace: head.into(), hostname: rest.into() })
+            }
+            Err(_) => {
+                return Err(bad(format!("{:?} is not <network>/<ip> or <namespace>/<hostname>", self.destination)))
+            }
+        };
+        let hbone_mtls_port = match self.hbone_mtls_port {
+            0 => crate::config::HBONE_PORT,
+            p => port(what, name, p)?,
+        };
+        Ok(GatewayAddress { destination, hbone_mtls_port })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+pub enum NetworkMode {
+    #[default]
+    Standard,
+    /// Shares the node's IP: never indexed by IP.
+    HostNetwork,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+pub enum AppTunnelProtocol {
+    #[default]
+    #[serde(rename = "NONE")]
+    None,
+    #[serde(rename = "PROXY")]
+    Proxy,
+}
+
+#[derive(Debug, Clone, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ApplicationTunnel {
+    pub protocol: AppTunnelProtocol,
+    pub port: Option<u16>,
+}
+
+/// Load balancing scopes, in the order a service lists them (`routingPreferences`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum LbScope {
+    Region,
+    Zone,
+    Subzone,
+    Node,
+    Cluster,
+    Network,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+pub enum LbMode {
+    /// Every endpoint (UNSPECIFIED_MODE).
+    #[default]
+    Standard,
+    /// Only endpoints matching every routing preference.
+    Strict,
+    /// The endpoints matching the most consecutive routing preferences.
+    Failover,
+    /// The original destination, not an endpoint.
+    Passthrough,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+pub enum HealthPolicy {
+    #[default]
+    OnlyHealthy,
+    AllowAll,
+}
+
+#[derive(Debug, Clone, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LoadBalancer {
+    pub routing_preferences: Vec<LbScope>,
+    pub mode: LbMode,
+    pub health_policy: HealthPolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum IpFamilies {
+    Dual,
+    IPv4,
+    IPv6,
+}
+
+impl IpFamilies {
+    pub fn accepts(self, ip: IpAddr) -> bool {
+        match self {
+            IpFamilies::Dual => true,
+            IpFamilies::IPv4 => ip.is_ipv4(),
+            IpFamilies::IPv6 => ip.is_ipv6(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+pub enum Visibility {
+    #[default]
+    Public,
+    /// Only resolvable from the service's own namespace.
+    Namespace,
+}
+
 /// A workload as TS sends it.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
@@ -78,6 +213,11 @@ pub struct WorkloadJson {
     pub services: HashMap<String, HashMap<String, u32>>,
     pub authorization_policies: Vec<String>,
     pub hostname: String,
+    pub network_mode: NetworkMode,
+    pub waypoint: Option<GatewayAddressJson>,
+    pub network_gateway: Option<GatewayAddressJson>,
+    pub application_tunnel: Option<ApplicationTunnel>,
+    pub native_tunnel: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -87,8 +227,15 @@ pub struct ServiceJson {
     pub namespace: String,
     pub hostname: String,
     pub vips: Vec<String>,
+    /// "<network>/<ip>/<prefix>"
+    pub cidr_vips: Vec<String>,
     pub ports: HashMap<String, u32>,
     pub subject_alt_names: Vec<String>,
+    pub waypoint: Option<GatewayAddressJson>,
+    pub load_balancer: Option<LoadBalancer>,
+    pub ip_families: Option<IpFamilies>,
+    pub canonical: bool,
+    pub visibility: Option<Visibility>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -140,9 +287,19 @@ pub struct Workload {
     pub service_ports: HashMap<ServiceKey, HashMap<u16, u16>>,
     pub authorization_policies: Vec<String>,
     pub hostname: String,
+    pub network_mode: NetworkMode,
+    pub waypoint: Option<GatewayAddress>,
+    pub network_gateway: Option<GatewayAddress>,
+    pub application_tunnel: Option<ApplicationTunnel>,
+    pub native_tunnel: bool,
 }
 
 impl Workload {
+    /// A Kubernetes pod (its uid names the Pod kind): wins an IP shared with other kinds of workload.
+    pub fn is_pod(&self) -> bool {
+        self.uid.contains("//Pod/")
+    }
+
     pub fn identity(&self) -> Identity {
         Identity::new(&self.trust_domain, &self.namespace, &self.service_account)
     }
@@ -153,9 +310,17 @@ pub struct Service {
     pub key: ServiceKey,
     pub name: String,
     pub vips: Vec<NetworkAddr>,
-    /// service port → target port (0: same as the service port).
+    /// CIDR VIPs (a whole range addresses the service): (network, range).
+    pub cidr_vips: Vec<(String, super::policy::Cidr)>,
+    /// service port → target port (0: not set here; each endpoint's own port map must name the port).
     pub ports: HashMap<u16, u16>,
     pub subject_alt_names: Vec<Identity>,
+    pub waypoint: Option<GatewayAddress>,
+    pub load_balancer: Option<LoadBalancer>,
+    pub ip_families: Option<IpFamilies>,
+    /// Wins a VIP or hostname shared with services of other namespaces.
+    pub canonical: bool,
+    pub visibility: Visibility,
 }
 
 fn port(what: &'static str, name: &str, v: u32) -> Result<u16, StateError> {
@@ -232,6 +397,15 @@ impl WorkloadJson {
             service_ports,
             authorization_policies: self.authorization_policies.clone(),
             hostname: self.hostname.clone(),
+            network_mode: self.network_mode,
+            waypoint: self.waypoint.as_ref().map(|g| g.validate("workload", &self.uid, "waypoint")).transpose()?,
+            network_gateway: self
+                .network_gateway
+                .as_ref()
+                .map(|g| g.validate("workload", &self.uid, "networkGateway"))
+                .transpose()?,
+            application_tunnel: self.application_tunnel.clone(),
+            native_tunnel: self.native_tunnel,
         })
     }
 }
@@ -256,12 +430,28 @@ impl ServiceJson {
             // Like ztunnel: SANs that are not SPIFFE identities are ignored, not fatal.
             .filter_map(|s| s.parse::<Identity>().ok())
             .collect();
+        let cidr_vips = self
+            .cidr_vips
+            .iter()
+            .map(|v| {
+                let (net, range) = v.split_once('/').unwrap_or(("", v.as_str()));
+                let cidr = super::policy::Cidr::parse(range)
+                    .ok_or_else(|| bad(format!("cidrVip {v:?} is not <network>/<ip>/<prefix>")))?;
+                Ok((net.to_string(), cidr))
+            })
+            .collect::<Result<Vec<_>, StateError>>()?;
         Ok(Service {
             key,
             name: self.name.clone(),
             vips,
+            cidr_vips,
             ports: port_map("service", &name, &self.ports)?,
             subject_alt_names,
+            waypoint: self.waypoint.as_ref().map(|g| g.validate("service", &name, "waypoint")).transpose()?,
+            load_balancer: self.load_balancer.clone(),
+            ip_families: self.ip_families,
+            canonical: self.canonical,
+            visibility: self.visibility.unwrap_or_default(),
         })
     }
 }
