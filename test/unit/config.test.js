@@ -92,6 +92,26 @@ test('durations in Go syntax', () => {
   assert.equal(c.secretTtlMs, 3_600_000);
 });
 
+test('SECRET_TTL below a minute is refused at load, naming the variable, the value and the minimum', () => {
+  const refused = (input, pattern) => assert.throws(() => loadConfig(input), (e) => {
+    assert.ok(e instanceof ConfigError, `expected ConfigError, got ${e}`);
+    assert.equal(e.code, 'CONFIG_INVALID');
+    assert.match(e.message, pattern);
+    return true;
+  });
+  refused({ env: { SECRET_TTL: '1ns' } }, /SECRET_TTL: "1ns" is below the minimum of 1m0s/);
+  refused({ env: { SECRET_TTL: '59s' } }, /SECRET_TTL: "59s" is below the minimum of 1m0s/);
+  refused({ env: { SECRET_TTL: '59999ms' } }, /SECRET_TTL: "59999ms" is below the minimum of 1m0s/);
+  refused({ env: { SECRET_TTL: '0' } }, /SECRET_TTL: "0" is below the minimum/);
+  // A flag is named as the flag.
+  refused({ env: {}, args: ['--secret-ttl=30s'] }, /--secret-ttl: "30s" is below the minimum of 1m0s/);
+  // Not a duration at all stays its own error.
+  refused({ env: { SECRET_TTL: '60' } }, /SECRET_TTL: "60" is not a duration/);
+  assert.equal(loadConfig({ env: { SECRET_TTL: '60s' } }).secretTtlMs, 60_000);
+  assert.equal(loadConfig({ env: { SECRET_TTL: '1m' } }).secretTtlMs, 60_000);
+  assert.equal(loadConfig({ env: { SECRET_TTL: '66s' } }).secretTtlMs, 66_000); // test/integration/xds-ca.test.js
+});
+
 test('termination deadline rule: explicit > grace period (N>10: N-5, else N-1, min 1 s) > 5 s', () => {
   assert.equal(terminationDeadlineMs(undefined, undefined), 5_000);
   assert.equal(terminationDeadlineMs(undefined, 30), 25_000);

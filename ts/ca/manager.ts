@@ -9,23 +9,63 @@
 //   requests would make the first install fail), and at most `maxConcurrent` (8) requests overall. Waiting
 //   requests leave the queue by priority: RealTime (something waits for it) > Warmup (prefetch for a local
 //   workload) > Background (scheduled refresh); ties by time of queueing.
-// - Refresh is due at half the lifetime (notBefore + (notAfter - notBefore) / 2).
+// - Refresh: with `received` = now() when a certificate arrives, it is due at
+//     max(half-life, received + min(CERT_MIN_REFRESH_INTERVAL_MS = 5 min, (notAfter - received) / 2))
+//   with +-5 % jitter on the delay, clamped to [received + 1 s, notAfter] (`refreshDelayMs`). A 24 h certificate
+//   is refreshed at its half-life. The floor exists because CAs backdate notBefore (istiod by 2 min): with a 60 s
+//   TTL the half-life is 30 s before issuance, and "half-life" alone re-requests in a loop; with the floor, 60 s
+//   of validity is refreshed after ~30 s. It counts from receipt because that is the one time on our own clock,
+//   and is capped at half the remaining validity so it never lets a certificate lapse.
+// - A certificate with less than 2 x CERT_MIN_REFRESH_DELAY_MS (2 s) of validity when it arrives (expired, or
+//   about to) is not installed: it is a failed fetch with backoff (below), so a CA or a clock that hands out dead
+//   certificates costs one request per backoff step, never a loop. The previous certificate, if any, stays.
 // - A failure retries after a per-identity backoff (1 s doubling to 150 s, +-20 % jitter); with an unexpired
 //   certificate the retry is at min(backoff, expiry).
 // - `forget` drops an identity (its last local workload left); a response arriving later is discarded.
-// - Timers are unref'd: certificates never keep the process alive; `stop()` cancels them all.
+// - Timers are unref'd (the default `timers`): certificates never keep the process alive; `stop()` cancels them.
 import type { Logger } from 'pino';
 import {
   CA_BACKOFF_INITIAL_MS,
   CA_BACKOFF_JITTER,
   CA_BACKOFF_MAX_MS,
   CA_MAX_CONCURRENT_REQUESTS,
+  CERT_MIN_REFRESH_DELAY_MS,
+  CERT_MIN_REFRESH_INTERVAL_MS,
+  CERT_REFRESH_JITTER,
 } from '../config/defaults.js';
+import { ZtunnelError } from '../errors.js';
 import type { CertificateAuthority } from './authority.js';
 import { describeCertificate, leafValidity, splitPem, type CertificateDump } from './pem.js';
 
 /** setTimeout's maximum delay; longer refresh delays (TTL > ~49 days) are re-armed in steps. */
 const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** Below this much validity at receipt a certificate is refused: half of it would be under the minimum delay. */
+const MIN_USABLE_VALIDITY_MS = 2 * CERT_MIN_REFRESH_DELAY_MS;
+
+/**
+ * Milliseconds from `received` until the certificate valid [notBefore, notAfter] should be refreshed (all in ms
+ * since the epoch; `random` in [0, 1)). The rule is in the invariants above; the result is always within
+ * [CERT_MIN_REFRESH_DELAY_MS, notAfter - received] for a certificate the manager accepts.
+ */
+export function refreshDelayMs(notBefore: number, notAfter: number, received: number, random: number): number {
+  const remaining = notAfter - received;
+  const toHalfLife = notBefore + (notAfter - notBefore) / 2 - received;
+  const floor = Math.min(CERT_MIN_REFRESH_INTERVAL_MS, remaining / 2);
+  const delay = Math.max(toHalfLife, floor) * (1 + CERT_REFRESH_JITTER * (2 * random - 1));
+  return Math.min(Math.max(delay, CERT_MIN_REFRESH_DELAY_MS), remaining);
+}
+
+/** How the manager waits (tests pass a fake clock's timers). The default unrefs Node's timers. */
+export interface Timers {
+  set(fn: () => void, delayMs: number): unknown;
+  clear(handle: unknown): void;
+}
+
+const nodeTimers: Timers = {
+  set: (fn, delayMs) => setTimeout(fn, delayMs).unref(),
+  clear: (handle) => clearTimeout(handle as NodeJS.Timeout),
+};
 
 /** The part of the dataplane the manager needs (a fake in tests). */
 export interface KeyStore {
@@ -45,7 +85,7 @@ interface Entry {
   chainPem: string | null;
   rootsPem: string | null;
   notAfter: number | null;
-  timer: NodeJS.Timeout | null;
+  timer: unknown;
   /** queued: waiting for a request slot; inflight: the CA is being asked. */
   phase: 'idle' | 'queued' | 'inflight';
   priority: number;
@@ -62,7 +102,10 @@ export interface CertificateManagerOptions {
   now?: () => number;
   maxConcurrent?: number;
   backoff?: { initialMs: number; maxMs: number; jitter: number };
+  /** Jitter of backoffs and refresh times; Math.random by default. */
   random?: () => number;
+  /** setTimeout (unref'd) by default. */
+  timers?: Timers;
 }
 
 export interface IdentityDump {
@@ -79,9 +122,13 @@ export class CertificateManager {
   private seq = 0;
   private stopped = false;
   private readonly now: () => number;
+  private readonly random: () => number;
+  private readonly timers: Timers;
 
   constructor(private readonly opts: CertificateManagerOptions) {
     this.now = opts.now ?? Date.now;
+    this.random = opts.random ?? Math.random;
+    this.timers = opts.timers ?? nodeTimers;
   }
 
   /**
@@ -128,8 +175,7 @@ export class CertificateManager {
   forget(identity: string): void {
     const entry = this.entries.get(identity);
     if (!entry) return;
-    if (entry.timer) clearTimeout(entry.timer);
-    entry.timer = null;
+    this.cancelTimer(entry);
     this.queue.delete(entry);
     this.entries.delete(identity);
     for (const w of entry.waiters.splice(0)) w(false);
@@ -140,8 +186,7 @@ export class CertificateManager {
     this.stopped = true;
     this.queue.clear();
     for (const entry of this.entries.values()) {
-      if (entry.timer) clearTimeout(entry.timer);
-      entry.timer = null;
+      this.cancelTimer(entry);
       for (const w of entry.waiters.splice(0)) w(false);
     }
   }
@@ -201,16 +246,30 @@ export class CertificateManager {
       const csr = keys.createCsr(entry.identity);
       const signed = await ca.sign(csr, entry.identity, ttlSeconds);
       if (!this.live(entry)) return;
-      keys.installCertificate(entry.identity, signed.chainPem, signed.rootsPem);
+      const received = this.now();
       const { notBefore, notAfter } = leafValidity(signed.chainPem);
+      const validFor = notAfter.getTime() - received;
+      if (validFor < MIN_USABLE_VALIDITY_MS) {
+        throw new ZtunnelError(
+          'CA_UNAVAILABLE',
+          `the CA returned a certificate valid until ${notAfter.toISOString()}, ` +
+            `${validFor <= 0 ? 'already expired' : `only ${Math.round(validFor)} ms`} when received at ` +
+            `${new Date(received).toISOString()} (at least ${MIN_USABLE_VALIDITY_MS} ms needed); ` +
+            'not installed (check the CA\'s TTL and the clocks of this node and the CA)',
+        );
+      }
+      keys.installCertificate(entry.identity, signed.chainPem, signed.rootsPem);
       entry.chainPem = signed.chainPem;
       entry.rootsPem = signed.rootsPem;
       entry.notAfter = notAfter.getTime();
       entry.state = 'Available';
       entry.failures = 0;
-      const refreshAt = notBefore.getTime() + (notAfter.getTime() - notBefore.getTime()) / 2;
-      logger.info({ identity: entry.identity, expiration: notAfter.toISOString() }, 'certificate installed');
-      this.schedule(entry, refreshAt - this.now(), Priority.Background);
+      const refreshIn = refreshDelayMs(notBefore.getTime(), notAfter.getTime(), received, this.random());
+      logger.info(
+        { identity: entry.identity, expiration: notAfter.toISOString(), refreshInMs: Math.round(refreshIn) },
+        'certificate installed',
+      );
+      this.schedule(entry, refreshIn, Priority.Background);
       for (const w of entry.waiters.splice(0)) w(true);
     } catch (err) {
       if (!this.live(entry)) return;
@@ -231,19 +290,22 @@ export class CertificateManager {
   private backoff(failures: number): number {
     const b = this.opts.backoff ?? { initialMs: CA_BACKOFF_INITIAL_MS, maxMs: CA_BACKOFF_MAX_MS, jitter: CA_BACKOFF_JITTER };
     const base = Math.min(b.initialMs * 2 ** failures, b.maxMs);
-    const r = (this.opts.random ?? Math.random)();
-    return base * (1 - b.jitter + 2 * b.jitter * r);
+    return base * (1 - b.jitter + 2 * b.jitter * this.random());
+  }
+
+  private cancelTimer(entry: Entry): void {
+    if (entry.timer !== null) this.timers.clear(entry.timer);
+    entry.timer = null;
   }
 
   private schedule(entry: Entry, delayMs: number, priority: number): void {
-    if (entry.timer) clearTimeout(entry.timer);
+    this.cancelTimer(entry);
     const delay = Math.max(0, delayMs);
     const step = Math.min(delay, MAX_TIMER_MS);
-    entry.timer = setTimeout(() => {
+    entry.timer = this.timers.set(() => {
       entry.timer = null;
       if (delay > step) this.schedule(entry, delay - step, priority);
       else this.enqueue(entry, priority);
     }, step);
-    entry.timer.unref();
   }
 }

@@ -38,6 +38,12 @@ export const DEFAULT_MISSING_POLICY_GRACE_MS = 1_000;
 export const DEFAULT_TERMINATION_DEADLINE_MS = 5_000;
 /** Requested certificate lifetime: 24 h, what istiod issues by default. */
 export const DEFAULT_SECRET_TTL_MS = 24 * 3_600_000;
+/**
+ * The shortest SECRET_TTL accepted. istiod backdates notBefore by 2 min, so below a minute a certificate is
+ * refreshed every few seconds per identity: more often than a CA round trip is worth, and a load on istiod that
+ * grows with the number of identities on the node.
+ */
+export const MIN_SECRET_TTL_MS = 60_000;
 /** Default thread floor: one thread is a single point of latency for every connection on the node. */
 export const MIN_DEFAULT_WORKER_THREADS = 2;
 /** Without a CPU limit ztunnel takes a quarter of the node's cores; the node runs the workloads too. */
@@ -69,6 +75,20 @@ export const CA_MAX_CONCURRENT_REQUESTS = 8;
 export const CA_BACKOFF_INITIAL_MS = 1_000;
 export const CA_BACKOFF_MAX_MS = 150_000;
 export const CA_BACKOFF_JITTER = 0.2;
+/**
+ * A certificate is refreshed at half its lifetime, but never sooner than this after we received it (or half its
+ * remaining validity, when that is shorter). istiod backdates notBefore by 2 min, so with a short SECRET_TTL the
+ * half-life is already past at issuance; without this floor every refresh would be due at once, in a loop.
+ * 5 min: well below the default 24 h half-life (so it never delays a normal refresh), well above a CA round trip.
+ */
+export const CERT_MIN_REFRESH_INTERVAL_MS = 5 * 60_000;
+/** Refresh times get +-5 % jitter so identities issued together do not ask the CA together again. */
+export const CERT_REFRESH_JITTER = 0.05;
+/**
+ * No refresh is scheduled sooner than this after a certificate arrives, whatever its validity; a certificate
+ * valid for less than twice this is refused as unusable (it is retried with backoff, not installed).
+ */
+export const CERT_MIN_REFRESH_DELAY_MS = 1_000;
 
 /** Where istio-cni's node agent listens for ZDS (its default `ztunnel-uds-address`). */
 export const DEFAULT_INPOD_UDS = '/var/run/ztunnel/ztunnel.sock';

@@ -5,7 +5,8 @@
 // `superRefine` below. Defaults are NOT here: they depend on other fields (mode, CPU count) and live, named and
 // explained, in defaults.ts and are applied in index.ts.
 import { z } from 'zod';
-import { parseDurationMs } from './duration.js';
+import { MIN_SECRET_TTL_MS } from './defaults.js';
+import { formatDurationMs, parseDurationMs } from './duration.js';
 import { parseSocketAddress, type SocketAddress } from './address.js';
 import { parseLogFilter, type LogFilter } from '../log/filter.js';
 
@@ -42,10 +43,12 @@ const cpuQuantity = () =>
     return n > 0 ? n : fail(ctx, s, `"${s}" is not a positive number of cores`);
   });
 
-const duration = () =>
+/** `minMs`: a floor below which the value is refused (it is a named constant in defaults.ts, with its reason). */
+const duration = (minMs = 0) =>
   z.string().transform((s, ctx) => {
     const ms = parseDurationMs(s);
-    return ms === undefined ? fail(ctx, s, `"${s}" is not a duration (e.g. 500ms, 10s, 5m, 1h30m)`) : ms;
+    if (ms === undefined) return fail(ctx, s, `"${s}" is not a duration (e.g. 500ms, 10s, 5m, 1h30m)`);
+    return ms < minMs ? fail(ctx, s, `"${s}" is below the minimum of ${formatDurationMs(minMs)}`) : ms;
   });
 
 const bool = () =>
@@ -142,14 +145,14 @@ const fields = {
   HTTP2_CONNECTION_WINDOW_SIZE: positiveInt(2 ** 31 - 1).optional().describe('HTTP/2 connection window bytes (16777216)'),
   HTTP2_FRAME_SIZE: positiveInt(2 ** 24 - 1).optional().describe('HTTP/2 max frame size bytes (1048576)'),
   CONNECTION_TIMEOUT: duration().optional().describe('upstream connect timeout (10s)'),
+  MISSING_POLICY_GRACE: duration().optional().describe('how long live connections wait for a named policy that has not arrived (1s)'),
   CONNECTION_TERMINATION_DEADLINE: duration().optional().describe('drain deadline (default from TERMINATION_GRACE_PERIOD_SECONDS, else 5s)'),
   TERMINATION_GRACE_PERIOD_SECONDS: nonNegativeInt().optional().describe('pod grace period; drain deadline N-5s if N>10 else N-1s (min 1s)'),
   ZTUNNEL_WORKER_THREADS: workerThreads().optional().describe('dataplane threads: N, N% of cores, or 0 = all cores'),
-  MISSING_POLICY_GRACE: duration().optional().describe('how long live connections wait for a named policy that has not arrived (1s)'),
   ZTUNNEL_CPU_LIMIT: cpuQuantity().optional().describe('cores to size thread pools by (default: all)'),
   ZTUNNEL_RESOURCE_CPU_LIMIT: cpuQuantity().optional().describe('container CPU limit (cores); wins over ZTUNNEL_CPU_LIMIT'),
   ZTUNNEL_RESOURCE_CPU_REQUEST: cpuQuantity().optional().describe('container CPU request (cores)'),
-  SECRET_TTL: duration().optional().describe('requested certificate lifetime (24h)'),
+  SECRET_TTL: duration(MIN_SECRET_TTL_MS).optional().describe('requested certificate lifetime (24h, at least 1m)'),
   RUST_LOG: logFilter().optional().describe('log filter: level[,target=level...] (info)'),
   LOG_FORMAT: oneOf(LOG_FORMATS).optional().describe('plain | json (plain)'),
   UNSTABLE_ENABLE_SOCKS5: bool().optional().describe('SOCKS5 listener on :15080 per local workload (default: on in local mode)'),

@@ -1,9 +1,16 @@
 // What the XDS client and the CA client share about talking to istiod: the TLS channel (root CA from a file,
 // SYSTEM or inline PEM; the URL's host as server name, plus an optional alternate name), and the per-request
 // metadata (bearer token, re-read from its file on every request; clusterid; extra headers).
+//
+// Invariants of the TLS channel:
+// - The server is verified against the roots, then its certificate must name the URL's host, or the alternate
+//   name (ALT_*_HOSTNAME) when one is set. Nothing else is accepted, whatever name was sent as SNI.
+// - An IP literal is never sent as SNI (RFC 6066 forbids it; Node warns, DEP0123). grpc-js always sends the
+//   target's host (or `grpc.ssl_target_name_override`), so the TLS connect is ours (`ControlPlaneCredentials`):
+//   SNI is the alternate name for an IP target that has one, the host for a DNS name, and none otherwise.
 import { existsSync, readFileSync } from 'node:fs';
-import { isIP } from 'node:net';
-import { checkServerIdentity, type PeerCertificate } from 'node:tls';
+import { isIP, type Socket } from 'node:net';
+import { checkServerIdentity, connect as tlsConnect, createSecureContext, type PeerCertificate, type SecureContext } from 'node:tls';
 import * as grpc from '@grpc/grpc-js';
 import { DEFAULT_AUTH_TOKEN_PATH } from '../config/defaults.js';
 import { ConfigError } from '../errors.js';
@@ -40,17 +47,71 @@ export function serverNameOptions(t: ControlPlaneTarget): grpc.ChannelOptions {
   return isIP(host) !== 0 && t.altHostname !== null ? { 'grpc.ssl_target_name_override': t.altHostname } : {};
 }
 
+type ServerIdentityCheck = (hostname: string, cert: PeerCertificate) => Error | undefined;
+
+/**
+ * grpc-js's TLS credentials (createSsl) with one difference: an IP literal is never sent as SNI. They connect as
+ * grpc-js's own do (the socket grpc-js opened, ALPN h2, the roots, rejectUnauthorized, the identity check) and
+ * use grpc-js's extension point for credentials (`_createSecureConnector`, as grpc-js-xds's credentials do).
+ */
+class ControlPlaneCredentials extends grpc.ChannelCredentials {
+  constructor(
+    private readonly context: SecureContext,
+    private readonly host: string,
+    private readonly checkIdentity: ServerIdentityCheck,
+  ) {
+    super();
+  }
+
+  _isSecure(): boolean {
+    return true;
+  }
+
+  _equals(other: grpc.ChannelCredentials): boolean {
+    return other === this;
+  }
+
+  _createSecureConnector(
+    _target: grpc.experimental.GrpcUri,
+    options: grpc.ChannelOptions,
+    callCredentials?: grpc.CallCredentials,
+  ): grpc.experimental.SecureConnector {
+    const override = options['grpc.ssl_target_name_override'] as unknown;
+    const name = typeof override === 'string' && override !== '' ? override : this.host;
+    const servername = isIP(name) === 0 ? name : undefined;
+    const { context, checkIdentity } = this;
+    return {
+      connect: (socket: Socket) =>
+        new Promise<grpc.experimental.SecureConnectResult>((resolve, reject) => {
+          const tlsSocket = tlsConnect(
+            { socket, secureContext: context, ALPNProtocols: ['h2'], checkServerIdentity: checkIdentity, ...(servername !== undefined && { servername }) },
+            () => {
+              // rejectUnauthorized (Node's default) fails the handshake first; grpc-js checks again, so do we.
+              if (!tlsSocket.authorized) reject(tlsSocket.authorizationError);
+              else resolve({ socket: tlsSocket, secure: true });
+            },
+          );
+          tlsSocket.on('error', reject);
+        }),
+      waitForReady: () => Promise.resolve(),
+      getCallCredentials: () => callCredentials ?? grpc.CallCredentials.createEmpty(),
+      destroy: () => {},
+    };
+  }
+}
+
 export function channelCredentials(t: ControlPlaneTarget): grpc.ChannelCredentials {
   const { host } = grpcTarget(t.address);
   const alt = t.altHostname;
-  return grpc.credentials.createSsl(loadRootCa(t.rootCa), null, null, {
-    // The URL's host, or the alternate name (ALT_*_HOSTNAME) when the certificate carries that one instead.
-    checkServerIdentity: (_servername: string, cert: PeerCertificate) => {
-      const err = checkServerIdentity(host, cert);
-      if (err === undefined || alt === null) return err;
-      return checkServerIdentity(alt, cert) === undefined ? undefined : err;
-    },
-  });
+  const roots = loadRootCa(t.rootCa);
+  // The URL's host, or the alternate name (ALT_*_HOSTNAME) when the certificate carries that one instead.
+  const checkIdentity: ServerIdentityCheck = (_servername, cert) => {
+    const err = checkServerIdentity(host, cert);
+    if (err === undefined || alt === null) return err;
+    return checkServerIdentity(alt, cert) === undefined ? undefined : err;
+  };
+  // No `ca` (SYSTEM) is Node's default roots, as grpc-js's createSsl(null).
+  return new ControlPlaneCredentials(createSecureContext(roots === null ? {} : { ca: roots }), host, checkIdentity);
 }
 
 /** AUTH_TOKEN: a file (read on every call, so a rotated token is used on the next request) or the literal. */
