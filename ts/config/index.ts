@@ -47,6 +47,8 @@ export interface Config {
   readonly http2: { readonly streamWindowSize: number; readonly connectionWindowSize: number; readonly frameSize: number };
   readonly connectionTimeoutMs: number;
   readonly missingPolicyGraceMs: number;
+  readonly localhostAppTunnel: boolean;
+  readonly enableResponseBaggage: boolean;
   readonly terminationDeadlineMs: number;
   readonly numWorkerThreads: number;
   readonly secretTtlMs: number;
@@ -196,6 +198,8 @@ function resolve(
     },
     connectionTimeoutMs: Math.ceil(raw.CONNECTION_TIMEOUT ?? D.DEFAULT_CONNECTION_TIMEOUT_MS),
     missingPolicyGraceMs: Math.ceil(raw.MISSING_POLICY_GRACE ?? D.DEFAULT_MISSING_POLICY_GRACE_MS),
+    localhostAppTunnel: raw.LOCALHOST_APP_TUNNEL ?? true,
+    enableResponseBaggage: raw.ENABLE_RESPONSE_BAGGAGE ?? true,
     terminationDeadlineMs: terminationDeadlineMs(raw.CONNECTION_TERMINATION_DEADLINE, raw.TERMINATION_GRACE_PERIOD_SECONDS),
     numWorkerThreads: workerThreads(raw, cpuCount),
     secretTtlMs: Math.ceil(raw.SECRET_TTL ?? D.DEFAULT_SECRET_TTL_MS),

@@ -160,6 +160,8 @@ const fields = {
   INPOD_UDS: nonEmpty().optional().describe('ZDS socket of the istio-cni node agent (/var/run/ztunnel/ztunnel.sock; shared mode)'),
   PACKET_MARK: nonNegativeInt(0xffffffff).optional().describe('SO_MARK on every socket in a pod netns (1337 = 0x539)'),
   INPOD_PORT_REUSE: bool().optional().describe('SO_REUSEPORT on in-pod listeners, so a new daemon binds beside a draining one (true)'),
+  LOCALHOST_APP_TUNNEL: bool().optional().describe('reach PROXY application tunnels on loopback, from loopback (true)'),
+  ENABLE_RESPONSE_BAGGAGE: bool().optional().describe("the inbound CONNECT's 200 carries the destination's baggage (true)"),
   ENABLE_ORIG_SRC: bool().optional().describe('keep the client source IP toward local apps: unset = when possible, true = required, false = never'),
   ADMIN_ADDR: address().optional().describe('admin server (127.0.0.1:15000)'),
   STATS_ADDR: address().optional().describe('Prometheus server (0.0.0.0:15020)'),
@@ -211,7 +213,13 @@ export function describePrefix(key: PrefixKey): string {
 export type ConfigKey = keyof typeof fields;
 
 /** Keys whose CLI flag may be given without a value (`--unstable-enable-socks5` means true). */
-export const BOOLEAN_KEYS: ReadonlySet<ConfigKey> = new Set<ConfigKey>(['UNSTABLE_ENABLE_SOCKS5', 'INPOD_PORT_REUSE', 'ENABLE_ORIG_SRC']);
+export const BOOLEAN_KEYS: ReadonlySet<ConfigKey> = new Set<ConfigKey>([
+  'UNSTABLE_ENABLE_SOCKS5',
+  'INPOD_PORT_REUSE',
+  'ENABLE_ORIG_SRC',
+  'LOCALHOST_APP_TUNNEL',
+  'ENABLE_RESPONSE_BAGGAGE',
+]);
 
 /**
  * Keys where an empty string is a value, not "unset". Kubernetes manifests often carry `value: ""`; for every

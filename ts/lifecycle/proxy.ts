@@ -121,6 +121,8 @@ export function dataplaneConfig(config: Config): DataplaneConfig {
     connectTimeoutMs: config.connectionTimeoutMs,
     terminationDeadlineMs: config.terminationDeadlineMs,
     missingPolicyGraceMs: config.missingPolicyGraceMs,
+    localhostAppTunnel: config.localhostAppTunnel,
+    enableResponseBaggage: config.enableResponseBaggage,
     socks5Enabled: config.socks5Enabled,
     bindSourceIp: config.proxyMode === 'local',
   };

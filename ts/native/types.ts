@@ -18,6 +18,10 @@ export interface DataplaneConfig {
   terminationDeadlineMs: number;
   /** How long live inbound connections are not judged on a named policy that has not arrived. */
   missingPolicyGraceMs: number;
+  /** Reach PROXY application tunnels on loopback, from loopback. */
+  localhostAppTunnel: boolean;
+  /** The inbound 200 carries the destination's baggage. */
+  enableResponseBaggage: boolean;
   /** Include 15080 in the illegal ports. */
   socks5Enabled: boolean;
   /** Bind outbound sockets to the source workload's IP (local mode: peers then see the workload's address). */

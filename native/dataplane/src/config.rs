@@ -55,6 +55,10 @@ pub struct Config {
     /// How long a live inbound connection is left unjudged while its workload names an authorization policy that
     /// has not arrived (istiod pushes the reference just before the policy). New connections are refused meanwhile.
     pub missing_policy_grace_ms: u64,
+    /// Reach a PROXY application tunnel on loopback, from loopback (LOCALHOST_APP_TUNNEL).
+    pub localhost_app_tunnel: bool,
+    /// The 200 of an inbound CONNECT carries the destination's baggage (ENABLE_RESPONSE_BAGGAGE).
+    pub enable_response_baggage: bool,
 }
 
 impl Default for Config {
@@ -75,6 +79,8 @@ impl Default for Config {
             handshake_timeout_ms: 10_000,
             bind_source_ip: false,
             missing_policy_grace_ms: 1_000,
+            localhost_app_tunnel: true,
+            enable_response_baggage: true,
         }
     }
 }

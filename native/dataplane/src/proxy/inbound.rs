@@ -2,8 +2,10 @@
 //!
 //! Invariants:
 //! - The peer identity is the single SPIFFE SAN of the certificate verified in the handshake; no header changes it.
-//! - The upstream IP is always the local workload's own IP; only the port comes from `:authority`, and an
-//!   `:authority` naming another IP is refused (400). Our own ports are refused (503).
+//! - The upstream IP is always the local workload's own IP; only the port comes from `:authority` (or a service
+//!   hostname's mapping, or the application tunnel). An `:authority` naming another IP is refused (400) unless the
+//!   workload has an application tunnel or is that target's waypoint. Our own ports are refused (503) after the
+//!   mapping.
 //! - The upstream connection is established before the 200 is sent; no byte reaches the application before the
 //!   answer is decided.
 //! - Handshakes (TLS and the HTTP/2 preface) have a deadline, so a peer cannot hold a socket for free.
@@ -32,21 +34,27 @@ use crate::fields;
 use crate::identity::{spiffe_identity, Identity};
 use crate::metrics::{ConnectionInfo, Reporter, TrafficLabels};
 use crate::rbac;
-use crate::state::Workload;
+use crate::state::{AppTunnelProtocol, GatewayDestination, Service, State, Workload};
 
 /// Why a CONNECT stream was refused, and with which status.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InboundError {
     #[error("method {0} is not CONNECT")]
     NotConnect(String),
-    #[error("authority {0:?} is not ip:port")]
+    #[error("authority {0:?} is not ip:port or host:port")]
     BadAuthority(String),
-    #[error("ip mismatch: authority {0} is not an address of the local workload")]
+    #[error("ip mismatch: authority {0} is not an address of the local workload, nor a target it is the waypoint of")]
     IpMismatch(IpAddr),
     #[error("local workload {0} is not known")]
     UnknownWorkload(String),
     #[error("port {0} is ztunnel-node's own")]
     IllegalPort(u16),
+    #[error("no service has the hostname {0}")]
+    NoHostname(String),
+    #[error("service {0} has no target port for port {1}")]
+    NoPortForService(String, u16),
+    #[error("service {0} has no VIP to name in the PROXY header")]
+    NoIpForService(String),
     #[error("connecting to {0}: {1}")]
     Upstream(SocketAddr, String),
 }
@@ -57,32 +65,131 @@ impl InboundError {
             InboundError::NotConnect(_) | InboundError::BadAuthority(_) | InboundError::IpMismatch(_) => {
                 StatusCode::BAD_REQUEST
             }
-            InboundError::UnknownWorkload(_) | InboundError::IllegalPort(_) | InboundError::Upstream(..) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            InboundError::UnknownWorkload(_)
+            | InboundError::IllegalPort(_)
+            | InboundError::NoHostname(_)
+            | InboundError::NoPortForService(..)
+            | InboundError::NoIpForService(_)
+            | InboundError::Upstream(..) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }
 
-/// Validate a CONNECT request for `local` (a pure function: method, authority, IP confinement, our own ports).
-pub fn validate_connect<B>(
+/// An HBONE `:authority`: an address, or a service hostname and port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Authority {
+    Addr(SocketAddr),
+    Host(String, u16),
+}
+
+impl Authority {
+    pub fn parse(s: &str) -> Option<Authority> {
+        if let Ok(a) = s.parse::<SocketAddr>() {
+            return Some(Authority::Addr(a));
+        }
+        let (host, port) = s.rsplit_once(':')?;
+        let port = port.parse::<u16>().ok()?;
+        let valid = !host.is_empty()
+            && host.len() <= 253
+            && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
+        valid.then(|| Authority::Host(host.to_string(), port))
+    }
+}
+
+/// Where an accepted CONNECT stream goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboundTarget {
+    /// Always the local workload's IP; the port from the authority (or the service's mapping, or the application
+    /// tunnel's port).
+    pub upstream: SocketAddr,
+    /// The application tunnel to speak to the upstream, and the target to name in it.
+    pub tunnel: Option<(AppTunnelProtocol, SocketAddr)>,
+    /// The service named by a hostname authority.
+    pub service: Option<Arc<Service>>,
+}
+
+/// Decide one CONNECT stream for `local`, reached on `dst_ip` (a pure function of the request and the state):
+/// ztunnel's validation (CONNECT only; the authority's IP must be the workload's, unless the workload has an
+/// application tunnel or is the waypoint of the authority's target; a hostname names a service) and its upstream
+/// (the local IP; the port from the authority, the service's mapping for a hostname, then the application tunnel's
+/// override). Our own ports are refused after the mapping.
+pub fn resolve_connect<B>(
     req: &Request<B>,
     local: Option<&Workload>,
+    dst_ip: IpAddr,
+    state: &State,
     illegal: &[u16],
-) -> Result<SocketAddr, InboundError> {
+) -> Result<InboundTarget, InboundError> {
     if req.method() != Method::CONNECT {
         return Err(InboundError::NotConnect(req.method().to_string()));
     }
-    let authority = req.uri().authority().map(|a| a.as_str()).unwrap_or("");
-    let target: SocketAddr = authority.parse().map_err(|_| InboundError::BadAuthority(authority.to_string()))?;
+    let raw = req.uri().authority().map(|a| a.as_str()).unwrap_or("");
+    let authority = Authority::parse(raw).ok_or_else(|| InboundError::BadAuthority(raw.to_string()))?;
     let local = local.ok_or_else(|| InboundError::UnknownWorkload(String::new()))?;
-    if !local.ips.contains(&target.ip()) {
-        return Err(InboundError::IpMismatch(target.ip()));
+    let target_ip = if local.ips.contains(&dst_ip) { dst_ip } else { local.ips.first().copied().unwrap_or(dst_ip) };
+    let (dest, service) = match &authority {
+        Authority::Addr(a) => {
+            let aligned = local.ips.contains(&a.ip());
+            if !aligned && local.application_tunnel.is_none() && !is_waypoint_of(state, local, a.ip()) {
+                return Err(InboundError::IpMismatch(a.ip()));
+            }
+            (SocketAddr::new(target_ip, a.port()), None)
+        }
+        Authority::Host(host, port) => {
+            let svc = state
+                .service_by_hostname(host, &local.namespace)
+                .ok_or_else(|| InboundError::NoHostname(host.clone()))?;
+            let mapped = state.endpoint_ports(&svc.key, &local.uid).and_then(|m| m.get(port)).copied();
+            let p = match mapped.filter(|p| *p != 0).or_else(|| svc.ports.get(port).copied().filter(|p| *p != 0)) {
+                Some(p) => p,
+                None => return Err(InboundError::NoPortForService(host.clone(), *port)),
+            };
+            (SocketAddr::new(target_ip, p), Some(svc.clone()))
+        }
+    };
+    if illegal.contains(&dest.port()) {
+        return Err(InboundError::IllegalPort(dest.port()));
     }
-    if illegal.contains(&target.port()) {
-        return Err(InboundError::IllegalPort(target.port()));
+    let Some(tunnel) = &local.application_tunnel else {
+        return Ok(InboundTarget { upstream: dest, tunnel: None, service });
+    };
+    let upstream = SocketAddr::new(dest.ip(), tunnel.port.unwrap_or(dest.port()));
+    let named = match (&authority, &service) {
+        (Authority::Addr(a), _) => *a,
+        // PROXY names addresses: a VIP of the service, on our network first, IPv4 first.
+        (Authority::Host(host, port), svc) => {
+            let vip = svc
+                .as_ref()
+                .and_then(|s| s.vips.iter().max_by_key(|(net, ip)| (*net == local.network, ip.is_ipv4())))
+                .ok_or_else(|| InboundError::NoIpForService(host.clone()))?;
+            SocketAddr::new(vip.1, *port)
+        }
+    };
+    Ok(InboundTarget { upstream, tunnel: Some((tunnel.protocol, named)), service })
+}
+
+/// The waypoint "sandwich": the authority's target (a service VIP or a workload on our network) names `local` as
+/// its waypoint.
+fn is_waypoint_of(state: &State, local: &Workload, target: IpAddr) -> bool {
+    let gw = match state.workload_by_addr(&local.network, target) {
+        Some(w) => w.waypoint.as_ref(),
+        None => match state.service_by_vip(&local.network, target, &local.namespace) {
+            Some(s) => s.waypoint.as_ref(),
+            None => return false,
+        },
+    };
+    let Some(gw) = gw else { return false };
+    let service_has = |s: &Service| state.endpoint_ports(&s.key, &local.uid).is_some();
+    match &gw.destination {
+        GatewayDestination::Address((net, ip)) => match state.workload_by_addr(net, *ip) {
+            Some(w) => w.uid == local.uid,
+            None => state.service_by_vip(net, *ip, &local.namespace).is_some_and(|s| service_has(s)),
+        },
+        GatewayDestination::Hostname(key) => match state.service(key) {
+            Some(s) => service_has(s),
+            None => state.workload_by_hostname(&key.namespace, &key.hostname).is_some_and(|w| w.uid == local.uid),
+        },
     }
-    Ok(target)
 }
 
 /// Serve one local workload's HBONE listener until drained.
@@ -105,6 +212,10 @@ async fn serve_connection(
     drain: Drain,
 ) {
     let hs_deadline = pi.cfg.handshake_timeout();
+    let dst_ip = match tcp.local_addr() {
+        Ok(a) => crate::socket::canonical(a).ip(),
+        Err(_) => return,
+    };
     let warn = |msg: &str, err: String| {
         pi.events.push(Event {
             kind: "access",
@@ -142,7 +253,7 @@ async fn serve_connection(
             as std::pin::Pin<Box<dyn std::future::Future<Output = &'static str> + Send>>,
         None => Box::pin(std::future::pending()),
     };
-    let ctx = Arc::new(StreamContext { pi: pi.clone(), local, peer_id, peer, force: drain.force.clone() });
+    let ctx = Arc::new(StreamContext { pi: pi.clone(), local, peer_id, peer, dst_ip, force: drain.force.clone() });
     let mut going_away = false;
     loop {
         tokio::select! {
@@ -178,6 +289,8 @@ struct StreamContext {
     local: LocalRef,
     peer_id: Arc<Identity>,
     peer: SocketAddr,
+    /// The address the peer dialed (the local workload's IP).
+    dst_ip: IpAddr,
     force: CancellationToken,
 }
 
@@ -229,18 +342,26 @@ async fn establish_stream(
 ) -> Option<Box<Established>> {
     let (pi, local_ref, peer_id, peer) = (&*ctx.pi, &ctx.local, &*ctx.peer_id, ctx.peer);
     let started = Instant::now();
-    let (local, source) = {
+    // x-forwarded-network naming another network: the peer is a gateway, its IP says nothing of the source.
+    let from_gateway = req
+        .headers()
+        .get("x-forwarded-network")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|n| !n.eq_ignore_ascii_case(&pi.cfg.network));
+    let (local, source, resolved) = {
         let st = pi.state.read().expect("state lock");
         let local = local_ref.resolve(&st);
         // The source workload by the connection's IP, used for metrics only when its identity is the verified one.
         let source = local
             .as_ref()
+            .filter(|_| !from_gateway)
             .and_then(|l| st.workload_by_addr(&l.network, peer.ip()))
             .filter(|w| &w.identity() == peer_id)
             .cloned();
-        (local, source)
+        let resolved = resolve_connect(&req, local.as_deref(), ctx.dst_ip, &st, pi.cfg.illegal_ports());
+        (local, source, resolved)
     };
-    let target = match validate_connect(&req, local.as_deref(), pi.cfg.illegal_ports()) {
+    let InboundTarget { upstream: target, tunnel, service } = match resolved {
         Ok(t) => t,
         Err(e) => {
             respond_error(&mut respond, e.status()).await;
@@ -283,7 +404,7 @@ async fn establish_stream(
         source_identity: Some(peer_id),
         destination: Some(&local),
         destination_identity: Some(&local.identity()),
-        destination_service: None,
+        destination_service: service.as_deref(),
         mutual_tls: true,
     }));
     if !decision.allowed {
@@ -301,12 +422,23 @@ async fn establish_stream(
         pi.events.push(Event { kind: "access", level: Level::Warn, message: "connection denied".into(), fields: f });
         return None;
     }
-    // In-pod, the application sees the client's IP (ENABLE_ORIG_SRC); the port is left to the kernel.
-    let opts = crate::socket::ConnectOptions {
-        bind: pi.preserve_source.then_some(SocketAddr::new(peer.ip(), 0)),
-        transparent: pi.preserve_source,
+    // An application tunnel speaking PROXY is reached on loopback, from loopback (LOCALHOST_APP_TUNNEL): it is then
+    // reachable only through us, and the PROXY header carries the original addresses.
+    let proxy_to = tunnel.filter(|(p, _)| *p == AppTunnelProtocol::Proxy).map(|(_, named)| named);
+    let (dial, opts) = if proxy_to.is_some() && pi.cfg.localhost_app_tunnel {
+        let lo =
+            if target.is_ipv4() { IpAddr::from([127, 0, 0, 1]) } else { IpAddr::from(std::net::Ipv6Addr::LOCALHOST) };
+        let opts = crate::socket::ConnectOptions { bind: Some(SocketAddr::new(lo, 0)), transparent: false };
+        (SocketAddr::new(lo, target.port()), opts)
+    } else {
+        // In-pod, the application sees the client's IP (ENABLE_ORIG_SRC); the port is left to the kernel.
+        let opts = crate::socket::ConnectOptions {
+            bind: pi.preserve_source.then_some(SocketAddr::new(peer.ip(), 0)),
+            transparent: pi.preserve_source,
+        };
+        (target, opts)
     };
-    let upstream = match crate::socket::connect_with(&*pi.sockets, target, opts, pi.cfg.connect_timeout()).await {
+    let mut upstream = match crate::socket::connect_with(&*pi.sockets, dial, opts, pi.cfg.connect_timeout()).await {
         Ok(s) => s,
         Err(e) => {
             let err = InboundError::Upstream(target, e.to_string());
@@ -319,7 +451,7 @@ async fn establish_stream(
     // ENABLE_RESPONSE_BAGGAGE (Istio's default): the 200 carries the destination's baggage for the client's metrics.
     let mut ok = Response::builder().status(StatusCode::OK);
     let dst_baggage = super::outbound::baggage(&pi.cfg.cluster_id, &local);
-    if !dst_baggage.is_empty() {
+    if pi.cfg.enable_response_baggage && !dst_baggage.is_empty() {
         ok = ok.header("baggage", dst_baggage);
     }
     let send = match respond.send_response(ok.body(()).unwrap_or_else(|_| Response::new(())), false) {
@@ -330,6 +462,18 @@ async fn establish_stream(
             return None;
         }
     };
+    if let Some(named) = proxy_to {
+        use tokio::io::AsyncWriteExt;
+        let written = match super::proxy_protocol::header(peer, named, Some(peer_id)) {
+            Ok(h) => upstream.write_all(&h).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            guard.fail("CONNECT");
+            log_complete(pi, peer, peer_id, &local, target, 0, 0, started, Some(format!("PROXY header: {e}")));
+            return None;
+        }
+    }
     Some(Box::new(Established { upstream, send, body: req.into_body(), track, guard, local, target, started }))
 }
 
@@ -371,36 +515,206 @@ fn log_complete(
 mod tests {
     use super::*;
     use crate::state::{State, StateDelta};
+    use serde_json::json;
+
+    /// echo (127.0.2.10) behind service echo (80 → 8080; hostname echo.default.svc.cluster.local, VIP 10.96.0.10);
+    /// `wp` (127.0.3.10), the waypoint of service `reviews` (VIP 10.96.1.1) and of workload `db` (127.0.4.10),
+    /// speaking PROXY on 15088; a service `named` whose target port is only in the endpoint's own map.
+    fn world() -> State {
+        let mut st = State::default();
+        let delta = json!({
+            "workloads": [
+                {"uid": "echo", "name": "echo", "namespace": "default", "workloadIps": ["127.0.2.10"], "protocol": "HBONE",
+                 "services": {"default/echo.default.svc.cluster.local": {"80": 8080},
+                              "default/named.default.svc.cluster.local": {"81": 9091}}},
+                {"uid": "wp", "name": "waypoint", "namespace": "default", "workloadIps": ["127.0.3.10"], "protocol": "HBONE",
+                 "applicationTunnel": {"protocol": "PROXY", "port": 15088},
+                 "services": {"default/waypoint.default.svc.cluster.local": {"15008": 15008}}},
+                {"uid": "wp-plain", "name": "waypoint-plain", "namespace": "default", "workloadIps": ["127.0.3.11"],
+                 "protocol": "HBONE"},
+                {"uid": "db", "name": "db", "namespace": "default", "workloadIps": ["127.0.4.10"], "protocol": "HBONE",
+                 "waypoint": {"destination": "/127.0.3.11", "hboneMtlsPort": 15008}},
+            ],
+            "services": [
+                {"name": "echo", "namespace": "default", "hostname": "echo.default.svc.cluster.local",
+                 "vips": ["/10.96.0.10"], "ports": {"80": 8080}},
+                {"name": "named", "namespace": "default", "hostname": "named.default.svc.cluster.local",
+                 "vips": ["/10.96.0.11"], "ports": {"81": 0}},
+                {"name": "reviews", "namespace": "default", "hostname": "reviews.default.svc.cluster.local",
+                 "vips": ["/10.96.1.1"], "ports": {"9080": 9080},
+                 "waypoint": {"destination": "default/waypoint.default.svc.cluster.local", "hboneMtlsPort": 15008}},
+                {"name": "waypoint", "namespace": "default", "hostname": "waypoint.default.svc.cluster.local",
+                 "vips": ["/10.96.5.1"], "ports": {"15008": 15008}},
+            ],
+        });
+        st.apply(serde_json::from_value::<StateDelta>(delta).unwrap()).unwrap();
+        st
+    }
+
+    /// (method, authority, local workload, its IP) → upstream, or the status of the refusal. Each row names the rule.
+    #[test]
+    fn connect_resolution_table() {
+        let st = world();
+        let echo = st.workload("echo").cloned();
+        let wp = st.workload("wp").cloned();
+        let plain = st.workload("wp-plain").cloned();
+        let illegal = [15001, 15006, 15008, 15080];
+        type Row<'a> = (&'a str, Method, &'a str, Option<&'a Workload>, &'a str, Result<&'a str, StatusCode>);
+        let rows: Vec<Row> = vec![
+            (
+                "ip authority: the port",
+                Method::CONNECT,
+                "127.0.2.10:8080",
+                echo.as_deref(),
+                "127.0.2.10",
+                Ok("127.0.2.10:8080"),
+            ),
+            (
+                "GET is refused",
+                Method::GET,
+                "127.0.2.10:8080",
+                echo.as_deref(),
+                "127.0.2.10",
+                Err(StatusCode::BAD_REQUEST),
+            ),
+            (
+                "POST is refused",
+                Method::POST,
+                "127.0.2.10:8080",
+                echo.as_deref(),
+                "127.0.2.10",
+                Err(StatusCode::BAD_REQUEST),
+            ),
+            (
+                "another IP: ip mismatch",
+                Method::CONNECT,
+                "127.0.0.1:8080",
+                echo.as_deref(),
+                "127.0.2.10",
+                Err(StatusCode::BAD_REQUEST),
+            ),
+            (
+                "a neighbour's IP",
+                Method::CONNECT,
+                "127.0.2.11:8080",
+                echo.as_deref(),
+                "127.0.2.10",
+                Err(StatusCode::BAD_REQUEST),
+            ),
+            (
+                "garbage authority",
+                Method::CONNECT,
+                "echo.default",
+                echo.as_deref(),
+                "127.0.2.10",
+                Err(StatusCode::BAD_REQUEST),
+            ),
+            (
+                "our port 15008",
+                Method::CONNECT,
+                "127.0.2.10:15008",
+                echo.as_deref(),
+                "127.0.2.10",
+                Err(StatusCode::SERVICE_UNAVAILABLE),
+            ),
+            (
+                "our port 15001",
+                Method::CONNECT,
+                "127.0.2.10:15001",
+                echo.as_deref(),
+                "127.0.2.10",
+                Err(StatusCode::SERVICE_UNAVAILABLE),
+            ),
+            (
+                "unknown local workload",
+                Method::CONNECT,
+                "127.0.2.10:8080",
+                None,
+                "127.0.2.10",
+                Err(StatusCode::SERVICE_UNAVAILABLE),
+            ),
+            (
+                "hostname: the service's target port",
+                Method::CONNECT,
+                "echo.default.svc.cluster.local:80",
+                echo.as_deref(),
+                "127.0.2.10",
+                Ok("127.0.2.10:8080"),
+            ),
+            (
+                "hostname: the endpoint's own port map",
+                Method::CONNECT,
+                "named.default.svc.cluster.local:81",
+                echo.as_deref(),
+                "127.0.2.10",
+                Ok("127.0.2.10:9091"),
+            ),
+            (
+                "hostname: no such service",
+                Method::CONNECT,
+                "nope.default.svc.cluster.local:80",
+                echo.as_deref(),
+                "127.0.2.10",
+                Err(StatusCode::SERVICE_UNAVAILABLE),
+            ),
+            (
+                "hostname: a port the service lacks",
+                Method::CONNECT,
+                "echo.default.svc.cluster.local:81",
+                echo.as_deref(),
+                "127.0.2.10",
+                Err(StatusCode::SERVICE_UNAVAILABLE),
+            ),
+            (
+                "sandwich: a VIP whose waypoint (by hostname) is this workload",
+                Method::CONNECT,
+                "10.96.1.1:9080",
+                wp.as_deref(),
+                "127.0.3.10",
+                Ok("127.0.3.10:15088"),
+            ),
+            (
+                "sandwich: a workload whose waypoint (by IP) is this workload, no tunnel",
+                Method::CONNECT,
+                "127.0.4.10:5432",
+                plain.as_deref(),
+                "127.0.3.11",
+                Ok("127.0.3.11:5432"),
+            ),
+            (
+                "not its waypoint: ip mismatch",
+                Method::CONNECT,
+                "10.96.0.10:80",
+                plain.as_deref(),
+                "127.0.3.11",
+                Err(StatusCode::BAD_REQUEST),
+            ),
+        ];
+        for (rule, m, auth, local, dst_ip, want) in rows {
+            let r = Request::builder().method(m).uri(auth).body(()).unwrap();
+            let got = resolve_connect(&r, local, dst_ip.parse().unwrap(), &st, &illegal)
+                .map(|t| t.upstream)
+                .map_err(|e| e.status());
+            let want = want.map(|s| s.parse::<SocketAddr>().unwrap());
+            assert_eq!(got, want, "{rule}");
+        }
+    }
 
     #[test]
-    fn connect_validation_table() {
-        let mut st = State::default();
-        st.apply(
-            serde_json::from_str::<StateDelta>(
-                r#"{"workloads":[{"uid":"echo","name":"echo","namespace":"default","workloadIps":["127.0.2.10"],"protocol":"HBONE"}]}"#,
-            )
-            .unwrap(),
-        )
-        .unwrap();
-        let local = st.workload("echo").cloned();
-        let illegal = [15001, 15006, 15008, 15080];
-        let req = |m: Method, auth: &str| Request::builder().method(m).uri(auth).body(()).unwrap();
-        type Case<'a> = (Request<()>, Option<&'a Workload>, Result<&'a str, StatusCode>);
-        let cases: Vec<Case> = vec![
-            (req(Method::CONNECT, "127.0.2.10:8080"), local.as_deref(), Ok("127.0.2.10:8080")),
-            (req(Method::GET, "127.0.2.10:8080"), local.as_deref(), Err(StatusCode::BAD_REQUEST)),
-            (req(Method::POST, "127.0.2.10:8080"), local.as_deref(), Err(StatusCode::BAD_REQUEST)),
-            (req(Method::CONNECT, "127.0.0.1:8080"), local.as_deref(), Err(StatusCode::BAD_REQUEST)),
-            (req(Method::CONNECT, "127.0.2.11:8080"), local.as_deref(), Err(StatusCode::BAD_REQUEST)),
-            (req(Method::CONNECT, "echo.default:8080"), local.as_deref(), Err(StatusCode::BAD_REQUEST)),
-            (req(Method::CONNECT, "127.0.2.10:15008"), local.as_deref(), Err(StatusCode::SERVICE_UNAVAILABLE)),
-            (req(Method::CONNECT, "127.0.2.10:15001"), local.as_deref(), Err(StatusCode::SERVICE_UNAVAILABLE)),
-            (req(Method::CONNECT, "127.0.2.10:8080"), None, Err(StatusCode::SERVICE_UNAVAILABLE)),
-        ];
-        for (r, l, want) in cases {
-            let got = validate_connect(&r, l, &illegal).map_err(|e| e.status());
-            let want = want.map(|s| s.parse::<SocketAddr>().unwrap());
-            assert_eq!(got, want, "{} {}", r.method(), r.uri());
-        }
+    fn application_tunnel_names_the_authority_or_a_vip_of_the_hostname() {
+        let st = world();
+        let wp = st.workload("wp").cloned();
+        let r = |auth: &str| Request::builder().method(Method::CONNECT).uri(auth).body(()).unwrap();
+        let ip = "127.0.3.10".parse().unwrap();
+        let t = resolve_connect(&r("10.96.1.1:9080"), wp.as_deref(), ip, &st, &[]).unwrap();
+        assert_eq!(t.tunnel, Some((AppTunnelProtocol::Proxy, "10.96.1.1:9080".parse().unwrap())));
+        let t = resolve_connect(&r("echo.default.svc.cluster.local:80"), wp.as_deref(), ip, &st, &[]).unwrap();
+        assert_eq!(
+            t.tunnel,
+            Some((AppTunnelProtocol::Proxy, "10.96.0.10:80".parse().unwrap())),
+            "a VIP of the service"
+        );
+        assert_eq!(t.upstream, "127.0.3.10:15088".parse().unwrap(), "the tunnel's port overrides");
+        assert_eq!(t.service.unwrap().name, "echo");
     }
 }

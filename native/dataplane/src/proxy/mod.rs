@@ -6,6 +6,7 @@ pub mod inbound;
 pub mod inbound_passthrough;
 pub mod outbound;
 pub mod pool;
+pub mod proxy_protocol;
 pub mod reevaluation;
 pub mod socks5;
 pub mod tracker;

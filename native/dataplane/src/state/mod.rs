@@ -42,6 +42,8 @@ pub struct State {
     workloads_by_name: HashMap<(String, String), Vec<String>>,
     services: HashMap<ServiceKey, Arc<Service>>,
     services_by_vip: HashMap<NetworkAddr, Vec<ServiceKey>>,
+    /// hostname → the services of that hostname (one per namespace that has it).
+    services_by_hostname: HashMap<String, Vec<ServiceKey>>,
     /// Services addressed by a whole range, longest prefix first.
     services_by_cidr: Vec<(String, policy::Cidr, ServiceKey)>,
     /// service key → endpoint workload uid → (service port → target port). Kept even for services that have not
@@ -141,6 +143,7 @@ impl State {
         for vip in &s.vips {
             self.services_by_vip.entry(vip.clone()).or_default().push(s.key.clone());
         }
+        self.services_by_hostname.entry(s.key.hostname.clone()).or_default().push(s.key.clone());
         for (net, cidr) in &s.cidr_vips {
             let at = self.services_by_cidr.partition_point(|(_, c, _)| c.prefix >= cidr.prefix);
             self.services_by_cidr.insert(at, (net.clone(), *cidr, s.key.clone()));
@@ -152,6 +155,12 @@ impl State {
         let Some(old) = self.services.remove(key) else { return };
         if !old.cidr_vips.is_empty() {
             self.services_by_cidr.retain(|(_, _, k)| k != key);
+        }
+        if let Some(keys) = self.services_by_hostname.get_mut(&key.hostname) {
+            keys.retain(|k| k != key);
+            if keys.is_empty() {
+                self.services_by_hostname.remove(&key.hostname);
+            }
         }
         for vip in &old.vips {
             if let Some(keys) = self.services_by_vip.get_mut(vip) {
@@ -296,6 +305,18 @@ impl State {
 
     pub fn service(&self, key: &ServiceKey) -> Option<&Arc<Service>> {
         self.services.get(key)
+    }
+
+    /// A service by hostname alone (an HBONE `:authority` names no namespace): the one in `prefer_ns`, else the
+    /// first.
+    pub fn service_by_hostname(&self, hostname: &str, prefer_ns: &str) -> Option<&Arc<Service>> {
+        let keys = self.services_by_hostname.get(hostname)?;
+        keys.iter().find(|k| k.namespace == prefer_ns).or_else(|| keys.first()).and_then(|k| self.services.get(k))
+    }
+
+    /// `uid`'s port map as an endpoint of the service `key`, if it is one.
+    pub fn endpoint_ports(&self, key: &ServiceKey, uid: &str) -> Option<&HashMap<u16, u16>> {
+        self.endpoints.get(key).and_then(|eps| eps.get(uid))
     }
 
     /// A workload by `namespace` and `hostname` (a workload that only has a hostname). O(workloads): only for the
