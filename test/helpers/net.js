@@ -19,6 +19,9 @@
 //   60  test/integration/xds.test.js          workloads 127.60.{1..4}.10, VIPs 127.60.100.x, admin 127.60.255.{1,2}
 //   61  test/integration/xds-ca.test.js       workloads 127.61.{1,2,3}.10, daemons' admin 127.61.255.{1,2}
 //   62  test/integration/authz-push-order.test.js  workloads 127.62.{1,2,3}.10, daemons' admin 127.62.255.{1,2}
+//   63  test/integration/large-input.test.js  daemon's admin 127.63.255.1 (its workloads are 10.x: state only)
+//   64  test/integration/waypoint-envoy.test.js  workloads 127.64.{1,2,4}.10, Envoy waypoint 127.64.3.10, VIPs
+//                                              127.64.100.x, admin 127.64.255.{1,2} (daemons), 127.64.255.3 (Envoy)
 //
 // Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
 // node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
@@ -39,6 +42,8 @@ export const BLOCKS = Object.freeze({
   xds: 60,
   'xds-ca': 61,
   'authz-push-order': 62,
+  'large-input': 63,
+  'waypoint-envoy': 64,
 });
 
 /** Addresses of one file's block. */

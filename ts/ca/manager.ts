@@ -71,6 +71,8 @@ const nodeTimers: Timers = {
 export interface KeyStore {
   createCsr(identity: string): string;
   installCertificate(identity: string, chainPem: string, rootsPem: string): void;
+  /** Frees the identity's key and certificate (called by `forget`). */
+  forgetIdentity?(identity: string): void;
 }
 
 export type CertificateState = 'Initializing' | 'Available' | `Unavailable: ${string}`;
@@ -179,6 +181,7 @@ export class CertificateManager {
     this.queue.delete(entry);
     this.entries.delete(identity);
     for (const w of entry.waiters.splice(0)) w(false);
+    this.opts.keys.forgetIdentity?.(identity);
     this.opts.logger.info({ identity }, 'certificate forgotten (no local workload uses it)');
   }
 

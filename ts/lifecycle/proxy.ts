@@ -37,6 +37,7 @@ import { XdsClient, ztunnelNodeId, ztunnelNodeMetadata } from '../xds/client.js'
 import { TokenSource } from '../xds/grpc.js';
 import { XdsMetrics } from '../xds/metrics.js';
 import { LocalWorkloads } from './local-workloads.js';
+import { answerCertificateRequests } from './certificates-on-demand.js';
 import { startCapture, type Capture } from './capture.js';
 import { watchLocalConfig, type LocalConfigWatch } from '../config/watch.js';
 import { missingPolicyReferences } from '../policy/compile.js';
@@ -54,6 +55,8 @@ export type DataplanePort = Pick<
   | 'applyState'
   | 'createCsr'
   | 'installCertificate'
+  | 'forgetIdentity'
+  | 'nextCertificateRequests'
   | 'addLocalWorkload'
   | 'removeLocalWorkload'
   | 'metrics'
@@ -205,6 +208,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   // Certificates and listeners for the workloads on this node (local mode), or certificate prefetch only
   // (shared mode, whose listeners live in pod network namespaces: a later issue).
   let certs: CertificateManager | null = null;
+  let certAsks: { stop(): void } | null = null;
   let localWorkloads: LocalWorkloads | null = null;
   let proxyReady = false;
   if (ca !== null) {
@@ -214,6 +218,8 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       ttlSeconds: Math.max(1, Math.round(config.secretTtlMs / 1000)),
       logger: logs.forTarget('ca'),
     });
+    // Certificates on demand: a handshake that finds none asks, and waits (prefetch stays an optimisation).
+    certAsks = answerCertificateRequests(dp, certs, logs.forTarget('ca'));
   }
   if (certs !== null && config.nodeName !== null && config.proxyMode !== 'dedicated') {
     localWorkloads = new LocalWorkloads({
@@ -351,6 +357,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   drain.watch('admin servers', () => Promise.all(servers.map((s) => closeServer(s))).then(() => undefined));
   drain.watch('certificates', () => {
     localWorkloads?.stop();
+    certAsks?.stop();
     certs?.stop();
   });
   drain.watch('dataplane', async (_mode, deadlineMs) => {

@@ -14,6 +14,13 @@ export declare class Dataplane {
   applyState(deltaJson: string): void
   createCsr(identity: string): string
   installCertificate(identity: string, chainPem: string, rootsPem: string): void
+  /** Free an identity's key and certificate; true if there was one. */
+  forgetIdentity(identity: string): boolean
+  /**
+   * Certificates on demand: resolves with the identities handshakes are waiting for, once there is at least one
+   * (an empty array when the dataplane drains or shuts down). The control side calls it again after each answer.
+   */
+  nextCertificateRequests(): Promise<Array<string>>
   addLocalWorkload(specJson: string): Promise<string>
   removeLocalWorkload(uid: string): Promise<void>
   /** Explain the authorization decision for `{ srcIdentity?, srcIp, dst }` (admin `/debug/authorize`). */

@@ -145,6 +145,19 @@ export class Dataplane {
     call(() => this.inner.installCertificate(identity, chainPem, rootsPem));
   }
 
+  /** Frees an identity's key and certificate in the dataplane; true if it had one. */
+  forgetIdentity(identity: string): boolean {
+    return call(() => this.inner.forgetIdentity(identity));
+  }
+
+  /**
+   * Certificates on demand: resolves with the identities the dataplane's handshakes are waiting for, once there is at
+   * least one; an empty array once the dataplane drains or shuts down. Call again after each answer.
+   */
+  nextCertificateRequests(): Promise<string[]> {
+    return callAsync(() => this.inner.nextCertificateRequests());
+  }
+
   /** Binds the workload's listeners; rejects with BIND_FAILED. Resolves the actually bound addresses. */
   async addLocalWorkload(spec: LocalWorkloadSpec): Promise<BoundListeners> {
     const json = await callAsync(() => this.inner.addLocalWorkload(JSON.stringify(spec)));

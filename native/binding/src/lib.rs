@@ -40,6 +40,20 @@ impl Dataplane {
         self.inner.install_certificate(&identity, &chain_pem, &roots_pem).map_err(err)
     }
 
+    /// Free an identity's key and certificate; true if there was one.
+    #[napi]
+    pub fn forget_identity(&self, identity: String) -> Result<bool> {
+        self.inner.forget_identity(&identity).map_err(err)
+    }
+
+    /// Certificates on demand: resolves with the identities handshakes are waiting for, once there is at least one
+    /// (an empty array when the dataplane drains or shuts down). The control side calls it again after each answer.
+    #[napi]
+    pub async fn next_certificate_requests(&self) -> Result<Vec<String>> {
+        let inner = self.inner.clone();
+        inner.handle().clone().spawn(async move { inner.next_certificate_requests().await }).await.map_err(err)
+    }
+
     #[napi]
     pub async fn add_local_workload(&self, spec_json: String) -> Result<String> {
         let spec: dataplane::LocalWorkloadSpec =

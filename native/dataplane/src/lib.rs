@@ -190,6 +190,20 @@ impl Dataplane {
         Ok(self.pi.certs.install(&identity.parse::<Identity>()?, chain_pem, roots_pem)?)
     }
 
+    /// Free an identity's key and certificate (the control side forgot it). True if there was one.
+    pub fn forget_identity(&self, identity: &str) -> Result<bool, DataplaneError> {
+        Ok(self.pi.certs.forget(&identity.parse::<Identity>()?))
+    }
+
+    /// The identities handshakes are waiting for (certificates on demand), once there is at least one; empty when
+    /// the dataplane shuts down.
+    pub async fn next_certificate_requests(&self) -> Vec<String> {
+        tokio::select! {
+            wants = self.pi.certs.next_wants() => wants.iter().map(Identity::to_string).collect(),
+            _ = self.drain.force.cancelled() => Vec::new(),
+        }
+    }
+
     /// Bind a local workload's listeners (inbound HBONE and/or SOCKS5). Replaces existing listeners for the uid.
     pub async fn add_local_workload(&self, spec: LocalWorkloadSpec) -> Result<BoundListeners, DataplaneError> {
         let workload = self
@@ -205,14 +219,15 @@ impl Dataplane {
         let uid: Arc<str> = Arc::from(spec.uid.as_str());
         let mut bound = BoundListeners { uid: spec.uid.clone(), hbone_addr: None, socks_addr: None };
         if let Some(addr) = spec.hbone_addr {
-            let tls = Arc::new(tls::server_config(self.pi.certs.clone(), workload.identity())?);
+            let identity = workload.identity();
+            let tls = Arc::new(tls::server_config(self.pi.certs.clone(), identity.clone())?);
             let l = socket::listen(addr).map_err(|e| DataplaneError::Bind(addr, e))?;
             bound.hbone_addr = Some(l.local_addr().map_err(|e| DataplaneError::Bind(addr, e))?);
             self.handle.spawn(proxy::inbound::serve(
                 l,
                 self.pi.clone(),
                 LocalRef::Uid(uid.clone()),
-                tls,
+                (tls, identity),
                 drain.clone(),
             ));
         }

@@ -5,9 +5,15 @@
 //! - The leaf's single SPIFFE identity must equal the identity it is installed for, and the chain must verify
 //!   against the roots handed with it.
 //! - Installing replaces the certificate new handshakes use; live connections keep the one they used.
+//! - Certificates on demand: a handshake that finds no certificate waits for one (`wait_for`, with a deadline)
+//!   and asks the control side for it (`next_wants`, a queue the control side long-polls); prefetch by the
+//!   control side is only an optimisation. `forget` frees an identity's key and certificate.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
@@ -50,6 +56,11 @@ struct Entry {
 pub struct CertStore {
     entries: RwLock<HashMap<Identity, Entry>>,
     provider: Arc<CryptoProvider>,
+    /// Woken on every install: handshakes waiting for a certificate look again.
+    installed: Notify,
+    /// Identities a handshake is waiting for, not yet handed to the control side.
+    wants: Mutex<Vec<Identity>>,
+    wanted: Notify,
 }
 
 fn parse_pem_certs(what: &str, pem: &str) -> Result<Vec<CertificateDer<'static>>, StoreError> {
@@ -64,7 +75,55 @@ fn parse_pem_certs(what: &str, pem: &str) -> Result<Vec<CertificateDer<'static>>
 
 impl CertStore {
     pub fn new(provider: Arc<CryptoProvider>) -> CertStore {
-        CertStore { entries: RwLock::new(HashMap::new()), provider }
+        CertStore {
+            entries: RwLock::new(HashMap::new()),
+            provider,
+            installed: Notify::new(),
+            wants: Mutex::new(Vec::new()),
+            wanted: Notify::new(),
+        }
+    }
+
+    /// The certificate of `identity`, waiting up to `deadline` for one to be installed, and asking the control side
+    /// for it meanwhile. None when the deadline passes first.
+    pub async fn wait_for(&self, identity: &Identity, deadline: Duration) -> Option<Arc<InstalledCert>> {
+        let wait = async {
+            loop {
+                // Armed before the check, so an install between the check and the wait is not missed.
+                let installed = self.installed.notified();
+                tokio::pin!(installed);
+                installed.as_mut().enable();
+                if let Some(c) = self.get(identity) {
+                    return c;
+                }
+                self.want(identity);
+                installed.await;
+            }
+        };
+        tokio::time::timeout(deadline, wait).await.ok()
+    }
+
+    fn want(&self, identity: &Identity) {
+        let mut wants = self.wants.lock().unwrap_or_else(PoisonError::into_inner);
+        if !wants.contains(identity) {
+            wants.push(identity.clone());
+        }
+        drop(wants);
+        self.wanted.notify_one();
+    }
+
+    /// The identities handshakes are waiting for, once there is at least one (the control side's long poll).
+    pub async fn next_wants(&self) -> Vec<Identity> {
+        loop {
+            let wanted = self.wanted.notified();
+            tokio::pin!(wanted);
+            wanted.as_mut().enable();
+            let wants = std::mem::take(&mut *self.wants.lock().unwrap_or_else(PoisonError::into_inner));
+            if !wants.is_empty() {
+                return wants;
+            }
+            wanted.await;
+        }
     }
 
     /// Generate a fresh key for `identity` and return its CSR. A previous pending key is replaced; the current
@@ -130,6 +189,8 @@ impl CertStore {
             not_after,
             serial,
         }));
+        drop(entries);
+        self.installed.notify_waiters();
         Ok(())
     }
 
@@ -142,8 +203,12 @@ impl CertStore {
         self.get(identity).ok_or_else(|| StoreError::Missing(identity.to_string()))
     }
 
-    pub fn forget(&self, identity: &Identity) {
-        self.entries.write().expect("cert store lock").remove(identity);
+    /// Free `identity`'s key and certificate (the control side forgot it: no local workload uses it). Live
+    /// connections keep the certificate they hold; a new handshake asks for it again.
+    pub fn forget(&self, identity: &Identity) -> bool {
+        let removed = self.entries.write().expect("cert store lock").remove(identity).is_some();
+        self.wants.lock().unwrap_or_else(PoisonError::into_inner).retain(|w| w != identity);
+        removed
     }
 
     pub fn all(&self) -> Vec<Arc<InstalledCert>> {
@@ -171,4 +236,43 @@ fn validity(der: &[u8]) -> Result<(i64, i64, String), StoreError> {
         X509Certificate::from_der(der).map_err(|e| StoreError::Invalid(format!("leaf does not parse: {e}")))?;
     let v = cert.validity();
     Ok((v.not_before.timestamp(), v.not_after.timestamp(), cert.raw_serial_as_string()))
+}
+
+#[cfg(test)]
+mod on_demand_tests {
+    use super::*;
+    use crate::ca::LocalCa;
+
+    fn issue(store: &CertStore, ca: &LocalCa, id: &Identity) {
+        let csr = store.create_csr(id).unwrap();
+        let chain = ca.sign(&csr, &id.to_string(), Duration::from_secs(3600)).unwrap();
+        store.install(id, &chain, ca.root_pem()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_missing_certificate_is_asked_for_waited_for_and_forgotten() {
+        let dir = std::env::temp_dir().join(format!("ztn-store-{}-{}", std::process::id(), rand::random::<u64>()));
+        let ca = LocalCa::open(&dir, "cluster.local").unwrap();
+        let store = Arc::new(CertStore::new(crate::tls::provider()));
+        let id = Identity::new("cluster.local", "ns", "sleep");
+        let waiter = tokio::spawn({
+            let (store, id) = (store.clone(), id.clone());
+            async move { store.wait_for(&id, Duration::from_secs(10)).await.map(|c| c.identity.clone()) }
+        });
+        // The control side's long poll hears of it, once.
+        let asked = tokio::time::timeout(Duration::from_secs(5), store.next_wants()).await.unwrap();
+        assert_eq!(asked, vec![id.clone()]);
+        issue(&store, &ca, &id);
+        assert_eq!(waiter.await.unwrap(), Some(id.clone()), "the handshake proceeds with the installed certificate");
+        // Nothing arrives: the deadline answers None.
+        let nobody = Identity::new("cluster.local", "ns", "nobody");
+        assert!(store.wait_for(&nobody, Duration::from_millis(50)).await.is_none());
+        // Forgotten: key and certificate are gone, and so is a pending ask.
+        assert!(store.forget(&id));
+        assert!(store.get(&id).is_none());
+        assert!(!store.forget(&id));
+        store.forget(&nobody);
+        assert!(tokio::time::timeout(Duration::from_millis(50), store.next_wants()).await.is_err(), "no stale ask");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -451,7 +451,7 @@ impl WorkloadManager {
             .map(|w| w.trust_domain.clone())
             .unwrap_or_else(|| base.cfg.trust_domain.clone());
         let identity = Identity::new(&td, &info.namespace, &info.service_account);
-        let tls = Arc::new(crate::tls::server_config(base.certs.clone(), identity).map_err(|e| e.to_string())?);
+        let tls = Arc::new(crate::tls::server_config(base.certs.clone(), identity.clone()).map_err(|e| e.to_string())?);
         let opts = ListenOptions { reuse_port: self.cfg.reuse_port, transparent };
         let bind = |port: u16, loopback: bool| -> Result<tokio::net::TcpListener, String> {
             let (v6, v4) = if loopback {
@@ -474,7 +474,7 @@ impl WorkloadManager {
         let socks = if base.cfg.socks5_enabled { Some(bind(SOCKS5_PORT, true)?) } else { None };
         tokio::spawn(crate::proxy::outbound::serve_capture(outbound, pi.clone(), local.clone(), drain.clone()));
         tokio::spawn(crate::proxy::inbound_passthrough::serve(inbound_plain, pi.clone(), local.clone(), drain.clone()));
-        tokio::spawn(crate::proxy::inbound::serve(hbone, pi.clone(), local.clone(), tls, drain.clone()));
+        tokio::spawn(crate::proxy::inbound::serve(hbone, pi.clone(), local.clone(), (tls, identity), drain.clone()));
         if let Some(l) = socks {
             tokio::spawn(crate::proxy::socks5::serve(l, pi.clone(), local.clone(), drain.clone()));
         }

