@@ -188,6 +188,7 @@ policies:
     subjectAltNames: [],
     canonical: false,
     waypoint: null,
+    weightedWaypoints: [],
     loadBalancer: null,
     ipFamilies: null,
     visibility: null,

@@ -37,7 +37,7 @@ test('the first apply is a full replacement carrying only native fields', () => 
   assert.equal('networkMode' in delta.workloads[0], true);
   assert.deepEqual(Object.keys(delta.services[0]).sort(), [
     'canonical', 'cidrVips', 'hostname', 'ipFamilies', 'loadBalancer', 'name', 'namespace', 'ports', 'subjectAltNames',
-    'vips', 'visibility', 'waypoint',
+    'vips', 'visibility', 'waypoint', 'weightedWaypoints',
   ]);
 });
 

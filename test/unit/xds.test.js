@@ -70,9 +70,9 @@ test('store.apply: first delta full, then only what changed; removals by key; O(
   assert.deepEqual(second.delta, { workloads: [second.delta.workloads[0]] });
   assert.equal(second.delta.workloads[0].workloadIps[0], '10.0.0.9');
   assert.deepEqual(second.workloads.map((t) => [t.uid, t.before.workloadIps[0], t.after.workloadIps[0]]), [['a', '10.0.0.1', '10.0.0.9']]);
-  // A change the native side does not see (waypoint) updates the store but sends nothing.
+  // A waypoint is a routing field: its change reaches the dataplane.
   const wp = workloadInfo('a', '10.0.0.9', 'n1', { waypoint: { destination: { case: 'hostname', value: { namespace: 'ns', hostname: 'wp' } } } });
-  assert.equal(store.apply({ workloads: [wp] }, send).delta, null);
+  assert.deepEqual(store.apply({ workloads: [wp] }, send).delta.workloads.map((w) => w.waypoint), [{ destination: 'ns/wp', hboneMtlsPort: 15008 }]);
   assert.equal(store.workload('a').waypoint.destination, 'ns/wp');
   // Removing an unknown key is a no-op; a known one is sent.
   assert.deepEqual(store.apply({ removedWorkloads: ['b', 'nope'] }, send).delta, { removedWorkloads: ['b'] });
@@ -86,6 +86,22 @@ test('store.apply: first delta full, then only what changed; removals by key; O(
   assert.deepEqual(store.dumpStagedServices(), { 'ns/svc': { c: { workloadUid: 'c', port: { 80: 8080 }, status: 'Healthy' } } });
   store.apply({ services: [convertService(create(ServiceSchema, { name: 'svc', namespace: 'ns', hostname: 'svc' }))] }, send);
   assert.deepEqual(store.dumpStagedServices(), {});
+});
+
+test('weighted waypoints convert with their weights; a destination-less entry is refused', () => {
+  const host = (hostname) => ({ destination: { case: 'hostname', value: { namespace: 'ns', hostname } }, hboneMtlsPort: 0 });
+  const svc = convertService(create(ServiceSchema, {
+    name: 's', namespace: 'ns', hostname: 's.ns',
+    weightedWaypoints: [{ destination: host('wp-a'), weight: 1 }, { destination: host('wp-b'), weight: 0 }],
+  }));
+  assert.deepEqual(svc.weightedWaypoints, [
+    { waypoint: { destination: 'ns/wp-a', hboneMtlsPort: 15008 }, weight: 1 },
+    { waypoint: { destination: 'ns/wp-b', hboneMtlsPort: 15008 }, weight: 0 },
+  ]);
+  assert.throws(
+    () => convertService(create(ServiceSchema, { name: 's', namespace: 'ns', hostname: 's.ns', weightedWaypoints: [{ weight: 3 }] })),
+    /weightedWaypoints\[0\]/,
+  );
 });
 
 test('node id and metadata as istiod expects them', () => {

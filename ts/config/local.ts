@@ -156,6 +156,9 @@ const serviceSchema = z.strictObject({
   subjectAltNames: z.array(z.string()).default([]),
   canonical: z.boolean().default(false),
   waypoint: gatewayAddress().nullable().default(null),
+  weightedWaypoints: z
+    .array(z.strictObject({ waypoint: gatewayAddress(), weight: z.number().int().min(0).max(2 ** 32 - 1) }))
+    .default([]),
   loadBalancer: z
     .strictObject({
       routingPreferences: z.array(z.enum(['Region', 'Zone', 'Subzone', 'Node', 'Cluster', 'Network'])).default([]),

@@ -99,6 +99,8 @@ export interface Service {
   ports: Record<string, number>;
   subjectAltNames: string[];
   waypoint: GatewayAddress | null;
+  /** Traffic split across waypoints by weight (0: described, no traffic); all zero → `waypoint`. */
+  weightedWaypoints: Array<{ waypoint: GatewayAddress; weight: number }>;
   loadBalancer: LoadBalancer | null;
   ipFamilies: 'Dual' | 'IPv4' | 'IPv6' | null;
   /** Wins a VIP shared with services of other namespaces. */

@@ -103,6 +103,7 @@ export function toNativeService(s: Service): Service {
     ports: s.ports,
     subjectAltNames: s.subjectAltNames,
     waypoint: s.waypoint,
+    weightedWaypoints: s.weightedWaypoints,
     loadBalancer: s.loadBalancer,
     ipFamilies: s.ipFamilies,
     canonical: s.canonical,

@@ -288,6 +288,11 @@ export function convertService(s: WireService): ServiceInfo {
     subjectAltNames: [...s.subjectAltNames],
     cidrVips,
     waypoint: gateway(s.waypoint, 'waypoint'),
+    weightedWaypoints: s.weightedWaypoints.map((w, i) => {
+      const g = gateway(w.destination, `weightedWaypoints[${i}].destination`);
+      if (g === null) return reject(`weightedWaypoints[${i}]: no destination`);
+      return { waypoint: g, weight: w.weight };
+    }),
     loadBalancer:
       lb === undefined
         ? null

@@ -426,3 +426,43 @@ fn unsupported_cases_fail_closed_with_a_reason() {
     let e = route(&st, "sleep", SRC_IP, "10.96.7.2:80", 0).unwrap_err();
     assert_eq!(e.reason(), "remote_network");
 }
+
+#[test]
+fn weighted_waypoints_share_by_weight_and_all_zero_falls_back_to_the_waypoint() {
+    let wp = |uid: &str, sa: &str, ip: &str, svc: &str| {
+        workload(uid, "default", sa, ip, json!({"services": {svc_key(svc, "default"): {"15008": 15008}}}))
+    };
+    let gw = |host: &str| json!({"destination": format!("default/{host}.default.svc.cluster.local"), "hboneMtlsPort": 15008});
+    let services = |weights: (u32, u32)| {
+        vec![
+            service(
+                "reviews",
+                "default",
+                "10.96.1.1",
+                json!({"9080": 9080}),
+                json!({
+                    "waypoint": gw("wp-main"),
+                    "weightedWaypoints": [{"waypoint": gw("wp-a"), "weight": weights.0}, {"waypoint": gw("wp-b"), "weight": weights.1}],
+                }),
+            ),
+            service("wp-main", "default", "10.96.5.1", json!({"15008": 15008}), json!({})),
+            service("wp-a", "default", "10.96.5.2", json!({"15008": 15008}), json!({})),
+            service("wp-b", "default", "10.96.5.3", json!({"15008": 15008}), json!({})),
+        ]
+    };
+    let workloads = || {
+        vec![
+            sleep(),
+            wp("main-pod", "main", "10.0.5.1", "wp-main"),
+            wp("a-pod", "a", "10.0.5.2", "wp-a"),
+            wp("b-pod", "b", "10.0.5.3", "wp-b"),
+        ]
+    };
+    let via = |st: &State, pick: u64| {
+        route(st, "sleep", SRC_IP, "10.96.1.1:9080", pick).unwrap().destination.unwrap().uid.clone()
+    };
+    let st = state(workloads(), services((1, 3)));
+    assert_eq!((0..4).map(|p| via(&st, p)).collect::<Vec<_>>(), vec!["a-pod", "b-pod", "b-pod", "b-pod"]);
+    let st = state(workloads(), services((0, 0)));
+    assert_eq!(via(&st, 0), "main-pod", "all weights zero: the single waypoint");
+}

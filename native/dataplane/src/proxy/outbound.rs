@@ -128,9 +128,9 @@ pub fn build_request(
     pick: &mut dyn FnMut(u64) -> u64,
 ) -> Result<Request, RouteError> {
     self_call(cfg, src, None, dst)?;
-    // 1. A service VIP (or CIDR VIP): its waypoint first.
+    // 1. A service VIP (or CIDR VIP): its waypoint first (weighted waypoints by weight).
     let service = state.service_by_vip(&src.network, dst.ip(), &src.namespace).cloned();
-    if let Some(gw) = service.as_ref().and_then(|s| s.waypoint.as_ref()) {
+    if let Some(gw) = service.as_ref().and_then(|s| service_waypoint(s, pick)) {
         return to_waypoint(state, src, gw, dst, service.clone(), pick);
     }
     // 2. The upstream: a load-balanced endpoint of the service, else the workload with that IP.
@@ -188,6 +188,25 @@ pub fn build_request(
             service: us.service,
             expected: ExpectedIdentities::default(),
         },
+    })
+}
+
+/// The waypoint of a service: one of its weighted waypoints, picked by weight; when they are all zero (or there
+/// are none), its single waypoint.
+fn service_waypoint<'a>(s: &'a Service, pick: &mut dyn FnMut(u64) -> u64) -> Option<&'a GatewayAddress> {
+    let total: u64 = s.weighted_waypoints.iter().map(|(_, w)| u64::from(*w)).sum();
+    if total == 0 {
+        return s.waypoint.as_ref();
+    }
+    let mut n = pick(total) % total;
+    s.weighted_waypoints.iter().find_map(|(gw, w)| {
+        let w = u64::from(*w);
+        if n < w {
+            Some(gw)
+        } else {
+            n -= w;
+            None
+        }
     })
 }
 

@@ -101,6 +101,13 @@ impl GatewayAddressJson {
     }
 }
 
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WeightedWaypointJson {
+    pub waypoint: GatewayAddressJson,
+    pub weight: u32,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 pub enum NetworkMode {
     #[default]
@@ -232,6 +239,7 @@ pub struct ServiceJson {
     pub ports: HashMap<String, u32>,
     pub subject_alt_names: Vec<String>,
     pub waypoint: Option<GatewayAddressJson>,
+    pub weighted_waypoints: Vec<WeightedWaypointJson>,
     pub load_balancer: Option<LoadBalancer>,
     pub ip_families: Option<IpFamilies>,
     pub canonical: bool,
@@ -316,6 +324,8 @@ pub struct Service {
     pub ports: HashMap<u16, u16>,
     pub subject_alt_names: Vec<Identity>,
     pub waypoint: Option<GatewayAddress>,
+    /// Waypoints sharing the traffic by weight (a weight of 0 is described but gets none).
+    pub weighted_waypoints: Vec<(GatewayAddress, u32)>,
     pub load_balancer: Option<LoadBalancer>,
     pub ip_families: Option<IpFamilies>,
     /// Wins a VIP or hostname shared with services of other namespaces.
@@ -448,6 +458,11 @@ impl ServiceJson {
             ports: port_map("service", &name, &self.ports)?,
             subject_alt_names,
             waypoint: self.waypoint.as_ref().map(|g| g.validate("service", &name, "waypoint")).transpose()?,
+            weighted_waypoints: self
+                .weighted_waypoints
+                .iter()
+                .map(|w| Ok((w.waypoint.validate("service", &name, "weightedWaypoints")?, w.weight)))
+                .collect::<Result<Vec<_>, StateError>>()?,
             load_balancer: self.load_balancer.clone(),
             ip_families: self.ip_families,
             canonical: self.canonical,
