@@ -424,7 +424,51 @@ fn unsupported_cases_fail_closed_with_a_reason() {
     let e = route(&st, "sleep", SRC_IP, "10.96.7.1:80", 0).unwrap_err();
     assert_eq!((e.reason(), e.to_string().contains("ext")), ("hostname_only", true));
     let e = route(&st, "sleep", SRC_IP, "10.96.7.2:80", 0).unwrap_err();
-    assert_eq!(e.reason(), "remote_network");
+    assert_eq!(e.reason(), "unknown_gateway", "{e}");
+}
+
+#[test]
+fn a_service_endpoint_on_another_network_is_reached_by_double_hbone_through_its_gateway() {
+    let far = workload(
+        "far",
+        "default",
+        "far",
+        "10.9.0.1",
+        json!({"network": "west",
+        "networkGateway": {"destination": "west/192.0.2.1", "hboneMtlsPort": 15008},
+        "services": {svc_key("far", "default"): {"80": 8080}}}),
+    );
+    let gateway =
+        workload("eastwest", "istio-system", "istio-eastwestgateway", "192.0.2.1", json!({"network": "west"}));
+    let st = state(
+        vec![sleep(), far.clone(), gateway],
+        vec![service(
+            "far",
+            "default",
+            "10.96.7.2",
+            json!({"80": 8080}),
+            json!({"subjectAltNames": ["spiffe://cluster.local/ns/default/sa/far-san"]}),
+        )],
+    );
+    let r = route(&st, "sleep", SRC_IP, "10.96.7.2:80", 0).unwrap();
+    assert_eq!((r.path, r.protocol, r.upstream), (Path::DoubleHbone, Protocol::Hbone, addr("192.0.2.1:15008")));
+    assert_eq!(r.authority.as_deref(), Some("far.default.svc.cluster.local:80"), "outer and inner :authority");
+    assert_eq!(ids(&r), vec!["spiffe://cluster.local/ns/istio-system/sa/istio-eastwestgateway"], "outer: the gateway");
+    let inner = r.inner.as_ref().unwrap();
+    let mut finals: Vec<String> = inner.expected.0.iter().map(Identity::to_string).collect();
+    finals.sort();
+    assert_eq!(
+        finals,
+        vec!["spiffe://cluster.local/ns/default/sa/far", "spiffe://cluster.local/ns/default/sa/far-san"]
+    );
+    assert_eq!(inner.network, "", "x-forwarded-network: the client's network");
+    // Addressed by its IP rather than through the service: no valid route.
+    let st = state(vec![sleep(), far], vec![]);
+    assert_eq!(
+        route(&st, "sleep", SRC_IP, "10.9.0.1:8080", 0).unwrap().path,
+        Path::Passthrough,
+        "not indexed on our network"
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The proxies: inbound HBONE (15008), outbound routing and its SOCKS5 entry, the HBONE client pool, and the
 //! HTTP/2 glue they share.
 
+pub mod double_hbone;
 pub mod h2;
 pub mod inbound;
 pub mod inbound_passthrough;

@@ -38,6 +38,17 @@ pub enum Path {
     Waypoint,
     /// Unknown destination (or a PASSTHROUGH service): plain TCP to the original destination.
     Passthrough,
+    /// To a service endpoint (or waypoint) on another network: HBONE inside HBONE through its network gateway.
+    DoubleHbone,
+}
+
+/// The inner HBONE of a double-HBONE request: verified end to end with the final destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inner {
+    /// Identities the final destination may present (its workloads' and its service's SANs).
+    pub expected: ExpectedIdentities,
+    /// Sent as `x-forwarded-network`: the client's network.
+    pub network: String,
 }
 
 /// Where and how to send one outbound connection.
@@ -55,6 +66,10 @@ pub struct Request {
     pub service: Option<Arc<Service>>,
     /// Identities the HBONE server may present.
     pub expected: ExpectedIdentities,
+    /// The CONNECT `:authority` when it is not `target` (double HBONE: `<service hostname>:<port>`).
+    pub authority: Option<String>,
+    /// Double HBONE: the end-to-end connection inside the tunnel to the gateway.
+    pub inner: Option<Inner>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -67,8 +82,10 @@ pub enum RouteError {
     NoPort(String, u16),
     #[error("workload {0} has no address")]
     NoAddress(String),
-    #[error("no valid routing destination: workload {0} is on network {1:?} (reaching another network through its gateway is not supported yet)")]
+    #[error("no valid routing destination: workload {0} is on network {1:?} and has no network gateway (or was not addressed through a service)")]
     RemoteNetwork(String, String),
+    #[error("network gateway {0} not found")]
+    UnknownGateway(String),
     #[error("waypoint {0} not found")]
     UnknownWaypoint(String),
     #[error("workload {0} is addressed by hostname only (DNS resolution of workload hostnames is not supported yet)")]
@@ -84,6 +101,7 @@ impl RouteError {
             RouteError::NoPort(..) => "no_port",
             RouteError::NoAddress(_) => "no_address",
             RouteError::RemoteNetwork(..) => "remote_network",
+            RouteError::UnknownGateway(_) => "unknown_gateway",
             RouteError::UnknownWaypoint(_) => "unknown_waypoint",
             RouteError::HostnameOnly(_) => "hostname_only",
         }
@@ -152,9 +170,12 @@ pub fn build_request(
         }
         return Ok(passthrough(dst));
     };
-    // 4. Another network: only through its gateway (double HBONE), which is not built yet: fail closed.
+    // 4. Another network: through the endpoint's network gateway (double HBONE), service-addressed only.
     if us.workload.network != src.network {
-        return Err(RouteError::RemoteNetwork(us.workload.uid.clone(), us.workload.network.clone()));
+        return match &service {
+            Some(svc) => through_gateway(state, src, &us, svc, dst, pick),
+            None => Err(RouteError::RemoteNetwork(us.workload.uid.clone(), us.workload.network.clone())),
+        };
     }
     // 5. A workload addressed directly goes through its waypoint, unless the client is that waypoint.
     if service.is_none() && !from_waypoint(state, &us.workload, src, src_ip) {
@@ -178,6 +199,8 @@ pub fn build_request(
             destination: Some(us.workload),
             service: us.service,
             expected,
+            authority: None,
+            inner: None,
         },
         Protocol::Tcp => Request {
             protocol: Protocol::Tcp,
@@ -187,6 +210,8 @@ pub fn build_request(
             destination: Some(us.workload),
             service: us.service,
             expected: ExpectedIdentities::default(),
+            authority: None,
+            inner: None,
         },
     })
 }
@@ -231,9 +256,19 @@ fn to_waypoint(
     service: Option<Arc<Service>>,
     pick: &mut dyn FnMut(u64) -> u64,
 ) -> Result<Request, RouteError> {
-    let (wp, ip) = resolve_waypoint(state, src, gw, dst, pick)?;
+    let (wp, ip) = resolve_gateway(state, src, gw, dst, Resolution::Waypoint, pick).map_err(|e| {
+        if let RouteError::UnknownGateway(g) = e {
+            RouteError::UnknownWaypoint(g)
+        } else {
+            e
+        }
+    })?;
     if wp.workload.network != src.network {
-        return Err(RouteError::RemoteNetwork(wp.workload.uid.clone(), wp.workload.network.clone()));
+        // A waypoint on another network is reached like any remote hop: through its gateway, by service.
+        return match &service {
+            Some(svc) => through_gateway(state, src, &wp, svc, dst, pick),
+            None => Err(RouteError::RemoteNetwork(wp.workload.uid.clone(), wp.workload.network.clone())),
+        };
     }
     Ok(Request {
         protocol: Protocol::Hbone,
@@ -243,24 +278,68 @@ fn to_waypoint(
         expected: wp.expected(),
         destination: Some(wp.workload),
         service,
+        authority: None,
+        inner: None,
     })
 }
 
-/// The waypoint's workload (load-balanced when it is a service), the port to dial, and the IP. By address: the
-/// IP family of the address; by hostname: the caller's.
-fn resolve_waypoint(
+/// Double HBONE to `hop` (on another network) through its network gateway: the outer CONNECT to the gateway, the
+/// inner one end to end; both with `:authority <service hostname>:<port>`, so the gateway routes without
+/// decrypting. The gateway's own identity is verified on the outer TLS, the final destination's on the inner.
+fn through_gateway(
+    state: &State,
+    src: &Workload,
+    hop: &Hop,
+    svc: &Arc<Service>,
+    dst: SocketAddr,
+    pick: &mut dyn FnMut(u64) -> u64,
+) -> Result<Request, RouteError> {
+    let gw = hop
+        .workload
+        .network_gateway
+        .as_ref()
+        .ok_or_else(|| RouteError::RemoteNetwork(hop.workload.uid.clone(), hop.workload.network.clone()))?;
+    let (gateway, ip) = resolve_gateway(state, src, gw, dst, Resolution::Standard, pick)?;
+    // The final destination is whichever endpoint the gateway picks: any of the service's endpoints on that network.
+    let mut finals: Vec<Identity> = svc.subject_alt_names.clone();
+    if let Some(s) = &hop.service {
+        finals.extend(s.subject_alt_names.iter().cloned());
+        finals.extend(
+            state.endpoints(&s.key).filter(|(w, _)| w.network == hop.workload.network).map(|(w, _)| w.identity()),
+        );
+    }
+    finals.push(hop.workload.identity());
+    finals.sort();
+    finals.dedup();
+    Ok(Request {
+        protocol: Protocol::Hbone,
+        path: Path::DoubleHbone,
+        upstream: SocketAddr::new(ip, gateway.port),
+        target: dst,
+        expected: gateway.expected(),
+        destination: Some(gateway.workload),
+        service: Some(svc.clone()),
+        authority: Some(format!("{}:{}", svc.key.hostname, dst.port())),
+        inner: Some(Inner { expected: ExpectedIdentities::new(finals), network: src.network.clone() }),
+    })
+}
+
+/// A waypoint's or network gateway's workload (load-balanced when it is a service), the port to dial, and the IP.
+/// By address: the IP family of the address; by hostname: the caller's.
+fn resolve_gateway(
     state: &State,
     src: &Workload,
     gw: &GatewayAddress,
     dst: SocketAddr,
+    mode: Resolution,
     pick: &mut dyn FnMut(u64) -> u64,
 ) -> Result<(Hop, IpAddr), RouteError> {
-    let unknown = || RouteError::UnknownWaypoint(describe(gw));
+    let unknown = || RouteError::UnknownGateway(describe(gw));
     let (us, family_of) = match &gw.destination {
         GatewayDestination::Address((net, ip)) => {
             let addr = SocketAddr::new(*ip, gw.hbone_mtls_port);
             let us = match state.service_by_vip(net, *ip, &src.namespace) {
-                Some(svc) => from_service(state, src, svc, gw.hbone_mtls_port, Resolution::Waypoint, pick)?,
+                Some(svc) => from_service(state, src, svc, gw.hbone_mtls_port, mode, pick)?,
                 None => state.workload_by_addr(net, *ip).map(|w| Hop {
                     workload: w.clone(),
                     port: gw.hbone_mtls_port,
@@ -271,7 +350,7 @@ fn resolve_waypoint(
         }
         GatewayDestination::Hostname(key) => {
             let us = match state.service(key) {
-                Some(svc) => from_service(state, src, svc, gw.hbone_mtls_port, Resolution::Waypoint, pick)?,
+                Some(svc) => from_service(state, src, svc, gw.hbone_mtls_port, mode, pick)?,
                 None => state.workload_by_hostname(&key.namespace, &key.hostname).map(|w| Hop {
                     workload: w.clone(),
                     port: gw.hbone_mtls_port,
@@ -424,6 +503,8 @@ fn passthrough(dst: SocketAddr) -> Request {
     Request {
         protocol: Protocol::Tcp,
         path: Path::Passthrough,
+        authority: None,
+        inner: None,
         upstream: dst,
         target: dst,
         destination: None,
@@ -470,13 +551,19 @@ pub enum OutboundError {
     Status(SocketAddr, u16),
     #[error("HBONE peer {0} reset the CONNECT: {1}")]
     Response(SocketAddr, h2::Error),
+    #[error("CONNECT authority {0:?}: {1}")]
+    Authority(String, String),
+    #[error("{0}")]
+    Inner(#[from] super::double_hbone::InnerError),
 }
 
 impl OutboundError {
     pub fn response_flag(&self) -> &'static str {
         match self {
             OutboundError::Pool(p) => p.response_flag(),
-            OutboundError::Status(_, 401) => "DENY",
+            OutboundError::Status(_, 401) | OutboundError::Inner(super::double_hbone::InnerError::Status(401)) => {
+                "DENY"
+            }
             _ => "CONNECT",
         }
     }
@@ -485,7 +572,14 @@ impl OutboundError {
 /// An established upstream.
 pub enum Upstream {
     Tcp(tokio::net::TcpStream),
-    Hbone { send: SendStream<Bytes>, recv: RecvStream, _lease: StreamLease },
+    /// The stream's lease on its pooled connection is held until the copy ends; for double HBONE (`_inner`), the
+    /// streams are the inner ones and the lease is the outer stream's.
+    Hbone {
+        send: SendStream<Bytes>,
+        recv: RecvStream,
+        _lease: StreamLease,
+        _inner: Option<super::double_hbone::InnerConnection>,
+    },
 }
 
 /// What an outbound connection knows once routed.
@@ -538,8 +632,12 @@ pub async fn connect(
                 forwarded: forwarded(client, routed.request.service.as_deref()),
                 traceparent: new_traceparent(),
             };
-            let authority = target.to_string();
-            let make = || connect_request(&authority, &headers).expect("authority is a socket address");
+            let authority = routed.request.authority.clone().unwrap_or_else(|| target.to_string());
+            // Checked once here, so the pool's retry closure cannot fail (a hostname from the state may not parse).
+            if let Err(e) = connect_request(&authority, &headers) {
+                return Err((Some(routed), OutboundError::Authority(authority, e.to_string())));
+            }
+            let make = || connect_request(&authority, &headers).unwrap_or_else(|_| http::Request::new(()));
             let (resp, send, lease) = match pi.pool.send_connect(&key, &make).await {
                 Ok(x) => x,
                 Err(e) => return Err((Some(routed), e.into())),
@@ -553,7 +651,29 @@ pub async fn connect(
                 return Err((Some(routed), OutboundError::Status(upstream_addr, status)));
             }
             let recv = resp.into_body();
-            Ok((routed, Upstream::Hbone { send, recv, _lease: lease }))
+            let Some(inner) = routed.request.inner.clone() else {
+                return Ok((routed, Upstream::Hbone { send, recv, _lease: lease, _inner: None }));
+            };
+            // Double HBONE: the end-to-end HBONE inside the gateway's stream, with x-forwarded-network.
+            let cert = match pi.certs.get(&routed.source_identity) {
+                Some(c) => c,
+                None => return Err((Some(routed), PoolError::NoCertificate(key.src_id.to_string()).into())),
+            };
+            let mut req = match connect_request(&authority, &headers) {
+                Ok(r) => r,
+                Err(e) => return Err((Some(routed), OutboundError::Authority(authority, e.to_string()))),
+            };
+            if let Ok(v) = http::HeaderValue::from_str(&inner.network) {
+                req.headers_mut().insert("x-forwarded-network", v);
+            }
+            let io = super::double_hbone::H2Io::new(send, recv);
+            let provider = pi.certs.provider().clone();
+            match super::double_hbone::connect_inner(&pi.cfg, io, &cert, inner.expected, provider, req).await {
+                Ok((send, recv, conn)) => {
+                    Ok((routed, Upstream::Hbone { send, recv, _lease: lease, _inner: Some(conn) }))
+                }
+                Err(e) => Err((Some(routed), OutboundError::Inner(e))),
+            }
         }
     }
 }
@@ -626,8 +746,8 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
     // The stream's lease on its HBONE connection is held until the copy ends.
     let (copy, _lease) = match upstream {
         Upstream::Tcp(up) => (Either::Left(crate::copy::tcp_bidirectional(client, up, &sent, &recv)), None),
-        Upstream::Hbone { send, recv: body, _lease } => {
-            (Either::Right(crate::copy::tcp_h2_bidirectional(client, send, body, &sent, &recv)), Some(_lease))
+        Upstream::Hbone { send, recv: body, _lease, _inner } => {
+            (Either::Right(crate::copy::tcp_h2_bidirectional(client, send, body, &sent, &recv)), Some((_lease, _inner)))
         }
     };
     let result = tokio::select! {

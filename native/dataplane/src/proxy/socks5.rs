@@ -66,6 +66,8 @@ pub fn reply_code(e: &OutboundError) -> u8 {
         OutboundError::Pool(PoolError::Connect(_, io)) => io_code(io),
         OutboundError::Status(_, 503) => reply::CONNECTION_REFUSED,
         OutboundError::Status(_, 401 | 403) => reply::NOT_ALLOWED,
+        OutboundError::Inner(super::double_hbone::InnerError::Status(401 | 403)) => reply::NOT_ALLOWED,
+        OutboundError::Inner(super::double_hbone::InnerError::Status(503)) => reply::CONNECTION_REFUSED,
         _ => reply::GENERAL_FAILURE,
     }
 }
