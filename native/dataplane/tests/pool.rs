@@ -236,10 +236,36 @@ async fn wrong_server_identity_fails_the_handshake() {
 async fn no_certificate_means_no_connection() {
     let fx = Fixture::new();
     let srv = server(&fx, id("echo"), 200, None).await;
-    let p = pool(&fx, 100);
+    // The pool waits for a certificate on demand up to the connect timeout: keep it short here.
+    let cfg = Config { connect_timeout_ms: 200, ..Config::default() };
+    let p = Pool::new(
+        Arc::new(cfg),
+        fx.certs.clone(),
+        Arc::new(Metrics::default()),
+        Arc::new(Events::default()),
+        Drain::new(),
+    );
     let err = open(&p, &key(srv.addr, &[id("echo")])).await.err().expect("must fail");
     assert!(matches!(err, PoolError::NoCertificate(_)), "{err}");
     assert_eq!(srv.connections.load(Ordering::SeqCst), 0, "nothing is dialed without our certificate");
+}
+
+#[tokio::test]
+async fn a_certificate_installed_while_the_dial_waits_is_used() {
+    let fx = Fixture::new();
+    let srv = server(&fx, id("echo"), 200, None).await;
+    let p = pool(&fx, 100);
+    let k = key(srv.addr, &[id("echo")]);
+    let dial = tokio::spawn({
+        let (p, k) = (p.clone(), k.clone());
+        async move { open(&p, &k).await.map(|_| ()).map_err(|e| e.to_string()) }
+    });
+    // The control side hears the ask (certificates on demand) and installs the certificate.
+    let asked = tokio::time::timeout(Duration::from_secs(5), fx.certs.next_wants()).await.expect("an ask");
+    assert_eq!(asked, vec![id("sleep")]);
+    fx.issue(&fx.certs, &id("sleep"));
+    dial.await.unwrap().expect("the waiting dial proceeds");
+    assert_eq!(srv.connections.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

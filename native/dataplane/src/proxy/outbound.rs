@@ -70,6 +70,9 @@ pub struct Request {
     pub authority: Option<String>,
     /// Double HBONE: the end-to-end connection inside the tunnel to the gateway.
     pub inner: Option<Inner>,
+    /// A workload known only by hostname: resolved through DNS when connecting, which then sets `upstream` and
+    /// `target` (until then they hold the unspecified address and the target port).
+    pub resolve: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -185,7 +188,28 @@ pub fn build_request(
     }
     // 6. Direct.
     let families = service.as_ref().and_then(|s| s.ip_families);
-    let ip = pick_ip(&us.workload, dst, families)?;
+    let ip = match pick_ip(&us.workload, dst, families) {
+        Ok(ip) => ip,
+        // Known only by hostname: the address comes from DNS when connecting (`resolve_upstream`).
+        Err(RouteError::HostnameOnly(_)) => {
+            let unresolved = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), us.port);
+            let expected = us.expected();
+            let hbone = us.workload.protocol == Protocol::Hbone;
+            return Ok(Request {
+                protocol: us.workload.protocol,
+                path: Path::Direct,
+                upstream: unresolved,
+                target: unresolved,
+                expected: if hbone { expected } else { ExpectedIdentities::default() },
+                resolve: Some(us.workload.hostname.clone()),
+                destination: Some(us.workload),
+                service: us.service,
+                authority: None,
+                inner: None,
+            });
+        }
+        Err(e) => return Err(e),
+    };
     let target = SocketAddr::new(ip, us.port);
     // The own-port check again, after the port mapping: a service may map to one of our ports.
     self_call(cfg, src, Some(&us.workload), target)?;
@@ -201,6 +225,7 @@ pub fn build_request(
             expected,
             authority: None,
             inner: None,
+            resolve: None,
         },
         Protocol::Tcp => Request {
             protocol: Protocol::Tcp,
@@ -212,6 +237,7 @@ pub fn build_request(
             expected: ExpectedIdentities::default(),
             authority: None,
             inner: None,
+            resolve: None,
         },
     })
 }
@@ -280,6 +306,7 @@ fn to_waypoint(
         service,
         authority: None,
         inner: None,
+        resolve: None,
     })
 }
 
@@ -321,6 +348,7 @@ fn through_gateway(
         service: Some(svc.clone()),
         authority: Some(format!("{}:{}", svc.key.hostname, dst.port())),
         inner: Some(Inner { expected: ExpectedIdentities::new(finals), network: src.network.clone() }),
+        resolve: None,
     })
 }
 
@@ -505,6 +533,7 @@ fn passthrough(dst: SocketAddr) -> Request {
         path: Path::Passthrough,
         authority: None,
         inner: None,
+        resolve: None,
         upstream: dst,
         target: dst,
         destination: None,
@@ -553,6 +582,8 @@ pub enum OutboundError {
     Response(SocketAddr, h2::Error),
     #[error("CONNECT authority {0:?}: {1}")]
     Authority(String, String),
+    #[error("resolving workload hostname {0}: {1}")]
+    Dns(String, String),
     #[error("{0}")]
     Inner(#[from] super::double_hbone::InnerError),
 }
@@ -608,7 +639,12 @@ pub async fn connect(
         let request = build_request(&state, &pi.cfg, &source, src_ip, dst, &mut rng).map_err(|e| (None, e.into()))?;
         (source, request, src_ip)
     };
-    let routed = Routed { source_identity: source.identity(), source: source.clone(), request };
+    let mut routed = Routed { source_identity: source.identity(), source: source.clone(), request };
+    if let Some(host) = routed.request.resolve.take() {
+        if let Err(e) = resolve_upstream(&pi.cfg, &source, &mut routed.request, &host, dst).await {
+            return Err((Some(routed), e));
+        }
+    }
     let (protocol, upstream_addr, target) = (routed.request.protocol, routed.request.upstream, routed.request.target);
     match protocol {
         Protocol::Tcp => {
@@ -676,6 +712,37 @@ pub async fn connect(
             }
         }
     }
+}
+
+/// A workload known only by hostname: resolve it (the system resolver), prefer the client's address family, pick one
+/// address at random, and fill in the request's target and next hop. Our own ports are refused here too.
+async fn resolve_upstream(
+    cfg: &Config,
+    src: &Workload,
+    request: &mut Request,
+    host: &str,
+    dst: SocketAddr,
+) -> Result<(), OutboundError> {
+    let port = request.target.port();
+    let found: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| OutboundError::Dns(host.to_string(), e.to_string()))?
+        .map(crate::socket::canonical)
+        .collect();
+    let (same, other): (Vec<SocketAddr>, Vec<SocketAddr>) =
+        found.into_iter().partition(|a| a.is_ipv4() == dst.is_ipv4());
+    let pool = if same.is_empty() { other } else { same };
+    if pool.is_empty() {
+        return Err(OutboundError::Dns(host.to_string(), "no addresses".into()));
+    }
+    let target = pool[rand::random::<u64>() as usize % pool.len()];
+    self_call(cfg, src, request.destination.as_deref(), target)?;
+    request.target = target;
+    request.upstream = match request.protocol {
+        Protocol::Hbone => SocketAddr::new(target.ip(), cfg.hbone_port),
+        Protocol::Tcp => target,
+    };
+    Ok(())
 }
 
 /// Metrics labels of an outbound connection.
@@ -1039,5 +1106,32 @@ mod tests {
         let tp = new_traceparent();
         assert_eq!(tp.len(), 55);
         assert!(tp.starts_with("00-") && tp.ends_with("-00"));
+    }
+
+    #[tokio::test]
+    async fn a_hostname_only_workload_is_resolved_when_connecting() {
+        let st = state(
+            r#"{"workloads":[
+            {"uid":"src","name":"sleep","namespace":"default","workloadIps":["10.0.0.1"],"protocol":"HBONE"},
+            {"uid":"ext","name":"ext","namespace":"default","hostname":"localhost","protocol":"TCP",
+             "services":{"default/ext.default.svc.cluster.local":{"80":8080}}},
+            {"uid":"ext2","name":"ext2","namespace":"default","hostname":"localhost","protocol":"TCP","node":"n1",
+             "services":{"default/own.default.svc.cluster.local":{"80":15080}}}],
+            "services":[
+            {"name":"ext","namespace":"default","hostname":"ext.default.svc.cluster.local","vips":["/10.96.9.1"],"ports":{"80":8080}},
+            {"name":"own","namespace":"default","hostname":"own.default.svc.cluster.local","vips":["/10.96.9.2"],"ports":{"80":15080}}]}"#,
+        );
+        let cfg = Config::default();
+        let src = st.workload("src").unwrap().clone();
+        let mut r = build_request(&st, &cfg, &src, src.ips[0], addr("10.96.9.1:80"), &mut |_| 0).unwrap();
+        let host = r.resolve.take().unwrap();
+        resolve_upstream(&cfg, &src, &mut r, &host, addr("10.96.9.1:80")).await.unwrap();
+        assert_eq!(r.target, addr("127.0.0.1:8080"), "localhost, in the client's family");
+        assert_eq!(r.upstream, r.target, "TCP: dialed directly");
+        // A name that resolves to loopback with one of our ports: refused after resolution.
+        let mut r = build_request(&st, &cfg, &src, src.ips[0], addr("10.96.9.2:80"), &mut |_| 0).unwrap();
+        let host = r.resolve.take().unwrap();
+        let err = resolve_upstream(&cfg, &src, &mut r, &host, addr("10.96.9.2:80")).await.unwrap_err();
+        assert!(matches!(err, OutboundError::Route(RouteError::SelfCall(15080))), "{err}");
     }
 }
