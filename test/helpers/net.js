@@ -24,8 +24,8 @@
 //                                              127.64.100.x, admin 127.64.255.{1,2} (daemons), 127.64.255.3 (Envoy)
 //   65  test/integration/inbound-tunnel.test.js  workloads 127.65.{1..5}.10, VIPs 127.65.100.x, admin 127.65.255.{1,2};
 //                                              and 127.0.0.1:15088, its PROXY application tunnel (loopback by design)
-//   66  test/integration/double-hbone.test.js  workloads 127.66.{1,2}.10, Envoy E/W gateway 127.66.3.10, VIP
-//                                              127.66.100.1, admin 127.66.255.{1,2} (daemons), 127.66.255.3 (Envoy)
+//   66  test/integration/double-hbone.test.js  workloads 127.66.{1,2,4}.10, Envoy E/W gateway 127.66.3.10, VIPs
+//                                              127.66.100.x, admin 127.66.255.{1,2} (daemons), 127.66.255.3 (Envoy)
 //
 // Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
 // node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
