@@ -1,7 +1,7 @@
 // The state store: deltas for the native side (full first, then diffs) and the config_dump renderings.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { StateStore, computeDelta, stableStringify } from '../../dist/state/store.js';
+import { StateStore, computeDelta, sameJson, stableStringify } from '../../dist/state/store.js';
 import { parseLocalConfig } from '../../dist/config/local.js';
 
 const model = (yaml) => parseLocalConfig(yaml, 'test.yaml');
@@ -91,6 +91,25 @@ test('computeDelta ignores key order inside maps', () => {
   const b = { workloads: new Map([['w', { services: { 'ns/a': { 81: 2, 80: 1 } }, uid: 'w' }]]), services: new Map() };
   assert.equal(computeDelta(a, b), null);
   assert.equal(stableStringify({ b: 1, a: [{ d: 1, c: 2 }] }), '{"a":[{"c":2,"d":1}],"b":1}');
+});
+
+test('sameJson judges equality as stableStringify renders it, without rendering', () => {
+  const cases = [
+    [{ b: 1, a: [{ d: 1, c: 2 }] }, { a: [{ c: 2, d: 1 }], b: 1 }],
+    [{ a: 1, u: undefined }, { a: 1 }],
+    [{ a: 1 }, { a: 1, b: null }],
+    [[1, 2], [2, 1]],
+    [{ a: [] }, { a: {} }],
+    [{ a: '1' }, { a: 1 }],
+    [null, {}],
+    [{ a: { x: [1, { y: 'z' }] } }, { a: { x: [1, { y: 'z' }] } }],
+    [{ a: { x: [1, { y: 'z' }] } }, { a: { x: [1, { y: 'w' }] } }],
+  ];
+  for (const [x, y] of cases) {
+    const same = stableStringify(x) === stableStringify(y);
+    assert.equal(sameJson(x, y), same, `${JSON.stringify(x)} vs ${JSON.stringify(y)}`);
+    assert.equal(sameJson(y, x), same);
+  }
 });
 
 test('dumpWorkloads: sorted by uid, ztunnel keys in order', () => {

@@ -1,12 +1,12 @@
 // Reloading the local config file (LOCAL_XDS_PATH): the daemon polls the file's size and mtime and, once they
-// have changed and then held still for a moment, parses and validates it again. The settle delay matters: a writer
-// that truncates and then writes (`cat > file`, fs.writeFile) is seen mid-way as an empty or partial file, which is
-// valid YAML for "no workloads" and would tear every listener down. A valid file is handed over as a whole new LocalConfig (the caller
-// applies only what changed, as a delta); an invalid one is reported with its file, path and problem, and the last
-// good config keeps serving. Polling (fs.watchFile) rather than inotify: editors and ConfigMap mounts replace the
-// file by rename, which a watch on the old inode would miss.
+// have changed and then held still for a moment, calls `reload`. The settle delay matters: a writer that truncates
+// and then writes (`cat > file`, fs.writeFile) is seen mid-way as an empty or partial file, which is valid YAML for
+// "no workloads" and would tear every listener down. `reload` reads, validates and applies the file (the daemon
+// does it through the local config worker, local-loader.ts, and applies only what changed; an invalid file is
+// reported with its file, path and problem, and the last good config keeps serving). Reloads never overlap: a
+// change seen while one runs is read after it. Polling (fs.watchFile) rather than inotify: editors and ConfigMap
+// mounts replace the file by rename, which a watch on the old inode would miss.
 import { unwatchFile, watchFile, type Stats } from 'node:fs';
-import { loadLocalConfig, type LocalConfig } from './local.js';
 
 /** Often enough that a policy change reaches live connections well within a second. */
 export const LOCAL_CONFIG_POLL_MS = 100;
@@ -17,20 +17,18 @@ export interface LocalConfigWatch {
   stop(): void;
 }
 
-export function watchLocalConfig(
-  path: string,
-  onChange: (next: LocalConfig) => void,
-  onError: (err: unknown) => void,
-): LocalConfigWatch {
+/** Calls `reload` each time the file at `path` has changed and settled; a rejection is passed to `onError`. */
+export function watchLocalConfig(path: string, reload: () => Promise<void>, onError: (err: unknown) => void): LocalConfigWatch {
   let running: Promise<void> = Promise.resolve();
   let settle: NodeJS.Timeout | null = null;
-  const reload = () => {
+  let stopped = false;
+  const schedule = () => {
     settle = null;
     // Serialize reloads: a slow parse must not let an older file win over a newer one.
     running = running.then(async () => {
+      if (stopped) return;
       try {
-        const next = await loadLocalConfig({ localXdsPath: path, localXds: null });
-        if (next !== null) onChange(next);
+        await reload();
       } catch (err) {
         onError(err);
       }
@@ -39,12 +37,13 @@ export function watchLocalConfig(
   const listener = (curr: Stats, prev: Stats) => {
     if (curr.mtimeMs === prev.mtimeMs && curr.size === prev.size && curr.ino === prev.ino) return;
     if (settle !== null) clearTimeout(settle);
-    settle = setTimeout(reload, LOCAL_CONFIG_SETTLE_MS);
+    settle = setTimeout(schedule, LOCAL_CONFIG_SETTLE_MS);
     settle.unref();
   };
   watchFile(path, { interval: LOCAL_CONFIG_POLL_MS, persistent: false }, listener);
   return {
     stop: () => {
+      stopped = true;
       if (settle !== null) clearTimeout(settle);
       unwatchFile(path, listener);
     },

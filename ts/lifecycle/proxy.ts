@@ -2,13 +2,19 @@
 // the admin servers together, and owns the lifecycle (readiness while starting, drain on the way out).
 //
 // Start order, and why:
-//  1. Local config is loaded and validated before anything binds: a bad file must exit 2 with nothing to undo.
-//  2. The dataplane opens and receives the local config's state, then the admin/stats/readiness servers bind
-//     (readiness answers "not ready" until the tasks below finish), then the XDS client starts.
+//  1. The local config worker (config/local-loader.ts) starts reading and validating the local config, and the
+//     admin/stats/readiness servers bind at once: a 50 MiB file takes a minute to validate, and the servers answer
+//     throughout (readiness "not ready" until the tasks below finish; metrics without traffic yet).
+//  2. Only once the file is valid does anything get created: a bad file closes the servers and exits 2 with no CA
+//     directory, no dataplane and no state to undo. Then the CA and the dataplane open, the local config's state is
+//     applied in chunks, one per event-loop turn (state/chunks.ts), and the XDS client starts.
 //  3. Every state change, whatever its source, goes through ONE entry point, `applyStateChange(source, change)`:
 //     the store applies it incrementally and sends the dataplane a delta of what changed, then the local-workload
 //     reconciler (local-workloads.ts) adds/removes certificates and listeners for the workloads on this node.
-//     Certificates are installed BEFORE listeners bind, so the first inbound handshake already has one.
+//     Certificates are installed BEFORE listeners bind, so the first inbound handshake already has one. A large
+//     change arrives as several calls, never as one that holds the event loop for seconds: the local config as
+//     chunks (all-or-nothing: a chunk the dataplane refuses rolls the earlier ones back), an xDS response as chunks
+//     of its resources (xds/client.ts).
 // Readiness tasks: "state manager" (the local config applied and, with XDS, both types received and ACKed),
 // "certificates" and "proxy" (the local workloads known when the state became ready have certificates and
 // listeners).
@@ -19,7 +25,7 @@ import type { Server } from 'node:http';
 import { configForDump, type Config } from '../config/index.js';
 import { HBONE_PORT } from '../config/defaults.js';
 import { formatSocketAddress, type SocketAddress } from '../config/address.js';
-import { loadLocalConfig, type LocalConfig } from '../config/local.js';
+import { LocalConfigLoader, parseJson, type LocalLoad } from '../config/local-loader.js';
 import { createAdminServer } from '../admin/admin-server.js';
 import { closeServer, listen } from '../admin/http.js';
 import { Metrics } from '../admin/metrics.js';
@@ -28,11 +34,13 @@ import { createStatsServer } from '../admin/stats-server.js';
 import { LocalCertificateAuthority, type CertificateAuthority } from '../ca/authority.js';
 import { IstiodCertificateAuthority } from '../ca/istiod.js';
 import { CertificateManager } from '../ca/manager.js';
-import { ConfigError } from '../errors.js';
+import { ConfigError, LocalConfigError } from '../errors.js';
 import type { Logs } from '../log/logger.js';
 import { Dataplane, nativeVersion } from '../native/index.js';
 import type { DataplaneConfig, NativeVersion } from '../native/types.js';
-import { StateStore, snapshotChange, type AppliedChange, type StateChange } from '../state/store.js';
+import { nextTurn } from '../state/chunks.js';
+import { policyKey } from '../state/model.js';
+import { StateStore, type AppliedChange, type StateChange } from '../state/store.js';
 import { XdsClient, ztunnelNodeId, ztunnelNodeMetadata } from '../xds/client.js';
 import { TokenSource } from '../xds/grpc.js';
 import { XdsMetrics } from '../xds/metrics.js';
@@ -40,7 +48,7 @@ import { LocalWorkloads } from './local-workloads.js';
 import { answerCertificateRequests } from './certificates-on-demand.js';
 import { startCapture, type Capture } from './capture.js';
 import { watchLocalConfig, type LocalConfigWatch } from '../config/watch.js';
-import { missingPolicyReferences } from '../policy/compile.js';
+import { PolicyReferences } from '../policy/references.js';
 import { buildInfo } from '../version.js';
 import { Drain, type DrainMode } from './drain.js';
 import { logNativeEvent } from './events.js';
@@ -87,6 +95,11 @@ export interface ProxyOptions {
   deps?: Partial<ProxyDeps>;
   /** Install SIGTERM/SIGINT handlers (the CLI does; tests do not). Default true. */
   handleSignals?: boolean;
+  /**
+   * Called once the admin, stats and readiness servers listen: before the local config has loaded and been applied
+   * (runProxy resolves after that, or rejects for a bad file). Lets a caller watch a long startup.
+   */
+  onListening?(addresses: ProxyHandle['addresses']): void;
 }
 
 /** Where a state change comes from (logged, and the key a reloaded local file diffs against). */
@@ -136,32 +149,19 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const log = logs.root;
   log.info({ config: configForDump(config) }, 'starting ztunnel-node');
 
-  const local: LocalConfig | null = await loadLocalConfig(config);
-  let ca: CertificateAuthority | null = null;
-  const token = new TokenSource(config.authToken);
-  if (config.caAddress !== null && config.nodeName !== null) {
-    // One daemon asks for many identities (local and shared modes): istiod must let it impersonate them.
-    ca = new IstiodCertificateAuthority({
-      target: { address: config.caAddress, rootCa: config.caRootCa, altHostname: config.altCaHostname },
-      token,
-      clusterId: config.clusterId,
-      headers: config.caHeaders,
-      impersonate: config.proxyMode !== 'dedicated',
-    });
-  }
   if (config.proxyMode === 'local') {
     // Validated by the config schema; re-checked so a programmatic Config cannot slip through.
     if ((config.localCaDir === null && config.caAddress === null) || config.nodeName === null) {
       throw new ConfigError('NODE_NAME, and LOCAL_CA_DIR or CA_ADDRESS, are required when PROXY_MODE=local');
     }
-    if (local === null && config.xdsAddress === null) {
+    if (config.localXds === null && config.localXdsPath === null && config.xdsAddress === null) {
       log.warn('PROXY_MODE=local without LOCAL_XDS_PATH, LOCAL_XDS or XDS_ADDRESS: there are no workloads to serve');
     }
-    if (ca === null) ca = deps.openLocalCa(config.localCaDir as string, config.trustDomain);
   }
-
-  // The built-in CA serves any mode when LOCAL_CA_DIR is set and no remote CA is (e.g. the namespace tests).
-  if (ca === null && config.localCaDir !== null) ca = deps.openLocalCa(config.localCaDir, config.trustDomain);
+  // Read and validated off the main thread while the servers come up; awaited before anything is created.
+  const loader = LocalConfigLoader.open(config);
+  const firstLoad: Promise<LocalLoad | null> = loader?.load() ?? Promise.resolve(null);
+  firstLoad.catch(() => undefined); // awaited below, once the servers listen
 
   const readiness = new Readiness();
   const stateTask = readiness.register('state manager');
@@ -172,13 +172,12 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const xdsMetrics = new XdsMetrics();
   const loggers = { access: logs.forTarget('access'), dataplane: logs.forTarget('dataplane') };
 
-  const dp = deps.openDataplane(dataplaneConfig(config));
-  // The dataplane builds only the events the log filter lets through, and follows its changes (admin /logging).
-  const syncEventLevels = () => dp.setEventLevels(logs.levelOf('access'), logs.levelOf('dataplane'));
-  syncEventLevels();
-  const stopEventLevels = logs.onChange(syncEventLevels);
+  // Opened once the local config is valid (a bad file must create nothing); the servers bind before, and see null.
+  let dp: DataplanePort | null = null;
+  let stopEventLevels: () => void = () => undefined;
   const servers: Server[] = [];
   const pump = () => {
+    if (dp === null) return;
     try {
       for (const ev of dp.drainEvents()) logNativeEvent(ev, loggers);
     } catch (err) {
@@ -206,102 +205,142 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   }
 
   // Certificates and listeners for the workloads on this node (local mode), or certificate prefetch only
-  // (shared mode, whose listeners live in pod network namespaces: a later issue).
+  // (shared mode, whose listeners live in pod network namespaces: a later issue). Set up with the dataplane.
   let certs: CertificateManager | null = null;
   let certAsks: { stop(): void } | null = null;
   let localWorkloads: LocalWorkloads | null = null;
   let proxyReady = false;
-  if (ca !== null) {
-    certs = new CertificateManager({
-      keys: dp,
-      ca,
-      ttlSeconds: Math.max(1, Math.round(config.secretTtlMs / 1000)),
-      logger: logs.forTarget('ca'),
-    });
-    // Certificates on demand: a handshake that finds none asks, and waits (prefetch stays an optimisation).
-    certAsks = answerCertificateRequests(dp, certs, logs.forTarget('ca'));
-  }
-  if (certs !== null && config.nodeName !== null && config.proxyMode !== 'dedicated') {
-    localWorkloads = new LocalWorkloads({
-      nodeName: config.nodeName,
-      certs: certs as CertificateManager,
-      listeners:
-        config.proxyMode === 'local'
-          ? { socks5: config.socks5Enabled, add: (spec) => dp.addLocalWorkload(spec), remove: (uid) => dp.removeLocalWorkload(uid) }
-          : null,
-      logger: log,
-      onError: (uid, err) => {
-        // At startup a workload that cannot be served is fatal (the operator sees it at once); later, one bad
-        // workload must not take the node's other workloads down.
-        if (!proxyReady) fatal(`cannot start local workload ${uid}`, err);
-        else log.error({ uid, err: err instanceof Error ? err.message : String(err) }, 'cannot serve local workload');
-      },
-    });
-  }
 
-  let missingPolicies: Array<{ uid: string; policy: string }> = [];
-  /** uid -> the policy keys it names, for the workloads that name any (the missing-policy check's index). */
-  const policyRefs = new Map<string, string[]>();
-  function applyStateChange(source: StateSource, change: StateChange): AppliedChange {
-    const applied = store.apply(change, (d) => dp.applyState(d));
+  /** config_dump's `staticConfig`: the local document last applied, as UTF-8 JSON (parsed only for a dump). */
+  let staticConfig: Uint8Array | null = null;
+
+  // Fail closed (README "Authorization"): a named WORKLOAD_SELECTOR policy that has not arrived denies. The index
+  // follows each change in O(change).
+  const policyRefs = new PolicyReferences((key) => store.has('policy', key));
+  function applyStateChange(_source: StateSource, change: StateChange): AppliedChange {
+    const plane = dp;
+    if (plane === null) throw new Error('the dataplane is not open yet');
+    const applied = store.apply(change, (d) => plane.applyState(d));
     localWorkloads?.reconcile(applied.workloads);
-    // Kept O(change): only workloads that name policies are indexed, and only re-checked when a policy or one of
-    // them changed (a full scan here cost ~6 ms per xDS update at 100k workloads).
-    let refsChanged = false;
-    for (const t of applied.workloads) {
-      if ((t.before?.authorizationPolicies.length ?? 0) > 0 || (t.after?.authorizationPolicies.length ?? 0) > 0) refsChanged = true;
-      if (t.after !== undefined && t.after.authorizationPolicies.length > 0) policyRefs.set(t.uid, t.after.authorizationPolicies);
-      else policyRefs.delete(t.uid);
-    }
-    if (applied.policies > 0 || refsChanged) {
-      // Fail closed (README "Authorization"): a named WORKLOAD_SELECTOR policy that has not arrived denies.
-      const referencing = [...policyRefs].map(([uid, authorizationPolicies]) => ({ uid, authorizationPolicies }));
-      const now = missingPolicyReferences(referencing, (key) => store.has('policy', key));
-      const seen = new Set(missingPolicies.map((m) => `${m.uid}|${m.policy}`));
-      for (const m of now) {
-        if (!seen.has(`${m.uid}|${m.policy}`)) {
-          log.warn({ uid: m.uid, policy: m.policy }, 'workload names an authorization policy that is not known: denying its inbound traffic until it arrives');
-        }
-      }
-      missingPolicies = now;
+    const policies = [...(change.policies ?? []).map(policyKey), ...(change.removedPolicies ?? [])];
+    for (const m of policyRefs.update(applied.workloads, policies)) {
+      log.warn({ uid: m.uid, policy: m.policy }, 'workload names an authorization policy that is not known: denying its inbound traffic until it arrives');
     }
     return applied;
   }
 
+  // Reload the local config file when it changes: only what changed is applied; a bad file keeps the last good one.
+  // Watched from before the first read, so that a change made while the first load runs (a minute for a large
+  // file) is not missed; a reload waits until the first load has been applied.
+  let firstApplied!: (ok: boolean) => void;
+  const started = new Promise<boolean>((resolve) => (firstApplied = resolve));
+  const localWatch: LocalConfigWatch | null =
+    loader === null || config.localXdsPath === null
+      ? null
+      : watchLocalConfig(
+          config.localXdsPath,
+          async () => {
+            if (!(await started) || drain.signal.aborted) return;
+            let next: LocalLoad;
+            try {
+              next = await loader.load();
+            } catch (err) {
+              if (drain.signal.aborted) return;
+              const invalid = err instanceof LocalConfigError;
+              log.error(
+                { err: err instanceof Error ? err.message : String(err) },
+                invalid ? 'local config is invalid; keeping the last good config' : 'local config could not be loaded; keeping the last good config',
+              );
+              return;
+            }
+            try {
+              const applied = await applyLocalLoad(next);
+              log.info(
+                { source: next.source, policies: applied.policies, workloads: applied.workloads, services: applied.services, chunks: applied.chunks, longestChunkMs: applied.longestChunkMs },
+                'local config reloaded',
+              );
+            } catch (err) {
+              if (drain.signal.aborted) return;
+              log.error({ err: err instanceof Error ? err.message : String(err) }, 'local config rejected by the dataplane; keeping the last good config');
+            }
+          },
+          (err) => log.error({ err: err instanceof Error ? err.message : String(err) }, 'local config reload failed'),
+        );
+
+  /**
+   * Applies a loaded local config (its chunks, one per event-loop turn) and commits it as the base of the next
+   * reload. All or nothing: when the dataplane refuses a chunk, the chunks before it are rolled back (newest
+   * first) and the refusal is rethrown. Stops, rejecting, when the drain starts.
+   */
+  async function applyLocalLoad(
+    load: LocalLoad,
+  ): Promise<{ workloads: number; services: number; policies: number; full: boolean; chunks: number; longestChunkMs: number }> {
+    const undo: StateChange[] = [];
+    // longestChunkMs: the longest the event loop was held by one chunk (logged; bench/large-input.mjs reads it).
+    const sum = { workloads: 0, services: 0, policies: 0, full: false, chunks: load.chunks.length, longestChunkMs: 0 };
+    try {
+      for (const [i, json] of load.chunks.entries()) {
+        if (i > 0) await nextTurn();
+        if (drain.signal.aborted) throw new Error('shutting down');
+        const t0 = performance.now();
+        const change = parseJson(json) as StateChange;
+        const inverse = store.inverseOf(change);
+        const applied = applyStateChange('local', change);
+        undo.push(inverse);
+        sum.longestChunkMs = Math.max(sum.longestChunkMs, Math.round(performance.now() - t0));
+        sum.workloads += applied.workloads.length;
+        sum.services += applied.services;
+        sum.policies += applied.policies;
+        sum.full ||= applied.delta?.full ?? false;
+      }
+    } catch (err) {
+      if (!drain.signal.aborted && undo.length > 0) {
+        for (const inverse of undo.reverse()) {
+          await nextTurn();
+          try {
+            applyStateChange('local', inverse);
+          } catch (rollbackErr) {
+            log.error({ err: rollbackErr instanceof Error ? rollbackErr.message : String(rollbackErr) }, 'rolling back a refused local config failed');
+            break;
+          }
+        }
+      }
+      loader?.discard();
+      throw err;
+    }
+    loader?.commit();
+    staticConfig = load.raw;
+    return sum;
+  }
+
   let xds: XdsClient | null = null;
   let capture: Capture | null = null;
-  let localWatch: LocalConfigWatch | null = null;
+  let pumpTimer: NodeJS.Timeout | null = null;
   let markSynced: () => void = () => undefined;
   const stateReady = new Promise<void>((resolve) => (markSynced = resolve));
   let addresses: ProxyHandle['addresses'];
+  const version = safeVersion(deps, log);
   try {
-    if (local) {
-      const applied = applyStateChange('local', snapshotChange({ workloads: [], services: [], policies: [] }, local));
-      log.info(
-        { source: local.source, workloads: local.workloads.length, services: local.services.length, policies: local.policies.length, full: applied.delta?.full ?? false },
-        'local config applied',
-      );
-    }
-    if (config.xdsAddress === null) markSynced();
-
-    const version = safeVersion(deps, log);
     const metrics = new Metrics({
-      snapshot: () => dp.metrics(),
+      snapshot: () => dp?.metrics() ?? { connections: [], socketsOpen: { source: 0, destination: 0 } },
       istioVersion: config.istioVersion,
       xds: () => xdsMetrics.snapshot(),
-      missingPolicies: () => missingPolicies.length,
+      missingPolicies: () => policyRefs.size,
       ...(config.proxyMode === 'local' ? {} : { workloadManager: () => capture?.counters() ?? null }),
     });
     const admin = createAdminServer({
       logs,
       quit: (reason) => void shutdown('graceful', reason),
-      authorize: (r) => dp.authorize(r),
+      authorize: (r) => {
+        if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
+        return dp.authorize(r);
+      },
       configDump: () => ({
         workloads: store.dumpWorkloads(),
         services: store.dumpServices(),
         policies: store.dumpPolicies(),
         stagedServices: store.dumpStagedServices(),
-        staticConfig: local?.raw ?? null,
+        staticConfig: staticConfig === null ? null : parseJson(staticConfig),
         certificates: certs?.dump() ?? [],
         config: configForDump(config),
         version: buildInfo(version, config.istioVersion),
@@ -320,39 +359,20 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       { admin: formatSocketAddress(addresses.admin), stats: formatSocketAddress(addresses.stats), readiness: formatSocketAddress(addresses.readiness) },
       'admin servers listening',
     );
+    options.onListening?.(addresses);
   } catch (err) {
-    await Promise.all(servers.map((s) => closeServer(s, 0)));
-    stopEventLevels();
-    pump();
-    dp.shutdown();
+    await abandonStart();
     throw err;
   }
 
-  const pumpTimer = setInterval(pump, EVENT_PUMP_INTERVAL_MS);
-  pumpTimer.unref();
-
-  if (config.xdsAddress !== null) {
-    xds = new XdsClient({
-      target: { address: config.xdsAddress, rootCa: config.xdsRootCa, altHostname: config.altXdsHostname },
-      token,
-      clusterId: config.clusterId,
-      headers: config.xdsHeaders,
-      node: { id: ztunnelNodeId(config), metadata: ztunnelNodeMetadata(config) },
-      apply: (change) => {
-        applyStateChange('xds', change);
-      },
-      onSynced: () => markSynced(),
-      metrics: xdsMetrics,
-      logger: logs.forTarget('xds'),
-    });
-    xds.start();
-  }
-
-  // Drain watchers run concurrently: the servers stop accepting while the dataplane drains its connections.
+  // Drain watchers run concurrently: the servers stop accepting while the dataplane drains its connections. They
+  // are in place before the local config has loaded: /quitquitquit and signals work while it loads.
   drain.watch('xds', () => {
+    firstApplied(false);
     xds?.stop();
     localWatch?.stop();
     capture?.stop();
+    return loader?.close();
   });
   drain.watch('admin servers', () => Promise.all(servers.map((s) => closeServer(s))).then(() => undefined));
   drain.watch('certificates', () => {
@@ -361,14 +381,16 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     certs?.stop();
   });
   drain.watch('dataplane', async (_mode, deadlineMs) => {
+    const plane = dp;
+    if (plane === null) return;
     try {
-      const clean = await dp.drain(deadlineMs);
+      const clean = await plane.drain(deadlineMs);
       if (!clean) log.warn({ deadlineMs }, 'drain deadline reached; remaining connections were closed');
     } finally {
-      clearInterval(pumpTimer);
+      if (pumpTimer !== null) clearInterval(pumpTimer);
       stopEventLevels();
       pump(); // the last access logs of drained connections
-      dp.shutdown();
+      plane.shutdown();
     }
   });
   if (options.handleSignals !== false) removeSignals = installSignals();
@@ -392,22 +414,117 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     };
   }
 
-  // Reload the local config file when it changes: only what changed is applied; a bad file keeps the last good one.
-  if (local !== null && config.localXdsPath !== null) {
-    let current: LocalConfig = local;
-    localWatch = watchLocalConfig(
-      config.localXdsPath,
-      (next) => {
-        try {
-          const applied = applyStateChange('local', snapshotChange(current, next));
-          current = next;
-          log.info({ source: next.source, policies: applied.policies, workloads: applied.workloads.length, services: applied.services }, 'local config reloaded');
-        } catch (err) {
-          log.error({ err: err instanceof Error ? err.message : String(err) }, 'local config rejected by the dataplane; keeping the last good config');
-        }
+  const handle: ProxyHandle = { addresses, readiness, shutdown, closed, applyStateChange };
+  /** Startup failed (a bad file, a refused state): undo what was set up, so that runProxy can reject. */
+  async function abandonStart(): Promise<void> {
+    firstApplied(false);
+    localWatch?.stop();
+    removeSignals();
+    await Promise.all(servers.map((s) => closeServer(s, 0)));
+    await loader?.close();
+    localWorkloads?.stop();
+    certAsks?.stop();
+    certs?.stop();
+    if (pumpTimer !== null) clearInterval(pumpTimer);
+    stopEventLevels();
+    pump();
+    dp?.shutdown();
+  }
+  let local: LocalLoad | null;
+  try {
+    local = await firstLoad;
+  } catch (err) {
+    // Shut down while loading: the drain is under way and resolves `closed`.
+    if (drain.signal.aborted) return handle;
+    // A bad file: nothing was created; the servers that answered "not ready" meanwhile close.
+    await abandonStart();
+    throw err;
+  }
+  if (drain.signal.aborted) return handle;
+
+  // The local config is valid: from here on things get created.
+  let ca: CertificateAuthority | null = null;
+  const token = new TokenSource(config.authToken);
+  try {
+    if (config.caAddress !== null && config.nodeName !== null) {
+      // One daemon asks for many identities (local and shared modes): istiod must let it impersonate them.
+      ca = new IstiodCertificateAuthority({
+        target: { address: config.caAddress, rootCa: config.caRootCa, altHostname: config.altCaHostname },
+        token,
+        clusterId: config.clusterId,
+        headers: config.caHeaders,
+        impersonate: config.proxyMode !== 'dedicated',
+      });
+    }
+    if (config.proxyMode === 'local' && ca === null) ca = deps.openLocalCa(config.localCaDir as string, config.trustDomain);
+    // The built-in CA serves any mode when LOCAL_CA_DIR is set and no remote CA is (e.g. the namespace tests).
+    if (ca === null && config.localCaDir !== null) ca = deps.openLocalCa(config.localCaDir, config.trustDomain);
+
+    const plane = deps.openDataplane(dataplaneConfig(config));
+    dp = plane;
+    // The dataplane builds only the events the log filter lets through, and follows its changes (admin /logging).
+    const syncEventLevels = () => plane.setEventLevels(logs.levelOf('access'), logs.levelOf('dataplane'));
+    syncEventLevels();
+    stopEventLevels = logs.onChange(syncEventLevels);
+    if (ca !== null) {
+      certs = new CertificateManager({
+        keys: plane,
+        ca,
+        ttlSeconds: Math.max(1, Math.round(config.secretTtlMs / 1000)),
+        logger: logs.forTarget('ca'),
+      });
+      // Certificates on demand: a handshake that finds none asks, and waits (prefetch stays an optimisation).
+      certAsks = answerCertificateRequests(plane, certs, logs.forTarget('ca'));
+    }
+    if (certs !== null && config.nodeName !== null && config.proxyMode !== 'dedicated') {
+      localWorkloads = new LocalWorkloads({
+        nodeName: config.nodeName,
+        certs,
+        listeners:
+          config.proxyMode === 'local'
+            ? { socks5: config.socks5Enabled, add: (spec) => plane.addLocalWorkload(spec), remove: (uid) => plane.removeLocalWorkload(uid) }
+            : null,
+        logger: log,
+        onError: (uid, err) => {
+          // At startup a workload that cannot be served is fatal (the operator sees it at once); later, one bad
+          // workload must not take the node's other workloads down.
+          if (!proxyReady) fatal(`cannot start local workload ${uid}`, err);
+          else log.error({ uid, err: err instanceof Error ? err.message : String(err) }, 'cannot serve local workload');
+        },
+      });
+    }
+    pumpTimer = setInterval(pump, EVENT_PUMP_INTERVAL_MS);
+    pumpTimer.unref();
+
+    if (local !== null) {
+      const applied = await applyLocalLoad(local);
+      log.info({ source: local.source, ...local.counts, full: applied.full, chunks: applied.chunks, longestChunkMs: applied.longestChunkMs }, 'local config applied');
+    }
+  } catch (err) {
+    if (drain.signal.aborted) return handle;
+    await abandonStart();
+    throw err;
+  }
+  firstApplied(true);
+  // Inline LOCAL_XDS never changes: its worker (and the copy of the document it keeps for diffs) can go.
+  if (localWatch === null) void loader?.close();
+  if (config.xdsAddress === null) markSynced();
+
+  if (config.xdsAddress !== null) {
+    xds = new XdsClient({
+      target: { address: config.xdsAddress, rootCa: config.xdsRootCa, altHostname: config.altXdsHostname },
+      token,
+      clusterId: config.clusterId,
+      headers: config.xdsHeaders,
+      node: { id: ztunnelNodeId(config), metadata: ztunnelNodeMetadata(config) },
+      apply: (change) => {
+        applyStateChange('xds', change);
       },
-      (err) => log.error({ err: err instanceof Error ? err.message : String(err) }, 'local config is invalid; keeping the last good config'),
-    );
+      onSynced: () => markSynced(),
+      metrics: xdsMetrics,
+      logger: logs.forTarget('xds'),
+    });
+    xds.start();
   }
 
   // Readiness: the state first, then the local workloads that state places on this node.
@@ -423,7 +540,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     stateTask.done();
     if (config.proxyMode !== 'local' && !drain.signal.aborted) {
       // ztunnel connects to istio-cni only after the initial state sync.
-      capture = startCapture(config, dp, readiness, log, (id) => (certs === null ? Promise.reject(new Error('no CA configured (CA_ADDRESS or LOCAL_CA_DIR)')) : certs.ensure(id)));
+      capture = startCapture(config, dp as DataplanePort, readiness, log, (id) => (certs === null ? Promise.reject(new Error('no CA configured (CA_ADDRESS or LOCAL_CA_DIR)')) : certs.ensure(id)));
     }
     if (localWorkloads === null || !gatesReadiness) return;
     const nodeName = config.nodeName as string;
@@ -435,7 +552,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     proxyReady = true;
   });
 
-  return { addresses, readiness, shutdown, closed, applyStateChange };
+  return handle;
 }
 
 function safeVersion(deps: ProxyDeps, log: Logs['root']): NativeVersion | null {

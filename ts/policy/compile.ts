@@ -86,18 +86,3 @@ export function compilePolicy(p: Policy): NativePolicy {
     rules: p.rules.map((rule) => rule.map((clause) => clause.map(compileMatch))),
   };
 }
-
-/**
- * WORKLOAD_SELECTOR keys that workloads name but that are not known: each such workload denies every inbound
- * connection until the policy arrives (fail closed). Returned for the log line and the metric.
- */
-export function missingPolicyReferences(
-  workloads: Iterable<{ uid: string; authorizationPolicies: string[] }>,
-  known: (key: string) => boolean,
-): Array<{ uid: string; policy: string }> {
-  const out: Array<{ uid: string; policy: string }> = [];
-  for (const w of workloads) {
-    for (const key of w.authorizationPolicies) if (!known(key)) out.push({ uid: w.uid, policy: key });
-  }
-  return out;
-}

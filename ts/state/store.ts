@@ -34,6 +34,30 @@ export function stableStringify(value: unknown): string {
   return JSON.stringify(value);
 }
 
+/**
+ * Whether two JSON-shaped values are equal as stableStringify would render them (key order and undefined-valued
+ * keys ignored), without rendering them: about 10x cheaper, and the store compares every resource of a change.
+ */
+export function sameJson(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null) return false;
+  if (Array.isArray(a) || Array.isArray(b)) {
+    if (!Array.isArray(a) || !Array.isArray(b) || a.length !== b.length) return false;
+    for (let i = 0; i < a.length; i++) if (!sameJson(a[i], b[i])) return false;
+    return true;
+  }
+  const x = a as Record<string, unknown>;
+  const y = b as Record<string, unknown>;
+  let defined = 0;
+  for (const k in x) {
+    if (x[k] === undefined) continue;
+    defined++;
+    if (!Object.hasOwn(y, k) || !sameJson(x[k], y[k])) return false;
+  }
+  for (const k in y) if (y[k] !== undefined) defined--;
+  return defined === 0;
+}
+
 export interface NativeView {
   workloads: ReadonlyMap<string, Workload>;
   services: ReadonlyMap<string, Service>;
@@ -156,7 +180,7 @@ export class StateStore {
     for (const [key, p] of upP) {
       const next = compilePolicy(p);
       const old = this.policies.get(key);
-      if (!this.applied || old === undefined || stableStringify(compilePolicy(old)) !== stableStringify(next)) nativeP.push(next);
+      if (!this.applied || old === undefined || !sameJson(compilePolicy(old), next)) nativeP.push(next);
     }
     const goneP = [...removedP].filter((key) => this.policies.has(key));
 
@@ -168,12 +192,12 @@ export class StateStore {
     for (const w of upW.values()) {
       const next = toNativeWorkload(w);
       const old = this.workloads.get(w.uid);
-      if (!this.applied || old === undefined || stableStringify(toNativeWorkload(old)) !== stableStringify(next)) nativeW.push(next);
+      if (!this.applied || old === undefined || !sameJson(toNativeWorkload(old), next)) nativeW.push(next);
     }
     for (const [key, s] of upS) {
       const next = toNativeService(s);
       const old = this.services.get(key);
-      if (!this.applied || old === undefined || stableStringify(toNativeService(old)) !== stableStringify(next)) nativeS.push(next);
+      if (!this.applied || old === undefined || !sameJson(toNativeService(old), next)) nativeS.push(next);
     }
     let sent: StateDelta | null = null;
     if (!this.applied) {
@@ -218,6 +242,38 @@ export class StateStore {
     }
     this.applied = true;
     return { delta: sent, workloads: transitions, services: goneS.length + upS.size, policies };
+  }
+
+  /**
+   * The change that undoes `change` if it is applied now: what the store holds for each key it touches (re-upserted),
+   * or the removal of keys the store does not hold. A chunked change takes one before each chunk, so that a chunk
+   * the dataplane refuses can roll the earlier ones back. O(size of the change).
+   */
+  inverseOf(change: StateChange): StateChange {
+    const undo = <T>(
+      held: ReadonlyMap<string, T>,
+      keys: Iterable<string>,
+    ): { upserts: T[]; removals: string[] } => {
+      const upserts: T[] = [];
+      const removals: string[] = [];
+      for (const key of new Set(keys)) {
+        const old = held.get(key);
+        if (old === undefined) removals.push(key);
+        else upserts.push(old);
+      }
+      return { upserts, removals };
+    };
+    const w = undo(this.workloads, [...(change.workloads ?? []).map((x) => x.uid), ...(change.removedWorkloads ?? [])]);
+    const s = undo(this.services, [...(change.services ?? []).map(serviceKey), ...(change.removedServices ?? [])]);
+    const p = undo(this.policies, [...(change.policies ?? []).map(policyKey), ...(change.removedPolicies ?? [])]);
+    return {
+      workloads: w.upserts,
+      removedWorkloads: w.removals,
+      services: s.upserts,
+      removedServices: s.removals,
+      policies: p.upserts,
+      removedPolicies: p.removals,
+    };
   }
 
   private index(w: WorkloadInfo): void {

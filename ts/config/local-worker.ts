@@ -1,0 +1,130 @@
+// The local config worker thread: reads, parses, validates and diffs the local config OFF the main thread. A 50 MiB
+// file (100k workloads) is about a minute of YAML parsing and validation on a busy core; on the main thread that
+// minute is a minute in which readiness, metrics and admin do not answer. Started and spoken to by
+// local-loader.ts; runs the same code as an in-thread load (local.ts), so every error message is the same.
+//
+// Invariants:
+// - The whole document is validated before anything is sent: a refused document sends only `invalid`, so the
+//   main thread applies nothing of it.
+// - The worker keeps the last COMMITTED document, as the stable JSON of each resource by key (what snapshotChange
+//   compares, in less memory than the objects), and sends the change from it to the new one, so a reload
+//   costs the main thread only what changed. `commit` makes the last load the base of the next diff; `discard` (the
+//   main thread could not apply it) keeps the previous base.
+// - The change crosses as UTF-8 JSON in transferred buffers, one message per chunk (ts/state/chunks.ts): receiving
+//   costs the main thread nothing (a transfer moves the buffer; the port delivers every queued message in one task,
+//   so 60 MB of strings would be copied in one go), and it pays one JSON.parse of a chunk per event-loop
+//   turn, never a structured clone of 100k workloads at once (seconds). The raw document crosses the same way.
+//
+// Protocol, one load at a time:
+//   main → worker  { op: 'load' }
+//   worker → main  { op: 'chunk', json } (one or more, in apply order), then { op: 'loaded', source, counts, raw }
+//              or  { op: 'invalid', message }   (a LocalConfigError: file, path, problem)
+//              or  { op: 'failed', message }    (anything else)
+//   main → worker  { op: 'commit' } | { op: 'discard' }
+import { parentPort, workerData } from 'node:worker_threads';
+import { LocalConfigError } from '../errors.js';
+import { splitChange } from '../state/chunks.js';
+import { policyKey, serviceKey, type StateSnapshot } from '../state/model.js';
+import { stableStringify, type StateChange } from '../state/store.js';
+import { loadLocalConfig } from './local.js';
+
+/** What the worker is started with (workerData). */
+export interface LocalWorkerData {
+  localXdsPath: string | null;
+  localXds: string | null;
+}
+
+export type ToWorker = { op: 'load' } | { op: 'commit' } | { op: 'discard' };
+
+export interface LoadedCounts {
+  workloads: number;
+  services: number;
+  policies: number;
+}
+
+export type FromWorker =
+  | { op: 'chunk'; json: Uint8Array }
+  | { op: 'loaded'; source: string; counts: LoadedCounts; raw: Uint8Array }
+  | { op: 'invalid'; message: string }
+  | { op: 'failed'; message: string };
+
+/** A document as the worker keeps it: per kind, key -> stable JSON of the resource. */
+interface Kept {
+  workloads: Map<string, string>;
+  services: Map<string, string>;
+  policies: Map<string, string>;
+}
+
+const EMPTY: Kept = { workloads: new Map(), services: new Map(), policies: new Map() };
+
+/** The change from `prev` to `next` (as snapshotChange computes it), and `next` as the worker keeps it. */
+export function diffKept(prev: Kept, next: StateSnapshot): { change: StateChange; kept: Kept } {
+  const kind = <T>(before: Map<string, string>, items: T[], key: (t: T) => string) => {
+    const now = new Map<string, string>();
+    const upserts: T[] = [];
+    for (const item of items) {
+      const k = key(item);
+      const json = stableStringify(item);
+      now.set(k, json);
+      if (before.get(k) !== json) upserts.push(item);
+    }
+    return { now, upserts, removed: [...before.keys()].filter((k) => !now.has(k)) };
+  };
+  const w = kind(prev.workloads, next.workloads, (x) => x.uid);
+  const s = kind(prev.services, next.services, serviceKey);
+  const p = kind(prev.policies, next.policies, policyKey);
+  return {
+    change: {
+      workloads: w.upserts,
+      removedWorkloads: w.removed,
+      services: s.upserts,
+      removedServices: s.removed,
+      policies: p.upserts,
+      removedPolicies: p.removed,
+    },
+    kept: { workloads: w.now, services: s.now, policies: p.now },
+  };
+}
+
+if (parentPort !== null) {
+  const port = parentPort;
+  const source = workerData as LocalWorkerData;
+  let committed: Kept = EMPTY;
+  let pending: Kept | null = null;
+  const post = (m: FromWorker, transfer: ArrayBuffer[] = []) => port.postMessage(m, transfer);
+  const utf8 = new TextEncoder();
+
+  port.on('message', (m: ToWorker) => {
+    switch (m.op) {
+      case 'load':
+        void load();
+        return;
+      case 'commit':
+        if (pending !== null) committed = pending;
+        pending = null;
+        return;
+      case 'discard':
+        pending = null;
+        return;
+    }
+  });
+
+  async function load(): Promise<void> {
+    try {
+      const next = await loadLocalConfig(source);
+      if (next === null) throw new Error('no local config is configured');
+      const { change, kept } = diffKept(committed, next);
+      for (const chunk of splitChange(change)) {
+        const json = utf8.encode(JSON.stringify(chunk));
+        post({ op: 'chunk', json }, [json.buffer as ArrayBuffer]);
+      }
+      pending = kept;
+      const raw = utf8.encode(JSON.stringify(next.raw));
+      const counts = { workloads: next.workloads.length, services: next.services.length, policies: next.policies.length };
+      post({ op: 'loaded', source: next.source, counts, raw }, [raw.buffer as ArrayBuffer]);
+    } catch (err) {
+      if (err instanceof LocalConfigError) post({ op: 'invalid', message: err.message });
+      else post({ op: 'failed', message: err instanceof Error ? err.message : String(err) });
+    }
+  }
+}
