@@ -7,24 +7,13 @@
 //   await gw.stats(/^http\.connect_terminate\./);      // counters by name
 //   gw.accessLog();                                    // the CONNECT streams it has logged so far (parsed JSON)
 //   await gw.stop();
-import { spawn } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { envoyStats } from '../../bench/harness/envoy.mjs';
-import { poll } from '../../bench/harness/processes.mjs';
 import { ROOT } from './daemon.js';
-import { renderWaypointConfig, WAYPOINT_TEMPLATE } from './envoy-waypoint.js';
-import { builtinLeaf, spiffe } from './pki.js';
+import { renderWaypointConfig, runEnvoy, WAYPOINT_TEMPLATE, writeLeaf } from './envoy-waypoint.js';
+import { spiffe } from './pki.js';
 
 export const EASTWEST_TEMPLATE = join(ROOT, 'test', 'fixtures', 'envoy', 'eastwest-gateway.yaml');
-
-const READY_TIMEOUT_MS = 15_000;
-const STOP_TIMEOUT_MS = 5_000;
-
-const live = new Set();
-process.once('exit', () => {
-  for (const child of live) child.kill('SIGKILL');
-});
 
 /** The gateway config: the template with every {{NAME}} filled (strictly: a missing or unused value is an error). */
 export function renderEastWestConfig(values, template = readFileSync(EASTWEST_TEMPLATE, 'utf8')) {
@@ -61,11 +50,7 @@ export async function startEnvoyEastWest({
   validateOnly = false,
 }) {
   const id = spiffe(identity.namespace, identity.serviceAccount, trustDomain);
-  const leaf = builtinLeaf(dir, caDir, [id], 'eastwest');
-  const chainPath = join(dir, 'eastwest-chain.pem');
-  const keyPath = join(dir, 'eastwest-key.pem');
-  writeFileSync(chainPath, leaf.certPem);
-  writeFileSync(keyPath, leaf.keyPem, { mode: 0o600 });
+  const { chainPath, keyPath } = writeLeaf(dir, caDir, id, 'eastwest');
   const accessLogPath = join(dir, 'access.log');
   writeFileSync(accessLogPath, '');
   const config = renderEastWestConfig({
@@ -84,70 +69,26 @@ export async function startEnvoyEastWest({
   });
   const configPath = join(dir, 'eastwest-gateway.yaml');
   writeFileSync(configPath, config);
-  const logPath = join(dir, 'envoy.log');
-  // One worker, no hot restart (no shared memory: Envoys of other suites never collide); access log lines flushed
-  // every 100 ms instead of Envoy's default 10 s, so a test can read what it just did.
-  const args = ['-c', configPath, '--concurrency', '1', '--disable-hot-restart', '-l', 'warning', '--log-path', logPath,
-    '--file-flush-interval-msec', '100'];
-  if (validateOnly) args.push('--mode', 'validate');
-  const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  live.add(child);
-  const output = [];
-  child.stdout.on('data', (d) => output.push(String(d)));
-  child.stderr.on('data', (d) => output.push(String(d)));
-  const exited = new Promise((resolve) =>
-    child.once('close', (code, signal) => {
-      live.delete(child);
-      resolve({ code, signal });
-    }),
-  );
-  const tail = () => {
-    let log = '';
-    try {
-      log = readFileSync(logPath, 'utf8');
-    } catch {
-      // not written yet
-    }
-    return `${output.join('')}${log}`.split('\n').slice(-30).join('\n');
-  };
-  if (validateOnly) {
-    const r = await exited;
-    return { code: r.code, output: tail() };
-  }
-  const base = `http://${admin.ip}:${admin.port}`;
-  const gw = {
-    child,
+  // Access log lines flushed every 100 ms instead of Envoy's default 10 s, so a test can read what it just did.
+  const run = await runEnvoy({
+    binary,
     configPath,
-    admin: base,
+    logPath: join(dir, 'envoy.log'),
+    admin,
+    what: 'the Envoy east-west gateway',
+    extraArgs: ['--file-flush-interval-msec', '100'],
+    validateOnly,
+  });
+  if (validateOnly) return run;
+  return {
+    ...run,
+    configPath,
     identity: id,
-    tail,
-    /** Envoy's counters and gauges whose names match `pattern`, from a fresh /stats. */
-    stats: (pattern) => envoyStats(base, pattern),
     /** The access log records written so far (one per ended CONNECT stream), parsed. */
     accessLog: () =>
       readFileSync(accessLogPath, 'utf8')
         .split('\n')
         .filter((l) => l.startsWith('{'))
         .map((l) => JSON.parse(l)),
-    /** SIGTERM, then SIGKILL after STOP_TIMEOUT_MS; resolves { code, signal } once it has exited. */
-    async stop() {
-      if (!live.has(child)) return exited;
-      child.kill('SIGTERM');
-      const timer = setTimeout(() => child.kill('SIGKILL'), STOP_TIMEOUT_MS);
-      const r = await exited;
-      clearTimeout(timer);
-      return r;
-    },
   };
-  const died = exited.then((r) => {
-    throw new Error(`Envoy exited (${r.code ?? r.signal}) before it was ready:\n${tail()}`);
-  });
-  died.catch(() => undefined); // once ready, its exit is stop()'s business
-  try {
-    await Promise.race([poll(base, '/ready', (status) => status === 200, 'the Envoy east-west gateway', READY_TIMEOUT_MS), died]);
-  } catch (err) {
-    await gw.stop();
-    throw new Error(`${err.message}\n${tail()}`);
-  }
-  return gw;
 }

@@ -86,11 +86,8 @@ export async function startEnvoyWaypoint({
   workloadIp,
   cleanup,
 }) {
-  const leaf = builtinLeaf(dir, caDir, [spiffe(identity.namespace, identity.serviceAccount, trustDomain)], 'waypoint');
-  const chainPath = join(dir, 'waypoint-chain.pem');
-  const keyPath = join(dir, 'waypoint-key.pem');
-  writeFileSync(chainPath, leaf.certPem);
-  writeFileSync(keyPath, leaf.keyPem, { mode: 0o600 });
+  const identityUri = spiffe(identity.namespace, identity.serviceAccount, trustDomain);
+  const { chainPath, keyPath } = writeLeaf(dir, caDir, identityUri, 'waypoint');
   const config = renderWaypointConfig({
     ADMIN_IP: admin.ip,
     ADMIN_PORT: admin.port,
@@ -108,21 +105,40 @@ export async function startEnvoyWaypoint({
   });
   const configPath = join(dir, 'waypoint.yaml');
   writeFileSync(configPath, config);
-  const logPath = join(dir, 'envoy.log');
-  // One worker is plenty for a test; no hot restart (no shared memory, so Envoys of other suites never collide).
-  const child = spawn(binary, ['-c', configPath, '--concurrency', '1', '--disable-hot-restart', '-l', 'warning', '--log-path', logPath], {
-    stdio: ['ignore', 'ignore', 'pipe'],
-  });
+  const w = await runEnvoy({ binary, configPath, logPath: join(dir, 'envoy.log'), admin, what: 'the Envoy waypoint' });
+  if (cleanup && typeof cleanup.after === 'function') cleanup.after(() => w.stop());
+  return { ...w, configPath, identity: identityUri };
+}
+
+/** A certificate for `identityUri` signed by the daemons' built-in CA (`caDir`), written to `dir`: the paths. */
+export function writeLeaf(dir, caDir, identityUri, name) {
+  const leaf = builtinLeaf(dir, caDir, [identityUri], name);
+  const chainPath = join(dir, `${name}-chain.pem`);
+  const keyPath = join(dir, `${name}-key.pem`);
+  writeFileSync(chainPath, leaf.certPem);
+  writeFileSync(keyPath, leaf.keyPem, { mode: 0o600 });
+  return { chainPath, keyPath };
+}
+
+/**
+ * Runs Envoy on `configPath` (one worker, no hot restart: no shared memory, so Envoys of other suites never collide)
+ * and waits until its admin says ready. `validateOnly`: `--mode validate`, resolving { code, output }. Otherwise
+ * resolves { child, admin (base URL), tail(), stats(pattern), stop() }; Envoy is killed at process exit.
+ */
+export async function runEnvoy({ binary, configPath, logPath, admin, what, extraArgs = [], validateOnly = false }) {
+  const args = ['-c', configPath, '--concurrency', '1', '--disable-hot-restart', '-l', 'warning', '--log-path', logPath, ...extraArgs];
+  if (validateOnly) args.push('--mode', 'validate');
+  const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   live.add(child);
-  const stderr = [];
-  child.stderr.on('data', (d) => stderr.push(String(d)));
+  const output = [];
+  child.stdout.on('data', (d) => output.push(String(d)));
+  child.stderr.on('data', (d) => output.push(String(d)));
   const exited = new Promise((resolve) =>
     child.once('close', (code, signal) => {
       live.delete(child);
       resolve({ code, signal });
     }),
   );
-  const base = `http://${admin.ip}:${admin.port}`;
   const tail = () => {
     let log = '';
     try {
@@ -130,13 +146,16 @@ export async function startEnvoyWaypoint({
     } catch {
       // not written yet
     }
-    return `${stderr.join('')}${log}`.split('\n').slice(-30).join('\n');
+    return `${output.join('')}${log}`.split('\n').slice(-30).join('\n');
   };
-  const w = {
+  if (validateOnly) {
+    const r = await exited;
+    return { code: r.code, output: tail() };
+  }
+  const base = `http://${admin.ip}:${admin.port}`;
+  const handle = {
     child,
-    configPath,
     admin: base,
-    identity: spiffe(identity.namespace, identity.serviceAccount, trustDomain),
     tail,
     /** Envoy's counters and gauges whose names match `pattern`, from a fresh /stats. */
     stats: (pattern) => envoyStats(base, pattern),
@@ -150,16 +169,15 @@ export async function startEnvoyWaypoint({
       return r;
     },
   };
-  if (cleanup && typeof cleanup.after === 'function') cleanup.after(() => w.stop());
   const died = exited.then((r) => {
     throw new Error(`Envoy exited (${r.code ?? r.signal}) before it was ready:\n${tail()}`);
   });
   died.catch(() => undefined); // once ready, its exit is stop()'s business
   try {
-    await Promise.race([poll(base, '/ready', (status) => status === 200, 'the Envoy waypoint', READY_TIMEOUT_MS), died]);
+    await Promise.race([poll(base, '/ready', (status) => status === 200, what, READY_TIMEOUT_MS), died]);
   } catch (err) {
-    await w.stop();
+    await handle.stop();
     throw new Error(`${err.message}\n${tail()}`);
   }
-  return w;
+  return handle;
 }

@@ -24,8 +24,7 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import { LocalConfigError } from '../errors.js';
 import { splitChange } from '../state/chunks.js';
-import { policyKey, serviceKey, type StateSnapshot } from '../state/model.js';
-import { stableStringify, type StateChange } from '../state/store.js';
+import { diffKept, EMPTY_KEPT, type Kept } from '../state/store.js';
 import { loadLocalConfig } from './local.js';
 
 /** What the worker is started with (workerData). */
@@ -48,48 +47,10 @@ export type FromWorker =
   | { op: 'invalid'; message: string }
   | { op: 'failed'; message: string };
 
-/** A document as the worker keeps it: per kind, key -> stable JSON of the resource. */
-interface Kept {
-  workloads: Map<string, string>;
-  services: Map<string, string>;
-  policies: Map<string, string>;
-}
-
-const EMPTY: Kept = { workloads: new Map(), services: new Map(), policies: new Map() };
-
-/** The change from `prev` to `next` (as snapshotChange computes it), and `next` as the worker keeps it. */
-export function diffKept(prev: Kept, next: StateSnapshot): { change: StateChange; kept: Kept } {
-  const kind = <T>(before: Map<string, string>, items: T[], key: (t: T) => string) => {
-    const now = new Map<string, string>();
-    const upserts: T[] = [];
-    for (const item of items) {
-      const k = key(item);
-      const json = stableStringify(item);
-      now.set(k, json);
-      if (before.get(k) !== json) upserts.push(item);
-    }
-    return { now, upserts, removed: [...before.keys()].filter((k) => !now.has(k)) };
-  };
-  const w = kind(prev.workloads, next.workloads, (x) => x.uid);
-  const s = kind(prev.services, next.services, serviceKey);
-  const p = kind(prev.policies, next.policies, policyKey);
-  return {
-    change: {
-      workloads: w.upserts,
-      removedWorkloads: w.removed,
-      services: s.upserts,
-      removedServices: s.removed,
-      policies: p.upserts,
-      removedPolicies: p.removed,
-    },
-    kept: { workloads: w.now, services: s.now, policies: p.now },
-  };
-}
-
 if (parentPort !== null) {
   const port = parentPort;
   const source = workerData as LocalWorkerData;
-  let committed: Kept = EMPTY;
+  let committed: Kept = EMPTY_KEPT;
   let pending: Kept | null = null;
   const post = (m: FromWorker, transfer: ArrayBuffer[] = []) => port.postMessage(m, transfer);
   const utf8 = new TextEncoder();

@@ -125,30 +125,52 @@ export interface AppliedChange {
   policies: number;
 }
 
+/** A document as the worker keeps it: per kind, key -> stable JSON of the resource. */
+export interface Kept {
+  workloads: Map<string, string>;
+  services: Map<string, string>;
+  policies: Map<string, string>;
+}
+
+export const EMPTY_KEPT: Kept = { workloads: new Map(), services: new Map(), policies: new Map() };
+
+/** The change from `prev` to `next` (the resources whose stable JSON differ, and the removed keys), and `next` as the worker keeps it. */
+export function diffKept(prev: Kept, next: StateSnapshot): { change: StateChange; kept: Kept } {
+  const kind = <T>(before: Map<string, string>, items: T[], key: (t: T) => string) => {
+    const now = new Map<string, string>();
+    const upserts: T[] = [];
+    for (const item of items) {
+      const k = key(item);
+      const json = stableStringify(item);
+      now.set(k, json);
+      if (before.get(k) !== json) upserts.push(item);
+    }
+    return { now, upserts, removed: [...before.keys()].filter((k) => !now.has(k)) };
+  };
+  const w = kind(prev.workloads, next.workloads, (x) => x.uid);
+  const s = kind(prev.services, next.services, serviceKey);
+  const p = kind(prev.policies, next.policies, policyKey);
+  return {
+    change: {
+      workloads: w.upserts,
+      removedWorkloads: w.removed,
+      services: s.upserts,
+      removedServices: s.removed,
+      policies: p.upserts,
+      removedPolicies: p.removed,
+    },
+    kept: { workloads: w.now, services: s.now, policies: p.now },
+  };
+}
+
+/** `snapshot` as `diffKept` keeps it. */
+export function keptOf(snapshot: StateSnapshot): Kept {
+  return diffKept(EMPTY_KEPT, snapshot).kept;
+}
+
 /** The change that turns snapshot `prev` into `next` (a reloaded local file: only what the file changed). */
 export function snapshotChange(prev: StateSnapshot, next: StateSnapshot): StateChange {
-  const diff = <T>(before: T[], after: T[], key: (t: T) => string) => {
-    const old = new Map(before.map((t) => [key(t), t]));
-    const now = new Map(after.map((t) => [key(t), t]));
-    return {
-      upserts: after.filter((t) => {
-        const o = old.get(key(t));
-        return o === undefined || stableStringify(o) !== stableStringify(t);
-      }),
-      removed: [...old.keys()].filter((k) => !now.has(k)),
-    };
-  };
-  const w = diff(prev.workloads, next.workloads, (x) => x.uid);
-  const s = diff(prev.services, next.services, serviceKey);
-  const p = diff(prev.policies, next.policies, policyKey);
-  return {
-    workloads: w.upserts,
-    removedWorkloads: w.removed,
-    services: s.upserts,
-    removedServices: s.removed,
-    policies: p.upserts,
-    removedPolicies: p.removed,
-  };
+  return diffKept(keptOf(prev), next).change;
 }
 
 export class StateStore {

@@ -100,7 +100,10 @@ async fn server(fx: &Fixture, identity: Identity, max_streams: u32, goaway_after
 }
 
 fn pool(fx: &Fixture, max_streams: u32) -> Arc<Pool> {
-    let cfg = Config { pool_max_streams_per_connection: max_streams, ..Config::default() };
+    pool_with(fx, Config { pool_max_streams_per_connection: max_streams, ..Config::default() })
+}
+
+fn pool_with(fx: &Fixture, cfg: Config) -> Arc<Pool> {
     Pool::new(Arc::new(cfg), fx.certs.clone(), Arc::new(Metrics::default()), Arc::new(Events::default()), Drain::new())
 }
 
@@ -238,13 +241,7 @@ async fn no_certificate_means_no_connection() {
     let srv = server(&fx, id("echo"), 200, None).await;
     // The pool waits for a certificate on demand up to the connect timeout: keep it short here.
     let cfg = Config { connect_timeout_ms: 200, ..Config::default() };
-    let p = Pool::new(
-        Arc::new(cfg),
-        fx.certs.clone(),
-        Arc::new(Metrics::default()),
-        Arc::new(Events::default()),
-        Drain::new(),
-    );
+    let p = pool_with(&fx, cfg);
     let err = open(&p, &key(srv.addr, &[id("echo")])).await.err().expect("must fail");
     assert!(matches!(err, PoolError::NoCertificate(_)), "{err}");
     assert_eq!(srv.connections.load(Ordering::SeqCst), 0, "nothing is dialed without our certificate");
@@ -274,13 +271,7 @@ async fn idle_keys_are_released() {
     fx.issue(&fx.certs, &id("sleep"));
     let srv = server(&fx, id("echo"), 200, None).await;
     let cfg = Config { pool_unused_release_timeout_ms: 50, ..Config::default() };
-    let p = Pool::new(
-        Arc::new(cfg),
-        fx.certs.clone(),
-        Arc::new(Metrics::default()),
-        Arc::new(Events::default()),
-        Drain::new(),
-    );
+    let p = pool_with(&fx, cfg);
     let k = key(srv.addr, &[id("echo")]);
     let held = open(&p, &k).await.unwrap();
     assert_eq!(p.evict_idle(std::time::Instant::now() + Duration::from_secs(1)), 0, "a key with a live stream stays");

@@ -394,8 +394,21 @@ fn ip_families_of_the_service_choose_the_endpoint_address() {
     assert_eq!(ip("10.96.8.2:80"), "10.0.8.1".parse::<IpAddr>().unwrap(), "the client's family when allowed");
 }
 
+/// `far` (10.9.0.1) on network west behind the gateway west/192.0.2.1, an endpoint of service `far` (80 → `target`).
+fn far(target: u16) -> Value {
+    workload(
+        "far",
+        "default",
+        "far",
+        "10.9.0.1",
+        json!({"network": "west",
+        "networkGateway": {"destination": "west/192.0.2.1", "hboneMtlsPort": 15008},
+        "services": {svc_key("far", "default"): {"80": target}}}),
+    )
+}
+
 #[test]
-fn unsupported_cases_fail_closed_with_a_reason() {
+fn a_hostname_only_endpoint_is_resolved_later_and_an_unknown_gateway_fails_closed() {
     let mut hostname_only = workload(
         "ext",
         "default",
@@ -405,15 +418,7 @@ fn unsupported_cases_fail_closed_with_a_reason() {
         "services": {svc_key("ext", "default"): {"80": 80}}}),
     );
     hostname_only["workloadIps"] = json!([]);
-    let remote = workload(
-        "far",
-        "default",
-        "far",
-        "10.9.0.1",
-        json!({"network": "west",
-        "networkGateway": {"destination": "west/192.0.2.1", "hboneMtlsPort": 15008},
-        "services": {svc_key("far", "default"): {"80": 80}}}),
-    );
+    let remote = far(80);
     let st = state(
         vec![sleep(), hostname_only, remote],
         vec![
@@ -430,15 +435,7 @@ fn unsupported_cases_fail_closed_with_a_reason() {
 
 #[test]
 fn a_service_endpoint_on_another_network_is_reached_by_double_hbone_through_its_gateway() {
-    let far = workload(
-        "far",
-        "default",
-        "far",
-        "10.9.0.1",
-        json!({"network": "west",
-        "networkGateway": {"destination": "west/192.0.2.1", "hboneMtlsPort": 15008},
-        "services": {svc_key("far", "default"): {"80": 8080}}}),
-    );
+    let far = far(8080);
     let gateway =
         workload("eastwest", "istio-system", "istio-eastwestgateway", "192.0.2.1", json!({"network": "west"}));
     let st = state(
