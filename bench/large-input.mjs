@@ -20,8 +20,8 @@
 //
 // BENCH_DIST selects the compiled code to measure (default dist/; point it at a build of an older tree for a
 // "before" figure: the old code starts its servers only after the file has loaded, so its probes are refused).
-// The dataplane is a fake whose applyState serializes the delta, as the napi boundary does; BENCH_NATIVE=1 uses the
-// real native dataplane (dist/native). BENCH_LARGE_WORKLOADS (default 100000), BENCH_LARGE_SCENARIOS (default
+// The dataplane binds nothing (test/helpers/fake-dataplane.js), but its state is a real native one (the mesh lives
+// there); BENCH_NATIVE=1 uses the whole native dataplane (dist/native). BENCH_LARGE_WORKLOADS (default 100000), BENCH_LARGE_SCENARIOS (default
 // local,xds; add reload for the reload, another minute at 100k). Results go to bench/results/large-input.json
 // (BENCH_LARGE_OUT to change). Measures; asserts nothing.
 import { fakeDataplane } from '../test/helpers/fake-dataplane.js';

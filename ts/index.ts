@@ -5,7 +5,7 @@ export { runProxy, dataplaneConfig, type ProxyHandle, type ProxyDeps, type Proxy
 export { Readiness, renderReadiness } from './lifecycle/readiness.js';
 export { Drain, type DrainMode } from './lifecycle/drain.js';
 export { createLogs, type Logs } from './log/logger.js';
-export { StateStore, computeDelta } from './state/store.js';
+export { StateStore } from './state/store.js';
 export { CertificateManager } from './ca/manager.js';
 export { LocalCertificateAuthority, type CertificateAuthority, type SignedCertificate } from './ca/authority.js';
 export { Metrics } from './admin/metrics.js';

@@ -1,23 +1,36 @@
 // A stand-in for the native Dataplane (the daemon's DataplanePort), for running the daemon's lifecycle in process
-// without the native module. Calls that matter to a test can be replaced through `overrides`; the rest answer
-// like an idle dataplane.
-export function fakeDataplane(overrides = {}) {
-  return {
-    // What the napi boundary costs: the delta crosses as one JSON string.
-    applyState: (d) => void JSON.stringify(d),
-    createCsr: () => 'CSR',
-    installCertificate: () => undefined,
-    forgetIdentity: () => false,
+// without binding sockets: the state calls go to a REAL native dataplane (the mesh lives there: a stand-in for it
+// would test nothing), everything that binds, dials or signs answers like an idle dataplane. Every call is recorded
+// in `log` as [op, arg]; calls that matter to a test can be replaced through `overrides`.
+import { openNativeDataplane } from './native-dataplane.js';
+
+export function fakeDataplane(overrides = {}, { nodeName = 'node-a' } = {}) {
+  const log = [];
+  const real = openNativeDataplane({ nodeName });
+  const fake = {
+    log,
+    real,
+    applyState: (d) => (log.push(['applyState', d]), real.applyState(d)),
+    applyStateBatches: async (chunks) => (log.push(['applyStateBatches', chunks]), real.applyStateBatches(chunks)),
+    applyAddresses: async (resources, removed) => (log.push(['applyAddresses', { resources: resources.length, removed }]), real.applyAddresses(resources, removed)),
+    meshDump: () => real.meshDump(),
+    createCsr: (id) => (log.push(['createCsr', id]), 'CSR'),
+    installCertificate: (id) => void log.push(['installCertificate', id]),
+    forgetIdentity: (id) => (log.push(['forgetIdentity', id]), false),
     // Certificates on demand: nothing is ever asked (the empty answer ends the daemon's loop).
     nextCertificateRequests: async () => [],
-    addLocalWorkload: async (spec) => ({ hboneAddr: spec.hboneAddr, socksAddr: spec.socksAddr }),
-    removeLocalWorkload: async () => undefined,
+    addLocalWorkload: async (spec) => (log.push(['addLocalWorkload', spec]), { uid: spec.uid, hboneAddr: spec.hboneAddr, socksAddr: spec.socksAddr }),
+    removeLocalWorkload: async (uid) => void log.push(['removeLocalWorkload', uid]),
     metrics: () => ({ connections: [], socketsOpen: { source: 0, destination: 0 } }),
     authorize: () => ({}),
     drainEvents: () => [],
     setEventLevels: () => undefined,
     drain: async () => true,
-    shutdown: () => undefined,
+    shutdown: () => {
+      log.push(['shutdown']);
+      real.shutdown();
+    },
     ...overrides,
   };
+  return fake;
 }

@@ -30,20 +30,17 @@ const WORKLOADS = 6_000;
 /** Generous: the CI machine is loaded. A blocked event loop fails it by seconds. */
 const PROBE_BOUND_MS = 1_000;
 
+/** The state is a real native dataplane's; `refuse(delta)` makes it refuse a batch holding such a chunk. */
 function fakeDataplane({ refuse = () => false } = {}) {
-  const log = [];
-  return {
-    log,
-    ...baseDataplane({
-      applyState: (d) => {
-        // What the napi boundary costs: the delta crosses as one JSON string.
-        const json = JSON.stringify(d);
-        if (refuse(d)) throw new Error('INVALID_STATE: refused by the test');
-        log.push(['applyState', d, json.length]);
-      },
-      shutdown: () => log.push(['shutdown']),
-    }),
-  };
+  const dp = baseDataplane({
+    applyStateBatches: async (chunks) => {
+      const deltas = chunks.map((c) => JSON.parse(Buffer.from(c).toString('utf8')));
+      if (deltas.some(refuse)) throw new Error('INVALID_STATE: refused by the test');
+      dp.log.push(['applyStateBatches', deltas]);
+      return dp.real.applyStateBatches(chunks);
+    },
+  }, { nodeName: 'node-none' });
+  return dp;
 }
 
 /**
@@ -121,7 +118,8 @@ test('the loader validates off the main thread, says what an in-thread parse say
     assert.equal(first.source, path);
     assert.deepEqual(first.counts, { workloads: 30, services: 3, policies: 1 });
     const changes = first.chunks.map(parseJson);
-    assert.deepEqual(changes.map((c) => Object.keys(c).filter((k) => c[k].length > 0)), [['policies', 'services', 'workloads']], 'references first');
+    assert.deepEqual(changes.map((c) => Object.keys(c).filter((k) => c[k].length > 0).sort()), [['policies', 'services', 'workloads']]);
+    assert.deepEqual(first.policies.upserts.map((p) => p.name), ['p0'], 'the policy part as written, for the main thread');
     assert.equal(parseJson(first.raw).workloads.length, 30);
     loader.commit();
 
@@ -171,10 +169,11 @@ test('a large local file: readiness and metrics answer while it loads at startup
     let answers = await p.stop();
     assertResponsive(answers, 'startup');
     assert.ok(answers.some((a) => a.what === 'readiness' && a.status === 500), 'readiness answered "not ready" while loading');
-    const deltas = dp.log.filter(([op]) => op === 'applyState').map(([, d]) => d);
-    assert.ok(deltas.length >= Math.ceil(WORKLOADS / STATE_CHUNK_RESOURCES), `applied in chunks (${deltas.length} deltas)`);
-    assert.equal(deltas[0].full, true);
-    assert.equal(deltas.reduce((n, d) => n + (d.workloads?.length ?? 0), 0), WORKLOADS);
+    const batches = dp.log.filter(([op]) => op === 'applyStateBatches').map(([, d]) => d);
+    assert.equal(batches.length, 1, 'one batch, applied off the JS thread');
+    assert.ok(batches[0].length >= Math.ceil(WORKLOADS / STATE_CHUNK_RESOURCES), `carried in chunks (${batches[0].length})`);
+    assert.equal(batches[0].reduce((n, d) => n + (d.workloads?.length ?? 0), 0), WORKLOADS);
+    assert.equal(dp.meshDump().workloads.length, WORKLOADS);
     assert.ok(lines.some((l) => l.message === 'local config applied' && l.workloads === WORKLOADS));
     assert.ok(!lines.some((l) => /not known/.test(l.message)), 'no policy was transiently missing (policies go first)');
     const slowest = Math.max(...answers.map((a) => a.ms));
@@ -188,9 +187,10 @@ test('a large local file: readiness and metrics answer while it loads at startup
     await waitUntil(() => lines.some((l) => l.message === 'local config reloaded'), 'the reload', 120_000);
     answers = await p.stop();
     assertResponsive(answers, 'reload');
-    const reloaded = dp.log.slice(before).filter(([op]) => op === 'applyState').map(([, d]) => d);
-    assert.ok(reloaded.length >= Math.ceil(WORKLOADS / STATE_CHUNK_RESOURCES), `reloaded in chunks (${reloaded.length} deltas)`);
-    assert.ok(reloaded.every((d) => !d.full && (d.workloads ?? []).every((w) => w.canonicalRevision === 'v2')));
+    const reloaded = dp.log.slice(before).filter(([op]) => op === 'applyStateBatches').map(([, d]) => d);
+    assert.equal(reloaded.length, 1);
+    assert.ok(reloaded[0].every((d) => (d.workloads ?? []).every((w) => w.canonicalRevision === 'v2')));
+    assert.ok(dp.meshDump().workloads.every((w) => w.canonicalRevision === 'v2'));
     console.log(`# reload: ${answers.length} probes, slowest ${Math.round(Math.max(...answers.map((a) => a.ms)))} ms`);
 
     // A bad large file (the error is near its end): refused whole, with file, path and field; nothing applied.
@@ -204,7 +204,7 @@ test('a large local file: readiness and metrics answer while it loads at startup
     answers = await p.stop();
     assertResponsive(answers, 'bad reload');
     assert.equal(refused.err, `${path}: workloads[${WORKLOADS - 7}].workloadIps[0]: "10.0.0.300" is not an IP address`);
-    assert.deepEqual(dp.log.slice(beforeBad).filter(([op]) => op === 'applyState'), [], 'nothing of the bad file reached the dataplane');
+    assert.deepEqual(dp.log.slice(beforeBad).filter(([op]) => op.startsWith('apply')), [], 'nothing of the bad file reached the dataplane');
     const ready = await get(proxy.addresses.readiness, '/healthz/ready');
     assert.equal(ready.status, 200);
     const dump = JSON.parse((await get(proxy.addresses.admin, '/config_dump')).body);
@@ -240,11 +240,12 @@ test('a bad large file at startup: a config error naming the file, path and fiel
   });
   assert.deepEqual(opened, []);
   assert.deepEqual(dp.log, []);
+  dp.shutdown();
 });
 
-test('a dataplane refusal in the middle of a chunked reload rolls the earlier chunks back', async () => {
+test('a dataplane refusal of one chunk of a reload leaves nothing of the reload applied', async () => {
   const path = join(dir, 'rollback.yaml');
-  const n = 2 * STATE_CHUNK_RESOURCES; // with its services and policies: three chunks, the refused one last
+  const n = 2 * STATE_CHUNK_RESOURCES; // with its services and policies: three chunks, the refused one last (validated before any applies)
   writeLargeConfig(path, { workloads: n });
   let refuseV2 = false;
   const dp = fakeDataplane({ refuse: (d) => refuseV2 && (d.workloads ?? []).some((w) => w.uid === `Kubernetes//Pod/ns${(n - 1) % 50}/w${n - 1}` && w.canonicalRevision === 'v2') });
@@ -268,7 +269,7 @@ test('a dataplane refusal in the middle of a chunked reload rolls the earlier ch
   }
 });
 
-test('a large xDS push is applied in chunks, ACKed once, in order with the next response; the servers answer meanwhile', async () => {
+test('a large xDS push crosses in one call, is ACKed once, in order with the next response; the servers answer meanwhile', async () => {
   const istiod = await startFakeIstiod({ dir: mkdtempSync(join(dir, 'istiod-')) });
   const n = 16 * STATE_CHUNK_RESOURCES;
   const { dp, proxy } = await start({ XDS_ADDRESS: istiod.address, XDS_ROOT_CA: istiod.rootCaPath, ALT_XDS_HOSTNAME: ISTIOD_HOSTNAME });
@@ -288,12 +289,12 @@ test('a large xDS push is applied in chunks, ACKed once, in order with the next 
     assert.deepEqual([ack1.responseNonce, ack1.errorDetail], [first, undefined]);
     assert.deepEqual([ack2.responseNonce, ack2.errorDetail], [second, undefined]);
     assertResponsive(answers, 'xDS push', 4);
-    const deltas = dp.log.filter(([op]) => op === 'applyState').map(([, d]) => d);
-    // The first push: one delta per chunk of resources (the first one full), then the removal unit (empty after
-    // the filter: no delta); then the second response.
-    assert.equal(deltas[0].full, true);
-    assert.equal(deltas.length, n / STATE_CHUNK_RESOURCES + 1, 'one delta per chunk, then the second response');
-    assert.deepEqual(deltas.at(-1).workloads.map((w) => w.workloadIps[0]), ['10.200.0.3'], 'the second response applied last');
+    // Each response is one call, still encoded; the second applies after the first.
+    assert.deepEqual(dp.log.filter(([op]) => op === 'applyAddresses').map(([, x]) => x), [
+      { resources: n, removed: [`Kubernetes//Pod/default/w${n - 1}`] },
+      { resources: 1, removed: [] },
+    ]);
+    assert.deepEqual(dp.meshDump().workloads.find((w) => w.uid === 'Kubernetes//Pod/default/w3').workloadIps, ['10.200.0.3'], 'the second response applied last');
     const dump = JSON.parse((await get(proxy.addresses.admin, '/config_dump')).body);
     assert.equal(dump.workloads.length, n, 'the removal of a key the same response upserts did not win');
   } finally {

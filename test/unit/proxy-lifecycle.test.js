@@ -10,6 +10,7 @@ import { createLogs } from '../../dist/log/logger.js';
 import { ZtunnelError, LocalConfigError } from '../../dist/errors.js';
 import { parsePrometheusText, sumSamples } from '../../dist/cli/prom-text.js';
 import { get, waitUntil } from '../helpers/local-http.js';
+import { fakeDataplane as baseDataplane } from '../helpers/fake-dataplane.js';
 
 function pki() {
   try {
@@ -32,15 +33,10 @@ workloads:
 `;
 
 function fakeDataplane({ bindFails = false } = {}) {
-  const log = [];
   let events = [{ kind: 'access', level: 'info', message: 'connection complete', fields: { 'src.addr': '127.0.1.10:1234', direction: 'inbound' } }];
-  return {
-    log,
-    applyState: (d) => log.push(['applyState', d]),
-    createCsr: (id) => (log.push(['createCsr', id]), 'CSR'),
-    installCertificate: (id) => log.push(['installCertificate', id]),
+  const dp = baseDataplane({
     addLocalWorkload: async (spec) => {
-      log.push(['addLocalWorkload', spec]);
+      dp.log.push(['addLocalWorkload', spec]);
       if (bindFails) throw new ZtunnelError('BIND_FAILED', `${spec.hboneAddr}: address in use`);
       return { hboneAddr: spec.hboneAddr, socksAddr: spec.socksAddr };
     },
@@ -54,9 +50,9 @@ function fakeDataplane({ bindFails = false } = {}) {
     setEventLevels(access, dataplane) {
       this.levels.push([access, dataplane]);
     },
-    drain: async (ms) => (log.push(['drain', ms]), true),
-    shutdown: () => log.push(['shutdown']),
-  };
+    drain: async (ms) => (dp.log.push(['drain', ms]), true),
+  });
+  return dp;
 }
 
 function setup({ env = {}, dp = fakeDataplane() } = {}) {
@@ -86,10 +82,9 @@ test('local mode: certificates, then listeners, then ready; dumps and metrics; q
   await waitUntil(async () => (await get(proxy.addresses.readiness, '/healthz/ready')).status === 200, 'ready');
 
   const ops = dp.log.map(([op]) => op);
-  assert.deepEqual(ops.slice(0, 2), ['open', 'applyState']);
+  assert.deepEqual(ops.slice(0, 2), ['open', 'applyStateBatches']);
   assert.equal(dp.log[0][1].nodeName, 'node-a');
   assert.equal(dp.log[0][1].socks5Enabled, true);
-  assert.equal(dp.log[1][1].full, true);
   // Only node-a's workload gets a certificate and listeners, and the certificate comes first.
   assert.deepEqual(dp.log.filter(([op]) => op === 'createCsr').map(([, id]) => id), ['spiffe://cluster.local/ns/default/sa/sleep']);
   assert.ok(ops.indexOf('installCertificate') < ops.indexOf('addLocalWorkload'));

@@ -1,6 +1,7 @@
-// runProxy with a fake dataplane and the fake istiod (real gRPC, TLS), no native module: the local config file and
-// xDS feed one state; readiness waits for the xDS sync; every state change reaches the dataplane as a delta of only
-// what changed and is reconciled into certificates and listeners (added and removed); XDS_ADDRESS="" disables xDS.
+// runProxy with a dataplane that binds nothing (its state is a real native one) and the fake istiod (real gRPC, TLS):
+// the local config file and xDS feed one state, held by the dataplane; readiness waits for the xDS sync; an xDS
+// response crosses still encoded, in one call, and what changed is reconciled into certificates and listeners (added
+// and removed); XDS_ADDRESS="" disables xDS.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { makeCa, makeLeaf, tempDir } from '../helpers/pki.js';
@@ -9,28 +10,11 @@ import { runProxy } from '../../dist/lifecycle/proxy.js';
 import { createLogs } from '../../dist/log/logger.js';
 import { ADDRESS, AUTHORIZATION, ISTIOD_HOSTNAME, startFakeIstiod, workloadResource } from '../helpers/fake-istiod.js';
 import { get, waitUntil } from '../helpers/local-http.js';
+import { fakeDataplane } from '../helpers/fake-dataplane.js';
 
 const dir = tempDir('ztn-proxy-xds-');
 const root = makeCa(dir, 'root');
 const leaf = makeLeaf(dir, root, ['spiffe://cluster.local/ns/default/sa/sleep']);
-
-function fakeDataplane() {
-  const log = [];
-  return {
-    log,
-    applyState: (d) => log.push(['applyState', d]),
-    createCsr: (id) => (log.push(['createCsr', id]), 'CSR'),
-    installCertificate: (id) => log.push(['installCertificate', id]),
-    addLocalWorkload: async (spec) => (log.push(['addLocalWorkload', spec]), { hboneAddr: spec.hboneAddr, socksAddr: spec.socksAddr }),
-    removeLocalWorkload: async (uid) => log.push(['removeLocalWorkload', uid]),
-    metrics: () => ({ connections: [], socketsOpen: { source: 0, destination: 0 } }),
-    authorize: () => ({}),
-    drainEvents: () => [],
-    setEventLevels: () => undefined,
-    drain: async () => true,
-    shutdown: () => log.push(['shutdown']),
-  };
-}
 
 const LOCAL_XDS = `
 workloads:
@@ -66,8 +50,9 @@ test('the local file and xDS both feed the state; one update is one small delta;
     await s.nextRequest(ADDRESS);
     await s.nextRequest(AUTHORIZATION);
     assert.match((await get(proxy.addresses.readiness, '/healthz/ready')).body, /state manager/);
-    // The file's workload was applied first, as a full delta.
-    assert.deepEqual(dp.log.filter(([op]) => op === 'applyState').map(([, d]) => [d.full, d.workloads.map((w) => w.uid)]), [[true, ['u-file']]]);
+    // The file's workload was applied first, as one batch.
+    assert.deepEqual(dp.log.filter(([op]) => op.startsWith('apply')).map(([op]) => op), ['applyStateBatches']);
+    assert.deepEqual(dp.meshDump().workloads.map((w) => w.uid), ['u-file']);
 
     const sleep = workloadResource({ name: 'sleep', ip: '127.0.9.2', node: 'node-a' });
     const others = Array.from({ length: 50 }, (_, i) => workloadResource({ name: `w${i}`, ip: `127.0.10.${i + 1}`, node: 'node-z' }));
@@ -80,12 +65,11 @@ test('the local file and xDS both feed the state; one update is one small delta;
     assert.deepEqual(dp.log.filter(([op]) => op === 'addLocalWorkload').map(([, x]) => x.uid), ['Kubernetes//Pod/default/sleep']);
     assert.deepEqual(dp.log.filter(([op]) => op === 'createCsr').map(([, x]) => x), ['spiffe://cluster.local/ns/default/sa/sleep']);
 
-    // One workload changes: the delta carries that workload only.
+    // One workload changes: one call carrying that resource only, still encoded.
     const n = dp.log.length;
     await s.pushAndWait(ADDRESS, { resources: [workloadResource({ name: 'w7', ip: '127.0.11.7', node: 'node-z', version: 'v2' })] });
-    const deltas = dp.log.slice(n).filter(([op]) => op === 'applyState').map(([, d]) => d);
-    assert.deepEqual(deltas.map((d) => Object.keys(d)), [['workloads']]);
-    assert.deepEqual(deltas[0].workloads.map((w) => [w.uid, w.workloadIps[0]]), [['Kubernetes//Pod/default/w7', '127.0.11.7']]);
+    assert.deepEqual(dp.log.slice(n).filter(([op]) => op.startsWith('apply')), [['applyAddresses', { resources: 1, removed: [] }]]);
+    assert.deepEqual(dp.meshDump().workloads.find((w) => w.uid === 'Kubernetes//Pod/default/w7').workloadIps, ['127.0.11.7']);
 
     // The local workload leaves this node: its listeners go, and its certificate is forgotten.
     await s.pushAndWait(ADDRESS, { resources: [workloadResource({ name: 'sleep', ip: '127.0.9.2', node: 'node-q', version: 'v2' })] });

@@ -1,8 +1,11 @@
-// The state store: deltas for the native side (full first, then diffs) and the config_dump renderings.
+// The state: the mesh lives in the dataplane (a real native one here), which drops what changes nothing and reports
+// what changed; the control side's store keeps the policies and this node's workloads. Also the config_dump
+// renderings, which the dataplane writes.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { StateStore, computeDelta, sameJson, stableStringify } from '../../dist/state/store.js';
+import { StateStore, sameJson, snapshotChange, stableStringify } from '../../dist/state/store.js';
 import { parseLocalConfig } from '../../dist/config/local.js';
+import { openNativeDataplane } from '../helpers/native-dataplane.js';
 
 const model = (yaml) => parseLocalConfig(yaml, 'test.yaml');
 
@@ -10,6 +13,7 @@ const BASE = `
 workloads:
 - {uid: w2, name: b, namespace: ns, workloadIps: ["10.0.0.2"], node: n1, services: {"ns/svc.example": {80: 8080}}}
 - {uid: w1, name: a, namespace: ns, workloadIps: ["10.0.0.1"], node: n1, protocol: HBONE}
+- {uid: w9, name: z, namespace: ns, workloadIps: ["10.0.0.9"], node: n2}
 services:
 - {name: zsvc, namespace: ns, hostname: svc.example, vips: ["/10.96.0.1"], ports: {80: 8080}}
 - {name: asvc, namespace: ns, hostname: a.example, vips: ["/10.96.0.2"], ports: {443: 0}}
@@ -18,79 +22,71 @@ policies:
 - {name: p1, namespace: ns, scope: Namespace, action: Allow}
 `;
 
-function record() {
+/** A store on node n1 over a real dataplane; `sent` records every delta that crossed. */
+function setup(t) {
+  const dp = openNativeDataplane({ nodeName: 'n1' });
+  t.after(() => dp.shutdown());
+  const store = new StateStore('n1');
   const sent = [];
-  return { sent, send: (d) => sent.push(d) };
+  const send = (d) => (sent.push(d), dp.applyState(d));
+  const load = (yaml, prev = { workloads: [], services: [], policies: [] }) => store.apply(snapshotChange(prev, model(yaml)), send);
+  return { dp, store, sent, send, load };
 }
 
-test('the first apply is a full replacement carrying only native fields', () => {
-  const store = new StateStore();
-  const { sent, send } = record();
-  const delta = store.replace(model(BASE), send);
+test('an apply reports the workloads that changed; the whole record only for this node\'s', (t) => {
+  const { store, sent, load } = setup(t);
+  const applied = load(BASE);
   assert.equal(sent.length, 1);
-  assert.equal(delta, sent[0]);
-  assert.equal(delta.full, true);
-  assert.deepEqual(delta.workloads.map((w) => w.uid).sort(), ['w1', 'w2']);
-  assert.deepEqual(delta.services.map((s) => s.hostname).sort(), ['a.example', 'svc.example']);
-  // The routing fields cross the boundary (the dataplane routes on them); nothing else does.
-  assert.equal('waypoint' in delta.workloads[0], true);
-  assert.equal('networkMode' in delta.workloads[0], true);
-  assert.deepEqual(Object.keys(delta.services[0]).sort(), [
-    'canonical', 'cidrVips', 'hostname', 'ipFamilies', 'loadBalancer', 'name', 'namespace', 'ports', 'subjectAltNames',
-    'vips', 'visibility', 'waypoint', 'weightedWaypoints',
-  ]);
+  assert.equal(sent[0].full, undefined, 'the dataplane holds the state: no full replacement');
+  assert.equal(applied.changedWorkloads, 3);
+  // Only this node's workloads are listed (w9 is on n2 and names no policy), with their whole record.
+  assert.deepEqual(applied.workloads.map((t) => t.uid).sort(), ['w1', 'w2']);
+  assert.equal(applied.workloads.find((t) => t.uid === 'w1').after.protocol, 'HBONE');
+  assert.deepEqual(store.workloadsOnNode('n1').map((w) => w.uid), ['w1', 'w2']);
+  assert.deepEqual(store.workloadsOnNode('n2'), [], 'no index of other nodes');
+  assert.deepEqual(store.size, { workloads: 3, services: 2, policies: 2 });
 });
 
-test('later applies send only what changed, and nothing when nothing changed', () => {
-  const store = new StateStore();
-  store.replace(model(BASE), () => {});
-  const { sent, send } = record();
-  assert.equal(store.replace(model(BASE), send), null);
-  assert.equal(sent.length, 0);
-
-  const changed = model(BASE);
-  changed.workloads[0].status = 'Unhealthy'; // w2 changes
-  changed.workloads.pop(); // w1 removed
-  changed.workloads.push({ ...changed.workloads[0], uid: 'w3', name: 'c' }); // w3 added
-  changed.services = changed.services.filter((s) => s.hostname !== 'a.example'); // service removed
-  const delta = store.replace(changed, send);
-  assert.equal(delta.full, undefined);
-  assert.deepEqual(delta.workloads.map((w) => w.uid).sort(), ['w2', 'w3']);
-  assert.equal(delta.workloads.find((w) => w.uid === 'w2').status, 'Unhealthy');
-  assert.deepEqual(delta.removedWorkloads, ['w1']);
-  assert.deepEqual(delta.removedServices, ['ns/a.example']);
-  assert.equal(delta.services, undefined);
-});
-
-test('a waypoint change reaches the dataplane and the dump', () => {
-  const store = new StateStore();
-  store.replace(model(BASE), () => {});
+test('an upsert equal to what the dataplane holds reports nothing; a change reports before and after', (t) => {
+  const { store, send, load } = setup(t);
+  load(BASE);
+  const same = store.apply(snapshotChange({ workloads: [], services: [], policies: [] }, model(BASE)), send);
+  assert.deepEqual([same.changedWorkloads, same.workloads.length, same.services], [0, 0, 0]);
   const next = model(BASE);
   next.workloads[1].waypoint = { destination: '/10.0.0.9', hboneMtlsPort: 15008 };
-  const { sent, send } = record();
-  const delta = store.replace(next, send);
-  assert.equal(sent.length, 1);
-  assert.deepEqual(delta.workloads.map((w) => [w.uid, w.waypoint]), [['w1', { destination: '/10.0.0.9', hboneMtlsPort: 15008 }]]);
-  assert.deepEqual(store.dumpWorkloads().find((w) => w.uid === 'w1').waypoint, { destination: '/10.0.0.9', hboneMtlsPort: 15008 });
+  next.workloads[0].node = 'n2'; // w2 leaves this node
+  const moved = store.apply(snapshotChange(model(BASE), next), send);
+  assert.deepEqual(moved.workloads.map((t) => t.uid).sort(), ['w1', 'w2']);
+  const w1 = moved.workloads.find((t) => t.uid === 'w1');
+  assert.deepEqual([w1.before.waypoint, w1.after.waypoint], [null, { destination: '/10.0.0.9', hboneMtlsPort: 15008 }]);
+  assert.deepEqual(store.workloadsOnNode('n1').map((w) => w.uid), ['w1']);
+  // A workload that names a policy is reported even off this node (the policy-reference index follows it).
+  const named = store.apply({ workloads: [{ ...model(BASE).workloads[2], authorizationPolicies: ['ns/sel'] }] }, send);
+  assert.deepEqual(named.workloads, [{ uid: 'w9', before: { node: 'n2', authorizationPolicies: [] }, after: { node: 'n2', authorizationPolicies: ['ns/sel'] } }]);
+  // Removals of unknown keys change nothing.
+  assert.equal(store.apply({ removedWorkloads: ['nope'] }, send).changedWorkloads, 0);
 });
 
-test('a rejected delta changes nothing; the next delta is computed against the old state', () => {
-  const store = new StateStore();
-  assert.throws(() => store.replace(model(BASE), () => {
-    throw new Error('INVALID_STATE: nope');
-  }), /INVALID_STATE/);
-  // Nothing was applied, so the retry is still a full replacement.
-  const { sent, send } = record();
-  store.replace(model(BASE), send);
-  assert.equal(sent[0].full, true);
-  assert.equal(store.dumpWorkloads().length, 2);
+test('a rejected delta changes nothing on either side', (t) => {
+  const { dp, store, send, load } = setup(t);
+  load(BASE);
+  const bad = model(BASE);
+  assert.throws(
+    () => store.apply({ workloads: [{ ...bad.workloads[0], workloadIps: ['10.0.0.300'] }], removedPolicies: ['ns/p1'] }, send),
+    (err) => err.code === 'INVALID_STATE' && /w2/.test(err.message),
+  );
+  assert.equal(store.has('policy', 'ns/p1'), true);
+  assert.deepEqual(dp.meshDump().workloads.find((w) => w.uid === 'w2').workloadIps, ['10.0.0.2']);
 });
 
-test('computeDelta ignores key order inside maps', () => {
-  const a = { workloads: new Map([['w', { uid: 'w', services: { 'ns/a': { 80: 1, 81: 2 } } }]]), services: new Map() };
-  const b = { workloads: new Map([['w', { services: { 'ns/a': { 81: 2, 80: 1 } }, uid: 'w' }]]), services: new Map() };
-  assert.equal(computeDelta(a, b), null);
-  assert.equal(stableStringify({ b: 1, a: [{ d: 1, c: 2 }] }), '{"a":[{"c":2,"d":1}],"b":1}');
+test('only policies whose compiled form changed cross the boundary', (t) => {
+  const { store, sent, send, load } = setup(t);
+  load(BASE);
+  const p1 = model(BASE).policies[1];
+  store.apply({ policies: [p1] }, send);
+  assert.equal(sent.at(-1).policies, undefined);
+  store.apply({ policies: [{ ...p1, action: 'Deny' }] }, send);
+  assert.deepEqual(sent.at(-1).policies.map((p) => [p.name, p.action]), [['p1', 'Deny']]);
 });
 
 test('sameJson judges equality as stableStringify renders it, without rendering', () => {
@@ -112,11 +108,11 @@ test('sameJson judges equality as stableStringify renders it, without rendering'
   }
 });
 
-test('dumpWorkloads: sorted by uid, ztunnel keys in order', () => {
-  const store = new StateStore();
-  store.replace(model(BASE), () => {});
-  const dump = store.dumpWorkloads();
-  assert.deepEqual(dump.map((w) => w.uid), ['w1', 'w2']);
+test('config_dump workloads: sorted by uid, ztunnel keys in order (rendered by the dataplane)', (t) => {
+  const { dp, load } = setup(t);
+  load(BASE);
+  const dump = dp.meshDump().workloads;
+  assert.deepEqual(dump.map((w) => w.uid), ['w1', 'w2', 'w9']);
   assert.deepEqual(Object.keys(dump[0]), [
     'uid', 'workloadIps', 'waypoint', 'networkGateway', 'protocol', 'networkMode', 'name', 'namespace', 'trustDomain',
     'serviceAccount', 'network', 'workloadName', 'workloadType', 'canonicalName', 'canonicalRevision', 'hostname', 'node',
@@ -124,10 +120,10 @@ test('dumpWorkloads: sorted by uid, ztunnel keys in order', () => {
   ]);
 });
 
-test('dumpServices: sorted by hostname, endpoints derived from workloads', () => {
-  const store = new StateStore();
-  store.replace(model(BASE), () => {});
-  const dump = store.dumpServices();
+test('config_dump services: sorted by hostname, endpoints derived from workloads; staged endpoints', (t) => {
+  const { dp, store, send, load } = setup(t);
+  load(BASE);
+  const dump = dp.meshDump().services;
   assert.deepEqual(dump.map((s) => s.hostname), ['a.example', 'svc.example']);
   assert.deepEqual(Object.keys(dump[0]), [
     'name', 'namespace', 'hostname', 'vips', 'cidrVips', 'ports', 'endpoints', 'subjectAltNames', 'waypoint',
@@ -135,12 +131,18 @@ test('dumpServices: sorted by hostname, endpoints derived from workloads', () =>
   ]);
   assert.deepEqual(dump[0].endpoints, {});
   assert.deepEqual(dump[1].endpoints, { w2: { workloadUid: 'w2', port: { 80: 8080 }, status: 'Healthy' } });
+  // An endpoint naming a service that is not there (yet) is staged.
+  store.apply({ workloads: [{ ...model(BASE).workloads[2], services: { 'ns/later.example': { 80: 9090 } } }] }, send);
+  assert.deepEqual(dp.meshDump().stagedServices, { 'ns/later.example': { w9: { workloadUid: 'w9', port: { 80: 9090 }, status: 'Healthy' } } });
 });
 
-test('dumpPolicies sorted by namespace/name; workloadsOnNode', () => {
-  const store = new StateStore();
-  store.replace(model(BASE), () => {});
+test('dumpPolicies sorted by namespace/name', (t) => {
+  const { store, load } = setup(t);
+  load(BASE);
   assert.deepEqual(store.dumpPolicies().map((p) => p.name), ['p1', 'p2']);
-  assert.deepEqual(store.workloadsOnNode('n1').map((w) => w.uid), ['w1', 'w2']);
-  assert.deepEqual(store.workloadsOnNode('other'), []);
 });
+
+test('stableStringify ignores key order inside maps', () => {
+  assert.equal(stableStringify({ b: 1, a: [{ d: 1, c: 2 }] }), '{"a":[{"c":2,"d":1}],"b":1}');
+});
+

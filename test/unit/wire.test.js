@@ -1,7 +1,8 @@
 // Wire check: a Workload and an Authorization encoded by an independent encoder (`protoc --encode`, from the
 // `protoc` npm package, with protos written from the spec's field tables in test/fixtures/wire/) are decoded by
-// ztunnel-node's generated code (from proto/) and compared field by field; then converted at the edge and
-// compared with the state model, and the policy with what the local config file produces for the same policy.
+// ztunnel-node's generated code (from proto/) and compared field by field; the Workload's bytes are also decoded by
+// the dataplane (prost, native/dataplane/src/state/wds.rs) and compared with the state model; the Authorization is
+// converted at the edge and compared with what the local config file produces for the same policy.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -11,7 +12,9 @@ import { fileURLToPath } from 'node:url';
 import { fromBinary } from '@bufbuild/protobuf';
 import { WorkloadSchema, TunnelProtocol, WorkloadType, WorkloadStatus, NetworkMode, AppProtocol, ApplicationTunnel_Protocol } from '../../dist/gen/istio/workload/workload_pb.js';
 import { AuthorizationSchema, Scope, Action } from '../../dist/gen/istio/security/authorization_pb.js';
-import { convertWorkload, convertAuthorization } from '../../dist/xds/convert.js';
+import { convertAuthorization } from '../../dist/xds/convert.js';
+import { decodeAddress } from '../../dist/native/index.js';
+import { addressBody } from '../helpers/native-wds.js';
 import { parseLocalConfig } from '../../dist/config/local.js';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -26,7 +29,8 @@ function encode(type, textFile) {
 }
 
 test('Workload: every field decodes to what protoc encoded', () => {
-  const w = fromBinary(WorkloadSchema, encode('istio.workload.Workload', 'workload.txtpb'));
+  const encoded = encode('istio.workload.Workload', 'workload.txtpb');
+  const w = fromBinary(WorkloadSchema, encoded);
   assert.equal(w.uid, 'Kubernetes//Pod/default/echo-7d4b9');
   assert.equal(w.name, 'echo-7d4b9');
   assert.equal(w.namespace, 'default');
@@ -60,8 +64,8 @@ test('Workload: every field decodes to what protoc encoded', () => {
   assert.equal(w.networkMode, NetworkMode.HOST_NETWORK);
   assert.equal(w.capacity, 3);
 
-  // ... and converts to the state model.
-  const info = convertWorkload(w);
+  // ... and the dataplane's own decoder (prost) reads the same bytes into the state model.
+  const info = decodeAddress(addressBody('workload', encoded)).workload;
   assert.deepEqual(info, {
     uid: 'Kubernetes//Pod/default/echo-7d4b9',
     name: 'echo-7d4b9',

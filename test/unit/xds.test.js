@@ -1,4 +1,5 @@
-// The xDS and CA clients below the daemon: conversion failures (the NACK reasons), the incremental store, the
+// The xDS and CA clients below the daemon: conversion failures (the NACK reasons; workloads and services are decoded
+// by the dataplane, native-wds.js), the
 // XdsClient and the istiod CA client against the fake istiod in-process (no native module: the CA signs with the
 // openssl CLI), and the node identity sent to istiod.
 import { test } from 'node:test';
@@ -6,11 +7,12 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { create } from '@bufbuild/protobuf';
+import { create, fromBinary } from '@bufbuild/protobuf';
 import { WorkloadSchema, ServiceSchema } from '../../dist/gen/istio/workload/workload_pb.js';
 import { AuthorizationSchema } from '../../dist/gen/istio/security/authorization_pb.js';
-import { convertWorkload, convertService, convertAuthorization, ipFromBytes } from '../../dist/xds/convert.js';
-import { StateStore } from '../../dist/state/store.js';
+import { ResourceSchema } from '../../dist/gen/envoy/service/discovery/v3/discovery_pb.js';
+import { convertAuthorization, ipFromBytes } from '../../dist/xds/convert.js';
+import { nativeService as convertService, nativeWorkload as convertWorkload } from '../helpers/native-wds.js';
 import { XdsClient, ztunnelNodeId, ztunnelNodeMetadata } from '../../dist/xds/client.js';
 import { TokenSource } from '../../dist/xds/grpc.js';
 import { XdsMetrics } from '../../dist/xds/metrics.js';
@@ -53,39 +55,6 @@ test('conversion: each invalid resource is rejected with a reason naming the fie
   }));
   assert.deepEqual([s.vips, s.cidrVips, s.ports, s.visibility], [['n/10.96.0.1', '/10.98.0.1'], ['/10.97.0.0/16'], { 80: 8080 }, 'Public']);
   assert.equal(ipFromBytes(Uint8Array.from([0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1]), 'x'), '2001:db8::1:0:0:1');
-});
-
-function workloadInfo(uid, ip, node = 'n1', extra = {}) {
-  return convertWorkload(wl({ uid, addresses: [Uint8Array.from(ip.split('.').map(Number))], node, ...extra }));
-}
-
-test('store.apply: first delta full, then only what changed; removals by key; O(change) node index', () => {
-  const store = new StateStore();
-  const sent = [];
-  const send = (d) => sent.push(d);
-  const first = store.apply({ workloads: [workloadInfo('a', '10.0.0.1'), workloadInfo('b', '10.0.0.2', 'n2')] }, send);
-  assert.equal(first.delta.full, true);
-  assert.equal(first.delta.workloads.length, 2);
-  const second = store.apply({ workloads: [workloadInfo('a', '10.0.0.9')] }, send);
-  assert.deepEqual(second.delta, { workloads: [second.delta.workloads[0]] });
-  assert.equal(second.delta.workloads[0].workloadIps[0], '10.0.0.9');
-  assert.deepEqual(second.workloads.map((t) => [t.uid, t.before.workloadIps[0], t.after.workloadIps[0]]), [['a', '10.0.0.1', '10.0.0.9']]);
-  // A waypoint is a routing field: its change reaches the dataplane.
-  const wp = workloadInfo('a', '10.0.0.9', 'n1', { waypoint: { destination: { case: 'hostname', value: { namespace: 'ns', hostname: 'wp' } } } });
-  assert.deepEqual(store.apply({ workloads: [wp] }, send).delta.workloads.map((w) => w.waypoint), [{ destination: 'ns/wp', hboneMtlsPort: 15008 }]);
-  assert.equal(store.workload('a').waypoint.destination, 'ns/wp');
-  // Removing an unknown key is a no-op; a known one is sent.
-  assert.deepEqual(store.apply({ removedWorkloads: ['b', 'nope'] }, send).delta, { removedWorkloads: ['b'] });
-  assert.deepEqual(store.workloadsOnNode('n2'), []);
-  assert.deepEqual(store.workloadsOnNode('n1').map((w) => w.uid), ['a']);
-  // A refused delta changes nothing.
-  assert.throws(() => store.apply({ removedWorkloads: ['a'] }, () => { throw new Error('INVALID_STATE: no'); }), /no/);
-  assert.ok(store.workload('a'));
-  // Staged endpoints: a workload naming a service the store does not have.
-  store.apply({ workloads: [workloadInfo('c', '10.0.0.3', 'n1', { services: { 'ns/svc': { ports: [{ servicePort: 80, targetPort: 8080 }] } } })] }, send);
-  assert.deepEqual(store.dumpStagedServices(), { 'ns/svc': { c: { workloadUid: 'c', port: { 80: 8080 }, status: 'Healthy' } } });
-  store.apply({ services: [convertService(create(ServiceSchema, { name: 'svc', namespace: 'ns', hostname: 'svc' }))] }, send);
-  assert.deepEqual(store.dumpStagedServices(), {});
 });
 
 test('weighted waypoints convert with their weights; a destination-less entry is refused', () => {
@@ -136,6 +105,7 @@ test('XdsClient: ACK/NACK per response, versions kept for the next connect, sync
   foreign = makeCa(pkiDir, 'unit-root');
   const istiod = await startFakeIstiod({ dir: pkiDir });
   const changes = [];
+  const addressCalls = [];
   let synced = 0;
   let refuse = false;
   const metrics = new XdsMetrics();
@@ -148,6 +118,14 @@ test('XdsClient: ACK/NACK per response, versions kept for the next connect, sync
     apply: (c) => {
       if (refuse) throw new Error('INVALID_STATE: refused');
       changes.push(c);
+    },
+    // Address resources go to the dataplane still encoded; this stand-in reads their envelopes.
+    applyAddresses: async (resources, removed) => {
+      if (refuse) throw new Error('INVALID_STATE: refused');
+      const rs = resources.map((b) => fromBinary(ResourceSchema, b));
+      addressCalls.push({ names: rs.map((r) => r.name), removed });
+      const bad = rs.filter((r) => r.name.endsWith('/bad'));
+      return { accepted: rs.filter((r) => !bad.includes(r)).map((r) => [r.name, r.version]), rejected: bad.map((r) => `${r.name}: no good`) };
     },
     onSynced: () => synced++,
     metrics,
@@ -162,17 +140,21 @@ test('XdsClient: ACK/NACK per response, versions kept for the next connect, sync
     const w1 = workloadResource({ name: 'w1', ip: '10.0.0.1', node: 'n', version: 'a' });
     const svc = serviceResource({ name: 's', vip: '10.96.0.1', ports: { 80: 8080 }, version: 'b' });
     assert.equal((await s.pushAndWait(ADDRESS, { resources: [w1, svc] })).errorDetail, undefined);
+    assert.deepEqual(addressCalls.at(-1), { names: ['Kubernetes//Pod/default/w1', 'default/s.default.svc.cluster.local'], removed: [] });
     assert.equal(synced, 0, 'not synced before the Authorization type was ACKed');
     assert.equal((await s.pushAndWait(AUTHORIZATION, { resources: [policyResource({ name: 'p' })] })).errorDetail, undefined);
     assert.equal(synced, 1);
     // The dataplane refuses the whole batch: everything in it is NACKed, nothing recorded.
     refuse = true;
     const nack = await s.pushAndWait(ADDRESS, { resources: [workloadResource({ name: 'w2', ip: '10.0.0.2', node: 'n', version: 'x' })] });
-    assert.equal(nack.errorDetail.message, 'Kubernetes//Pod/default/w2: INVALID_STATE: refused');
+    assert.equal(nack.errorDetail.message, "the response's 1 resource(s): INVALID_STATE: refused");
     refuse = false;
-    // Removal by name: the service key.
-    assert.equal((await s.pushAndWait(ADDRESS, { removed: ['default/s.default.svc.cluster.local'] })).errorDetail, undefined);
-    assert.deepEqual(changes.at(-1), { removedServices: ['default/s.default.svc.cluster.local'] });
+    // A resource the dataplane refuses is NACKed by name; the others of the response apply.
+    const partial = await s.pushAndWait(ADDRESS, { resources: [workloadResource({ name: 'bad', ip: '10.0.0.3', node: 'n', version: 'y' }), workloadResource({ name: 'w3', ip: '10.0.0.3', node: 'n', version: 'z' })] });
+    assert.equal(partial.errorDetail.message, 'Kubernetes//Pod/default/bad: no good');
+    // Removal by name: the dataplane knows what each name denotes.
+    assert.equal((await s.pushAndWait(ADDRESS, { removed: ['default/s.default.svc.cluster.local', 'Kubernetes//Pod/default/w3'] })).errorDetail, undefined);
+    assert.deepEqual(addressCalls.at(-1), { names: [], removed: ['default/s.default.svc.cluster.local', 'Kubernetes//Pod/default/w3'] });
     assert.deepEqual(client.resourceVersions(), {
       [ADDRESS]: { 'Kubernetes//Pod/default/w1': 'a' },
       [AUTHORIZATION]: { 'default/p': 'v1' },

@@ -1,6 +1,6 @@
 // The main thread's handle on the local config worker (local-worker.ts): `load()` has the worker read, parse,
-// validate and diff LOCAL_XDS_PATH / LOCAL_XDS, and resolves with the change as JSON chunks for the caller to apply
-// one per event-loop turn; `commit()` or `discard()` then says whether it was applied. The main thread never parses
+// validate and diff LOCAL_XDS_PATH / LOCAL_XDS, and resolves with the change as the dataplane's JSON deltas for the
+// caller to hand over unparsed; `commit()` or `discard()` then says whether it was applied. The main thread never parses
 // YAML or runs the schema, so a large file costs it only what applying the change costs, a chunk at a time.
 //
 // Invariants:
@@ -11,6 +11,7 @@
 // - The worker keeps the process alive only while a load is in flight, and `close()` ends it.
 import { Worker } from 'node:worker_threads';
 import { LocalConfigError } from '../errors.js';
+import type { PolicyChange } from '../state/store.js';
 import type { FromWorker, LoadedCounts, LocalWorkerData, ToWorker } from './local-worker.js';
 
 export interface LocalLoad {
@@ -18,8 +19,10 @@ export interface LocalLoad {
   source: string;
   /** How many of each the new document holds. */
   counts: LoadedCounts;
-  /** The change from the last committed document to this one: StateChange as UTF-8 JSON (`parseJson`), in apply order. */
+  /** The change from the last committed document to this one: the dataplane's StateDelta as UTF-8 JSON, in apply order. */
   chunks: Uint8Array[];
+  /** The policy part of the change, as written. */
+  policies: PolicyChange;
   /** The document as written (config_dump's `staticConfig`), as UTF-8 JSON. */
   raw: Uint8Array;
 }
@@ -99,7 +102,9 @@ export class LocalConfigLoader {
       return;
     }
     this.settle();
-    if (m.op === 'loaded') load.resolve({ source: m.source, counts: m.counts, chunks: load.chunks, raw: m.raw });
+    if (m.op === 'loaded') {
+      load.resolve({ source: m.source, counts: m.counts, chunks: load.chunks, raw: m.raw, policies: parseJson(m.policies) as PolicyChange });
+    }
     else if (m.op === 'invalid') load.reject(new LocalConfigError(m.message));
     else load.reject(new Error(`cannot load the local config: ${m.message}`));
   }

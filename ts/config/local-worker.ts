@@ -10,20 +10,24 @@
 //   compares, in less memory than the objects), and sends the change from it to the new one, so a reload
 //   costs the main thread only what changed. `commit` makes the last load the base of the next diff; `discard` (the
 //   main thread could not apply it) keeps the previous base.
-// - The change crosses as UTF-8 JSON in transferred buffers, one message per chunk (ts/state/chunks.ts): receiving
-//   costs the main thread nothing (a transfer moves the buffer; the port delivers every queued message in one task,
-//   so 60 MB of strings would be copied in one go), and it pays one JSON.parse of a chunk per event-loop
-//   turn, never a structured clone of 100k workloads at once (seconds). The raw document crosses the same way.
+// - The change crosses as the dataplane's own deltas (native workloads and services, compiled policies), UTF-8 JSON
+//   in transferred buffers, one message per chunk (ts/state/chunks.ts): the main thread never parses them, it hands
+//   them to the dataplane (`applyStateBatches`, which parses, validates and applies them as one, off the JS thread).
+//   Only the policy part crosses as written (small), for the main thread's policy index and config_dump. The raw
+//   document crosses as a buffer too.
 //
 // Protocol, one load at a time:
 //   main → worker  { op: 'load' }
-//   worker → main  { op: 'chunk', json } (one or more, in apply order), then { op: 'loaded', source, counts, raw }
+//   worker → main  { op: 'chunk', json } (one or more, in apply order), then { op: 'loaded', source, counts, raw,
+//                   policies }
 //              or  { op: 'invalid', message }   (a LocalConfigError: file, path, problem)
 //              or  { op: 'failed', message }    (anything else)
 //   main → worker  { op: 'commit' } | { op: 'discard' }
 import { parentPort, workerData } from 'node:worker_threads';
 import { LocalConfigError } from '../errors.js';
+import { compilePolicy } from '../policy/compile.js';
 import { splitChange } from '../state/chunks.js';
+import { toNativeService, toNativeWorkload } from '../state/model.js';
 import { diffKept, EMPTY_KEPT, type Kept } from '../state/store.js';
 import { loadLocalConfig } from './local.js';
 
@@ -43,7 +47,7 @@ export interface LoadedCounts {
 
 export type FromWorker =
   | { op: 'chunk'; json: Uint8Array }
-  | { op: 'loaded'; source: string; counts: LoadedCounts; raw: Uint8Array }
+  | { op: 'loaded'; source: string; counts: LoadedCounts; raw: Uint8Array; policies: Uint8Array }
   | { op: 'invalid'; message: string }
   | { op: 'failed'; message: string };
 
@@ -76,13 +80,22 @@ if (parentPort !== null) {
       if (next === null) throw new Error('no local config is configured');
       const { change, kept } = diffKept(committed, next);
       for (const chunk of splitChange(change)) {
-        const json = utf8.encode(JSON.stringify(chunk));
+        const native = {
+          workloads: chunk.workloads?.map(toNativeWorkload),
+          removedWorkloads: chunk.removedWorkloads,
+          services: chunk.services?.map(toNativeService),
+          removedServices: chunk.removedServices,
+          policies: chunk.policies?.map(compilePolicy),
+          removedPolicies: chunk.removedPolicies,
+        };
+        const json = utf8.encode(JSON.stringify(native));
         post({ op: 'chunk', json }, [json.buffer as ArrayBuffer]);
       }
       pending = kept;
       const raw = utf8.encode(JSON.stringify(next.raw));
+      const policies = utf8.encode(JSON.stringify({ upserts: change.policies ?? [], removed: change.removedPolicies ?? [] }));
       const counts = { workloads: next.workloads.length, services: next.services.length, policies: next.policies.length };
-      post({ op: 'loaded', source: next.source, counts, raw }, [raw.buffer as ArrayBuffer]);
+      post({ op: 'loaded', source: next.source, counts, raw, policies }, [raw.buffer as ArrayBuffer, policies.buffer as ArrayBuffer]);
     } catch (err) {
       if (err instanceof LocalConfigError) post({ op: 'invalid', message: err.message });
       else post({ op: 'failed', message: err instanceof Error ? err.message : String(err) });

@@ -7,14 +7,14 @@
 //     throughout (readiness "not ready" until the tasks below finish; metrics without traffic yet).
 //  2. Only once the file is valid does anything get created: a bad file closes the servers and exits 2 with no CA
 //     directory, no dataplane and no state to undo. Then the CA and the dataplane open, the local config's state is
-//     applied in chunks, one per event-loop turn (state/chunks.ts), and the XDS client starts.
-//  3. Every state change, whatever its source, goes through ONE entry point, `applyStateChange(source, change)`:
-//     the store applies it incrementally and sends the dataplane a delta of what changed, then the local-workload
-//     reconciler (local-workloads.ts) adds/removes certificates and listeners for the workloads on this node.
-//     Certificates are installed BEFORE listeners bind, so the first inbound handshake already has one. A large
-//     change arrives as several calls, never as one that holds the event loop for seconds: the local config as
-//     chunks (all-or-nothing: a chunk the dataplane refuses rolls the earlier ones back), an xDS response as chunks
-//     of its resources (xds/client.ts).
+//     applied, and the XDS client starts.
+//  3. The mesh lives once, in the dataplane (state/store.ts). Every state change crosses to it as one delta
+//     (`applyStateChange`: policies, small changes) or one batch applied off the JS thread (the local config's
+//     chunks, all or nothing; an xDS Address response, still encoded, resource by resource). The dataplane answers
+//     with what changed, and `afterApply` follows it: the local-workload reconciler (local-workloads.ts)
+//     adds/removes certificates and listeners for the workloads on this node, and the policy-reference index
+//     its warnings. Certificates are installed BEFORE listeners bind, so the first inbound handshake already has one.
+//     Batches are applied one at a time, in the order they were asked for.
 // Readiness tasks: "state manager" (the local config applied and, with XDS, both types received and ACKed),
 // "certificates" and "proxy" (the local workloads known when the state became ready have certificates and
 // listeners).
@@ -37,8 +37,7 @@ import { CertificateManager } from '../ca/manager.js';
 import { ConfigError, LocalConfigError } from '../errors.js';
 import type { Logs } from '../log/logger.js';
 import { Dataplane, nativeVersion } from '../native/index.js';
-import type { DataplaneConfig, NativeVersion } from '../native/types.js';
-import { nextTurn } from '../state/chunks.js';
+import type { AppliedOut, DataplaneConfig, NativeVersion } from '../native/types.js';
 import { policyKey } from '../state/model.js';
 import { StateStore, type AppliedChange, type StateChange } from '../state/store.js';
 import { XdsClient, ztunnelNodeId, ztunnelNodeMetadata } from '../xds/client.js';
@@ -61,6 +60,9 @@ export const EVENT_PUMP_INTERVAL_MS = 250;
 export type DataplanePort = Pick<
   Dataplane,
   | 'applyState'
+  | 'applyStateBatches'
+  | 'applyAddresses'
+  | 'meshDump'
   | 'createCsr'
   | 'installCertificate'
   | 'forgetIdentity'
@@ -168,7 +170,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const certTask = readiness.register('certificates');
   const proxyTask = readiness.register('proxy');
   const drain = new Drain(config.terminationDeadlineMs, log);
-  const store = new StateStore();
+  const store = new StateStore(config.nodeName);
   const xdsMetrics = new XdsMetrics();
   const loggers = { access: logs.forTarget('access'), dataplane: logs.forTarget('dataplane') };
 
@@ -221,12 +223,35 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     const plane = dp;
     if (plane === null) throw new Error('the dataplane is not open yet');
     const applied = store.apply(change, (d) => plane.applyState(d));
+    afterApply(applied, [...(change.policies ?? []).map(policyKey), ...(change.removedPolicies ?? [])]);
+    return applied;
+  }
+
+  /** What every applied change is followed by: listeners and certificates of local workloads, policy references. */
+  function afterApply(applied: AppliedChange, policies: string[]): void {
     localWorkloads?.reconcile(applied.workloads);
-    const policies = [...(change.policies ?? []).map(policyKey), ...(change.removedPolicies ?? [])];
     for (const m of policyRefs.update(applied.workloads, policies)) {
       log.warn({ uid: m.uid, policy: m.policy }, 'workload names an authorization policy that is not known: denying its inbound traffic until it arrives');
     }
-    return applied;
+  }
+
+  /** Batches go to the dataplane one at a time, in the order asked (their answers are followed in that order). */
+  let batches: Promise<unknown> = Promise.resolve();
+  function serially<T>(run: () => Promise<T>): Promise<T> {
+    const next = batches.then(run);
+    batches = next.catch(() => undefined);
+    return next;
+  }
+
+  /** One xDS Address response, still encoded: decoded and applied by the dataplane, resource by resource. */
+  function applyAddresses(resources: readonly Uint8Array[], removed: string[]): Promise<AppliedOut> {
+    return serially(async () => {
+      const plane = dp;
+      if (plane === null) throw new Error('the dataplane is not open yet');
+      const out = await plane.applyAddresses(resources, removed);
+      afterApply(store.absorb(out), []);
+      return out;
+    });
   }
 
   // Reload the local config file when it changes: only what changed is applied; a bad file keeps the last good one.
@@ -255,10 +280,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
             }
             try {
               const applied = await applyLocalLoad(next);
-              log.info(
-                { source: next.source, policies: applied.policies, workloads: applied.workloads, services: applied.services, chunks: applied.chunks, longestChunkMs: applied.longestChunkMs },
-                'local config reloaded',
-              );
+              log.info({ source: next.source, ...applied }, 'local config reloaded');
             } catch (err) {
               if (drain.signal.aborted) return;
               log.error({ err: err instanceof Error ? err.message : String(err) }, 'local config rejected by the dataplane; keeping the last good config');
@@ -268,49 +290,37 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         );
 
   /**
-   * Applies a loaded local config (its chunks, one per event-loop turn) and commits it as the base of the next
-   * reload. All or nothing: when the dataplane refuses a chunk, the chunks before it are rolled back (newest
-   * first) and the refusal is rethrown. Stops, rejecting, when the drain starts.
+   * Applies a loaded local config and commits it as the base of the next reload. All or nothing: the dataplane
+   * parses and validates every chunk before it applies any (off the JS thread); a refusal rejects, and the loader
+   * keeps the previous base.
    */
-  async function applyLocalLoad(
-    load: LocalLoad,
-  ): Promise<{ workloads: number; services: number; policies: number; full: boolean; chunks: number; longestChunkMs: number }> {
-    const undo: StateChange[] = [];
-    // longestChunkMs: the longest the event loop was held by one chunk (logged; bench/large-input.mjs reads it).
-    const sum = { workloads: 0, services: 0, policies: 0, full: false, chunks: load.chunks.length, longestChunkMs: 0 };
+  async function applyLocalLoad(load: LocalLoad): Promise<{ workloads: number; services: number; policies: number; chunks: number; applyMs: number }> {
+    const t0 = performance.now();
+    let applied: AppliedChange;
     try {
-      for (const [i, json] of load.chunks.entries()) {
-        if (i > 0) await nextTurn();
+      applied = await serially(async () => {
+        const plane = dp;
+        if (plane === null) throw new Error('the dataplane is not open yet');
         if (drain.signal.aborted) throw new Error('shutting down');
-        const t0 = performance.now();
-        const change = parseJson(json) as StateChange;
-        const inverse = store.inverseOf(change);
-        const applied = applyStateChange('local', change);
-        undo.push(inverse);
-        sum.longestChunkMs = Math.max(sum.longestChunkMs, Math.round(performance.now() - t0));
-        sum.workloads += applied.workloads.length;
-        sum.services += applied.services;
-        sum.policies += applied.policies;
-        sum.full ||= applied.delta?.full ?? false;
-      }
+        const out = await plane.applyStateBatches(load.chunks);
+        store.commitPolicies(load.policies);
+        const a = store.absorb(out);
+        afterApply(a, [...load.policies.upserts.map(policyKey), ...load.policies.removed]);
+        return a;
+      });
     } catch (err) {
-      if (!drain.signal.aborted && undo.length > 0) {
-        for (const inverse of undo.reverse()) {
-          await nextTurn();
-          try {
-            applyStateChange('local', inverse);
-          } catch (rollbackErr) {
-            log.error({ err: rollbackErr instanceof Error ? rollbackErr.message : String(rollbackErr) }, 'rolling back a refused local config failed');
-            break;
-          }
-        }
-      }
       loader?.discard();
       throw err;
     }
     loader?.commit();
     staticConfig = load.raw;
-    return sum;
+    return {
+      workloads: applied.changedWorkloads,
+      services: applied.services,
+      policies: applied.policies,
+      chunks: load.chunks.length,
+      applyMs: Math.round(performance.now() - t0),
+    };
   }
 
   let xds: XdsClient | null = null;
@@ -335,17 +345,21 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
         return dp.authorize(r);
       },
-      configDump: () => ({
-        workloads: store.dumpWorkloads(),
-        services: store.dumpServices(),
+      configDump: () => {
+        // The mesh is rendered by the dataplane, its only holder (before it opens: empty).
+        const mesh = dp?.meshDump() ?? { workloads: [], services: [], stagedServices: {} };
+        return {
+        workloads: mesh.workloads,
+        services: mesh.services,
         policies: store.dumpPolicies(),
-        stagedServices: store.dumpStagedServices(),
+        stagedServices: mesh.stagedServices,
         staticConfig: staticConfig === null ? null : parseJson(staticConfig),
         certificates: certs?.dump() ?? [],
         config: configForDump(config),
         version: buildInfo(version, config.istioVersion),
         ...(config.proxyMode === 'shared' ? { workloadState: capture?.workloadState() ?? {} } : {}),
-      }),
+        };
+      },
     });
     const stats = createStatsServer(metrics);
     const ready = createReadinessServer(readiness);
@@ -498,7 +512,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
 
     if (local !== null) {
       const applied = await applyLocalLoad(local);
-      log.info({ source: local.source, ...local.counts, full: applied.full, chunks: applied.chunks, longestChunkMs: applied.longestChunkMs }, 'local config applied');
+      log.info({ source: local.source, ...local.counts, chunks: applied.chunks, applyMs: applied.applyMs }, 'local config applied');
     }
   } catch (err) {
     if (drain.signal.aborted) return handle;
@@ -520,6 +534,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       apply: (change) => {
         applyStateChange('xds', change);
       },
+      applyAddresses,
       onSynced: () => markSynced(),
       metrics: xdsMetrics,
       logger: logs.forTarget('xds'),

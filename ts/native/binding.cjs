@@ -837,4 +837,5 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.Dataplane = nativeBinding.Dataplane
 module.exports.LocalCa = nativeBinding.LocalCa
+module.exports.decodeAddress = nativeBinding.decodeAddress
 module.exports.version = nativeBinding.version

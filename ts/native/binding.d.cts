@@ -11,7 +11,22 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
 
 export declare class Dataplane {
   constructor(configJson: string)
-  applyState(deltaJson: string): void
+  /** A state delta (JSON); resolves what changed (`AppliedOut` JSON: docs/native-api.md). */
+  applyState(deltaJson: string): string
+  /** The chunks of one large delta (UTF-8 JSON each), validated whole then applied as one, off the JS thread. */
+  applyStateBatches(chunks: Array<Uint8Array>): Promise<string>
+  /**
+   * One WDS response's Address resources (encoded envoy Resources, each prefixed by its u32 LE length) and
+   * removed names, decoded and applied off the JS thread; resolves `AppliedOut` JSON with `accepted`/`rejected`.
+   */
+  applyAddresses(packed: Uint8Array, removed: Array<string>): Promise<string>
+  /**
+   * `applyAddresses` on the calling thread: for a small response (one update), where the hop to a blocking-pool
+   * thread and back costs more than the work.
+   */
+  applyAddressesNow(packed: Uint8Array, removed: Array<string>): string
+  /** config_dump's `{ workloads, services, stagedServices }` as JSON, rendered from the dataplane's state. */
+  meshDump(): string
   createCsr(identity: string): string
   installCertificate(identity: string, chainPem: string, rootsPem: string): void
   /** Free an identity's key and certificate; true if there was one. */
@@ -51,6 +66,12 @@ export declare class LocalCa {
   rootPem(): string
   sign(csrPem: string, identity: string, ttlSeconds: number): string
 }
+
+/**
+ * One istio.workload.Address body decoded and validated as the dataplane does it for WDS: JSON `{ workload }` or
+ * `{ service }` in the control side's shape; throws the NACK reason.
+ */
+export declare function decodeAddress(body: Uint8Array): string
 
 /** JSON `{ version, cryptoProvider, buildProfile }` of the native build. */
 export declare function version(): string

@@ -13,6 +13,10 @@ import type {
   InPodConfig,
   InPodState,
   AuthorizeExplanation,
+  AppliedOut,
+  MeshDump,
+  Service,
+  Workload,
   AuthorizeRequest,
   BoundListeners,
   DataplaneConfig,
@@ -121,6 +125,31 @@ async function callAsync<T>(fn: () => Promise<T>): Promise<T> {
   }
 }
 
+/**
+ * One istio.workload.Address body decoded and validated exactly as the dataplane does it for WDS (tests, debugging):
+ * the workload or service in the control side's model; throws the NACK reason.
+ */
+export function decodeAddress(body: Uint8Array): { workload?: Workload; service?: Service } {
+  return JSON.parse(call(() => load().decodeAddress(body))) as { workload?: Workload; service?: Service };
+}
+
+/** Up to this many resources, an Address response is applied on the JS thread (well under a millisecond each). */
+export const APPLY_NOW_RESOURCES = 64;
+
+/** Each resource prefixed by its length (u32 little-endian), in one buffer: one crossing for a whole response. */
+export function packResources(resources: readonly Uint8Array[]): Uint8Array {
+  let total = 0;
+  for (const r of resources) total += 4 + r.byteLength;
+  const out = Buffer.allocUnsafe(total);
+  let at = 0;
+  for (const r of resources) {
+    out.writeUInt32LE(r.byteLength, at);
+    out.set(r, at + 4);
+    at += 4 + r.byteLength;
+  }
+  return out;
+}
+
 /** One running dataplane (a tokio runtime inside the native module). Unusable after `shutdown()`. */
 export class Dataplane {
   private constructor(private readonly inner: B.Dataplane) {}
@@ -130,9 +159,35 @@ export class Dataplane {
     return new Dataplane(call(() => new Native(JSON.stringify(cfg))));
   }
 
-  /** Throws ZtunnelError INVALID_STATE when rejected; the previous state stays. */
-  applyState(delta: StateDelta): void {
-    call(() => this.inner.applyState(JSON.stringify(delta)));
+  /** Throws ZtunnelError INVALID_STATE when rejected; the previous state stays. Returns what changed. */
+  applyState(delta: StateDelta): AppliedOut {
+    return JSON.parse(call(() => this.inner.applyState(JSON.stringify(delta)))) as AppliedOut;
+  }
+
+  /**
+   * The chunks of one large delta (each a StateDelta as UTF-8 JSON), parsed, validated and applied as one off the JS
+   * thread: rejects INVALID_STATE (nothing applied) when any chunk is bad.
+   */
+  async applyStateBatches(chunks: Uint8Array[]): Promise<AppliedOut> {
+    return JSON.parse(await callAsync(() => this.inner.applyStateBatches(chunks))) as AppliedOut;
+  }
+
+  /**
+   * One WDS response's Address resources (each an encoded envoy Resource) and removed names, decoded and applied
+   * off the JS thread, resource by resource (`rejected` names the bad ones).
+   */
+  async applyAddresses(resources: readonly Uint8Array[], removed: string[]): Promise<AppliedOut> {
+    const packed = packResources(resources);
+    // A small response (an update) is applied on this thread: the hop to a pool thread and back costs more than it.
+    if (resources.length + removed.length <= APPLY_NOW_RESOURCES) {
+      return JSON.parse(call(() => this.inner.applyAddressesNow(packed, removed))) as AppliedOut;
+    }
+    return JSON.parse(await callAsync(() => this.inner.applyAddresses(packed, removed))) as AppliedOut;
+  }
+
+  /** config_dump's workloads, services and staged services, rendered from the dataplane's state. */
+  meshDump(): MeshDump {
+    return JSON.parse(call(() => this.inner.meshDump())) as MeshDump;
   }
 
   /** A PEM CSR for `identity` (a SPIFFE URI); the private key stays in Rust. Replaces any pending key. */

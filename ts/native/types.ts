@@ -122,6 +122,32 @@ export interface StateDelta {
   removedPolicies?: string[];
 }
 
+/** A changed workload as the dataplane reports it: the whole record on this node, else what the control side indexes. */
+export type WorkloadView = Workload | { node: string; authorizationPolicies: string[] };
+
+/** What the dataplane reports a state change did (`applyState`, `applyStateBatches`, `applyAddresses`). */
+export interface AppliedOut {
+  /** Workloads whose record changed and that are (or were) on this node, or name a policy. */
+  workloads: Array<{ uid: string; before: WorkloadView | null; after: WorkloadView | null }>;
+  /** Workloads whose record changed, listed or not. */
+  changedWorkloads: number;
+  services: number;
+  policies: number;
+  /** What the dataplane holds after the change: [workloads, services, policies]. */
+  counts: [number, number, number];
+  /** WDS batches: [name, version] of each resource that applied. */
+  accepted: Array<[string, string]>;
+  /** WDS batches: "<name>: <reason>" of each resource refused (NACKed; its previous version keeps serving). */
+  rejected: string[];
+}
+
+/** config_dump's mesh part, rendered by the dataplane. */
+export interface MeshDump {
+  workloads: Array<Record<string, unknown>>;
+  services: Array<Record<string, unknown>>;
+  stagedServices: Record<string, Record<string, unknown>>;
+}
+
 /** The answer of `authorize()` (admin /debug/authorize). */
 export interface AuthorizeExplanation {
   workload: { uid: string; name: string; namespace: string };

@@ -1,15 +1,20 @@
-// The control plane's copy of the mesh state, and the only producer of StateDeltas for the native side.
+// What the control side keeps of the mesh state. The mesh itself (every workload and service) lives once, in the
+// dataplane (README "Architecture"): it is the store that indexes, diffs and reports what changed. This side keeps
+// only what its own control loop needs:
+// - the authorization policies as written (the policy compiler's input, and config_dump's `policies`; about 1% of
+//   the resources), so that only policies whose compiled form changed cross the boundary;
+// - the workloads on this node (the local-workload reconciler's index), fed by the transitions the dataplane
+//   reports;
+// - the state's sizes.
 //
 // Invariants:
-// - The first delta sent is `full: true`; later ones carry only what changed (upserts + removals), so the
-//   native side never has to diff.
-// - `apply(change)` costs O(size of the change), never O(size of the state): an xDS update of one workload at
-//   100k workloads touches one map entry, one index entry and sends a one-workload delta.
-// - The store commits a new state only after `send` returned: if the native side rejects a delta
-//   (INVALID_STATE), both sides keep the previous state and the next delta is computed against it.
-// - Equality is judged on the native projection (toNativeWorkload/toNativeService): a change in a field the
-//   native side does not receive (e.g. a waypoint) updates config_dump but sends no delta.
-import type { Service, StateDelta, Workload } from '../native/types.js';
+// - Every change, from any source, crosses as one delta (`apply`) or one batch (the dataplane's asynchronous
+//   `applyStateBatches` / `applyAddresses`, whose answer goes through `absorb`); the dataplane answers with what
+//   changed (`AppliedOut`), and an upsert equal to what it holds reports nothing.
+// - `apply` commits its policies only after `send` returned: if the dataplane rejects a delta (INVALID_STATE), both
+//   sides keep the previous state.
+// - Work here is O(size of the change), never O(size of the state).
+import type { AppliedOut, StateDelta, WorkloadView } from '../native/types.js';
 import { compilePolicy, type NativePolicy } from '../policy/compile.js';
 import {
   policyKey,
@@ -58,40 +63,6 @@ export function sameJson(a: unknown, b: unknown): boolean {
   return defined === 0;
 }
 
-export interface NativeView {
-  workloads: ReadonlyMap<string, Workload>;
-  services: ReadonlyMap<string, Service>;
-}
-
-/**
- * The delta taking the native side from `prev` to `next`. `prev === null` means nothing was ever applied:
- * the result is a full replacement. Returns null when nothing the native side sees changed.
- */
-export function computeDelta(prev: NativeView | null, next: NativeView): StateDelta | null {
-  if (prev === null) {
-    return { full: true, workloads: [...next.workloads.values()], services: [...next.services.values()] };
-  }
-  const delta: StateDelta = {};
-  const upserts = <T>(before: ReadonlyMap<string, T>, after: ReadonlyMap<string, T>): T[] =>
-    [...after].filter(([k, v]) => {
-      const old = before.get(k);
-      return old === undefined || stableStringify(old) !== stableStringify(v);
-    }).map(([, v]) => v);
-  const removed = <T>(before: ReadonlyMap<string, T>, after: ReadonlyMap<string, T>): string[] =>
-    [...before.keys()].filter((k) => !after.has(k));
-
-  const workloads = upserts(prev.workloads, next.workloads);
-  const removedWorkloads = removed(prev.workloads, next.workloads);
-  const services = upserts(prev.services, next.services);
-  const removedServices = removed(prev.services, next.services);
-  if (workloads.length) delta.workloads = workloads;
-  if (removedWorkloads.length) delta.removedWorkloads = removedWorkloads;
-  if (services.length) delta.services = services;
-  if (removedServices.length) delta.removedServices = removedServices;
-  return Object.keys(delta).length === 0 ? null : delta;
-}
-
-
 const byString = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
 
 /**
@@ -110,17 +81,23 @@ export interface StateChange {
   removedPolicies?: string[];
 }
 
-/** One workload whose entry changed: `before` undefined = added, `after` undefined = removed. */
+/**
+ * One workload whose entry changed: `before` undefined = added, `after` undefined = removed. The dataplane reports the
+ * whole record for a workload on this node, else only its node and the policies it names; workloads that are neither
+ * on this node nor name a policy are counted (`AppliedChange.changedWorkloads`), not listed.
+ */
 export interface WorkloadTransition {
   uid: string;
-  before: WorkloadInfo | undefined;
-  after: WorkloadInfo | undefined;
+  before: WorkloadView | undefined;
+  after: WorkloadView | undefined;
 }
 
 export interface AppliedChange {
-  /** What was sent to the native side (null: nothing it sees changed). */
+  /** What was sent to the native side (null: nothing was, or the change went as a batch). */
   delta: StateDelta | null;
   workloads: WorkloadTransition[];
+  /** Workloads whose record changed, listed or not. */
+  changedWorkloads: number;
   services: number;
   policies: number;
 }
@@ -174,174 +151,97 @@ export function snapshotChange(prev: StateSnapshot, next: StateSnapshot): StateC
 }
 
 export class StateStore {
-  private workloads = new Map<string, WorkloadInfo>();
-  private services = new Map<string, ServiceInfo>();
-  private policies = new Map<string, Policy>();
-  /** node name -> uids of the workloads scheduled there (the local-workload reconciler's index). */
-  private byNode = new Map<string, Set<string>>();
-  private applied = false;
+  private readonly policies = new Map<string, Policy>();
+  /** The workloads on this node, by uid (the local-workload reconciler's index). */
+  private readonly local = new Map<string, WorkloadInfo>();
+  private counts: readonly [number, number, number] = [0, 0, 0];
+
+  /** `nodeName`: this node (NODE_NAME); null: no workload is local. */
+  constructor(private readonly nodeName: string | null) {}
 
   /**
-   * Applies an incremental change. Sends the native side only the resources whose native projection changed
-   * (the very first delta is `full: true`), and commits only when `send` returned: a throw propagates and the
-   * state is unchanged. Costs O(size of the change).
+   * Applies an incremental change as one delta: workloads and services as given (the dataplane drops what it already
+   * holds), policies compiled, only those whose compiled form changed. Commits only when `send` returned; a throw
+   * propagates and nothing changes.
    */
-  apply(change: StateChange, send: (delta: StateDelta) => void): AppliedChange {
-    const removedW = new Set(change.removedWorkloads ?? []);
-    const removedS = new Set(change.removedServices ?? []);
-    // Last upsert of a key in the batch wins.
+  apply(change: StateChange, send: (delta: StateDelta) => AppliedOut): AppliedChange {
+    const { delta, policies } = this.prepare(change);
+    const out = send(delta);
+    this.commitPolicies(policies);
+    return { ...this.absorb(out), delta };
+  }
+
+  /**
+   * The native delta of `change`, and its policy part for `commitPolicies` once the dataplane took it. Compiling
+   * throws on a bad CIDR, before anything is sent. The last upsert of a key wins; an upsert cancels a removal of it.
+   */
+  prepare(change: StateChange): { delta: StateDelta; policies: PolicyChange } {
     const upW = new Map((change.workloads ?? []).map((w) => [w.uid, w]));
     const upS = new Map((change.services ?? []).map((s) => [serviceKey(s), s]));
-    for (const uid of upW.keys()) removedW.delete(uid);
-    for (const key of upS.keys()) removedS.delete(key);
-    // Policies cross compiled (ts/policy/compile.ts); compiling throws on a bad CIDR, before anything is sent.
-    const removedP = new Set(change.removedPolicies ?? []);
     const upP = new Map((change.policies ?? []).map((p) => [policyKey(p), p]));
-    for (const key of upP.keys()) removedP.delete(key);
+    const goneW = [...new Set(change.removedWorkloads ?? [])].filter((k) => !upW.has(k));
+    const goneS = [...new Set(change.removedServices ?? [])].filter((k) => !upS.has(k));
+    const goneP = [...new Set(change.removedPolicies ?? [])].filter((k) => !upP.has(k) && this.policies.has(k));
     const nativeP: NativePolicy[] = [];
     for (const [key, p] of upP) {
       const next = compilePolicy(p);
       const old = this.policies.get(key);
-      if (!this.applied || old === undefined || !sameJson(compilePolicy(old), next)) nativeP.push(next);
+      if (old === undefined || !sameJson(compilePolicy(old), next)) nativeP.push(next);
     }
-    const goneP = [...removedP].filter((key) => this.policies.has(key));
-
     const delta: StateDelta = {};
-    const nativeW: Workload[] = [];
-    const nativeS: Service[] = [];
-    const goneW = [...removedW].filter((uid) => this.workloads.has(uid));
-    const goneS = [...removedS].filter((key) => this.services.has(key));
-    for (const w of upW.values()) {
-      const next = toNativeWorkload(w);
-      const old = this.workloads.get(w.uid);
-      if (!this.applied || old === undefined || !sameJson(toNativeWorkload(old), next)) nativeW.push(next);
-    }
-    for (const [key, s] of upS) {
-      const next = toNativeService(s);
-      const old = this.services.get(key);
-      if (!this.applied || old === undefined || !sameJson(toNativeService(old), next)) nativeS.push(next);
-    }
-    let sent: StateDelta | null = null;
-    if (!this.applied) {
-      // Nothing was ever sent: the first delta is a full replacement (here: everything the store will hold).
-      const keepW = [...this.workloads.values()].filter((w) => !removedW.has(w.uid) && !upW.has(w.uid)).map(toNativeWorkload);
-      const keepS = [...this.services.entries()].filter(([k]) => !removedS.has(k) && !upS.has(k)).map(([, s]) => toNativeService(s));
-      const keepP = [...this.policies.entries()].filter(([k]) => !removedP.has(k) && !upP.has(k)).map(([, p]) => compilePolicy(p));
-      sent = { full: true, workloads: [...keepW, ...nativeW], services: [...keepS, ...nativeS], policies: [...keepP, ...nativeP] };
-    } else {
-      if (nativeW.length) delta.workloads = nativeW;
-      if (goneW.length) delta.removedWorkloads = goneW;
-      if (nativeS.length) delta.services = nativeS;
-      if (goneS.length) delta.removedServices = goneS;
-      if (nativeP.length) delta.policies = nativeP;
-      if (goneP.length) delta.removedPolicies = goneP;
-      if (Object.keys(delta).length > 0) sent = delta;
-    }
-    if (sent !== null) send(sent);
-
-    // Commit.
-    const transitions: WorkloadTransition[] = [];
-    for (const uid of goneW) {
-      const before = this.workloads.get(uid) as WorkloadInfo;
-      this.workloads.delete(uid);
-      this.unindex(before);
-      transitions.push({ uid, before, after: undefined });
-    }
-    for (const w of upW.values()) {
-      const before = this.workloads.get(w.uid);
-      if (before) this.unindex(before);
-      this.workloads.set(w.uid, w);
-      this.index(w);
-      transitions.push({ uid: w.uid, before, after: w });
-    }
-    for (const key of goneS) this.services.delete(key);
-    for (const [key, s] of upS) this.services.set(key, s);
-    let policies = 0;
-    for (const key of goneP) if (this.policies.delete(key)) policies++;
-    for (const [key, p] of upP) {
-      this.policies.set(key, p);
-      policies++;
-    }
-    this.applied = true;
-    return { delta: sent, workloads: transitions, services: goneS.length + upS.size, policies };
+    if (upW.size) delta.workloads = [...upW.values()].map(toNativeWorkload);
+    if (goneW.length) delta.removedWorkloads = goneW;
+    if (upS.size) delta.services = [...upS.values()].map(toNativeService);
+    if (goneS.length) delta.removedServices = goneS;
+    if (nativeP.length) delta.policies = nativeP;
+    if (goneP.length) delta.removedPolicies = goneP;
+    return { delta, policies: { upserts: [...upP.values()], removed: goneP } };
   }
 
-  /**
-   * The change that undoes `change` if it is applied now: what the store holds for each key it touches (re-upserted),
-   * or the removal of keys the store does not hold. A chunked change takes one before each chunk, so that a chunk
-   * the dataplane refuses can roll the earlier ones back. O(size of the change).
-   */
-  inverseOf(change: StateChange): StateChange {
-    const undo = <T>(
-      held: ReadonlyMap<string, T>,
-      keys: Iterable<string>,
-    ): { upserts: T[]; removals: string[] } => {
-      const upserts: T[] = [];
-      const removals: string[] = [];
-      for (const key of new Set(keys)) {
-        const old = held.get(key);
-        if (old === undefined) removals.push(key);
-        else upserts.push(old);
-      }
-      return { upserts, removals };
-    };
-    const w = undo(this.workloads, [...(change.workloads ?? []).map((x) => x.uid), ...(change.removedWorkloads ?? [])]);
-    const s = undo(this.services, [...(change.services ?? []).map(serviceKey), ...(change.removedServices ?? [])]);
-    const p = undo(this.policies, [...(change.policies ?? []).map(policyKey), ...(change.removedPolicies ?? [])]);
-    return {
-      workloads: w.upserts,
-      removedWorkloads: w.removals,
-      services: s.upserts,
-      removedServices: s.removals,
-      policies: p.upserts,
-      removedPolicies: p.removals,
-    };
+  /** Records the policy part of a change the dataplane took. Returns how many policies it touched. */
+  commitPolicies(change: PolicyChange): number {
+    for (const key of change.removed) this.policies.delete(key);
+    for (const p of change.upserts) this.policies.set(policyKey(p), p);
+    return change.removed.length + change.upserts.length;
   }
 
-  private index(w: WorkloadInfo): void {
-    let set = this.byNode.get(w.node);
-    if (!set) this.byNode.set(w.node, (set = new Set()));
-    set.add(w.uid);
+  /** Follows what the dataplane reports it changed: the local index and the sizes. */
+  absorb(out: AppliedOut): AppliedChange {
+    const workloads: WorkloadTransition[] = out.workloads.map((t) => ({ uid: t.uid, before: t.before ?? undefined, after: t.after ?? undefined }));
+    for (const t of workloads) {
+      const after = t.after;
+      if (after !== undefined && this.nodeName !== null && after.node === this.nodeName && 'uid' in after) this.local.set(t.uid, after);
+      else this.local.delete(t.uid);
+    }
+    this.counts = out.counts;
+    return { delta: null, workloads, changedWorkloads: out.changedWorkloads, services: out.services, policies: out.policies };
   }
 
-  private unindex(w: WorkloadInfo): void {
-    const set = this.byNode.get(w.node);
-    if (!set) return;
-    set.delete(w.uid);
-    if (set.size === 0) this.byNode.delete(w.node);
+  /** The policy part of `change` undone (for a batch the dataplane refused after the policies were committed). */
+  policyInverse(change: PolicyChange): PolicyChange {
+    const upserts: Policy[] = [];
+    const removed: string[] = [];
+    for (const key of new Set([...change.upserts.map(policyKey), ...change.removed])) {
+      const old = this.policies.get(key);
+      if (old === undefined) removed.push(key);
+      else upserts.push(old);
+    }
+    return { upserts, removed };
   }
 
-  has(kind: 'workload' | 'service' | 'policy', key: string): boolean {
-    return (kind === 'workload' ? this.workloads : kind === 'service' ? this.services : this.policies).has(key);
+  has(kind: 'policy', key: string): boolean {
+    return this.policies.has(key);
   }
 
+  /** What the dataplane holds (as of the last change) and the policies held here. */
   get size(): { workloads: number; services: number; policies: number } {
-    return { workloads: this.workloads.size, services: this.services.size, policies: this.policies.size };
+    return { workloads: this.counts[0], services: this.counts[1], policies: this.policies.size };
   }
 
-  /**
-   * Replaces the whole state with `next`. Calls `send` with the delta for the native side (if anything it sees
-   * changed) and commits only when `send` returns; a throw from `send` propagates and nothing changes.
-   * Returns the delta that was sent, or null.
-   */
-  replace(next: StateSnapshot, send: (delta: StateDelta) => void): StateDelta | null {
-    // One code path for every change: the difference between the two snapshots, applied incrementally.
-    return this.apply(snapshotChange(this.snapshot(), next), send).delta;
-  }
-
-  snapshot(): StateSnapshot {
-    return { workloads: [...this.workloads.values()], services: [...this.services.values()], policies: [...this.policies.values()] };
-  }
-
-  workload(uid: string): WorkloadInfo | undefined {
-    return this.workloads.get(uid);
-  }
-
-  /** Workloads scheduled on `node`, sorted by uid (the order listeners are bound in). */
+  /** Workloads scheduled on `node` (this node; any other has none here), sorted by uid (the order listeners are bound in). */
   workloadsOnNode(node: string): WorkloadInfo[] {
-    return [...(this.byNode.get(node) ?? [])]
-      .map((uid) => this.workloads.get(uid) as WorkloadInfo)
-      .sort((a, b) => byString(a.uid, b.uid));
+    if (node !== this.nodeName) return [];
+    return [...this.local.values()].sort((a, b) => byString(a.uid, b.uid));
   }
 
   /** All policies (the L4 authorization compiler's input). */
@@ -349,88 +249,14 @@ export class StateStore {
     return [...this.policies.values()];
   }
 
-  /**
-   * config_dump `stagedServices`: endpoints that name a service the state does not have (yet), keyed by
-   * "namespace/hostname" then workload uid, as ztunnel shows them. They join the service when it arrives.
-   */
-  dumpStagedServices(): Record<string, Record<string, { workloadUid: string; port: Record<string, number>; status: string }>> {
-    const staged: Record<string, Record<string, { workloadUid: string; port: Record<string, number>; status: string }>> = {};
-    for (const w of [...this.workloads.values()].sort((a, b) => byString(a.uid, b.uid))) {
-      for (const [key, port] of Object.entries(w.services)) {
-        if (this.services.has(key)) continue;
-        (staged[key] ??= {})[w.uid] = { workloadUid: w.uid, port, status: w.status };
-      }
-    }
-    return staged;
-  }
-
-  /** config_dump `workloads`: sorted by uid, ztunnel's keys in ztunnel's order. */
-  dumpWorkloads(): Array<Record<string, unknown>> {
-    return [...this.workloads.values()].sort((a, b) => byString(a.uid, b.uid)).map((w) => ({
-      uid: w.uid,
-      workloadIps: w.workloadIps,
-      waypoint: w.waypoint,
-      networkGateway: w.networkGateway,
-      protocol: w.protocol,
-      networkMode: w.networkMode,
-      name: w.name,
-      namespace: w.namespace,
-      trustDomain: w.trustDomain,
-      serviceAccount: w.serviceAccount,
-      network: w.network,
-      workloadName: w.workloadName,
-      workloadType: w.workloadType,
-      canonicalName: w.canonicalName,
-      canonicalRevision: w.canonicalRevision,
-      hostname: w.hostname,
-      node: w.node,
-      nativeTunnel: w.nativeTunnel,
-      applicationTunnel: w.applicationTunnel,
-      authorizationPolicies: w.authorizationPolicies,
-      status: w.status,
-      clusterId: w.clusterId,
-      locality: w.locality,
-      services: w.services,
-      capacity: w.capacity,
-    }));
-  }
-
-  /**
-   * config_dump `services`: sorted by hostname (then namespace). Endpoints are derived from the workloads that
-   * name the service in their `services` map, keyed by workload uid as ztunnel does.
-   */
-  dumpServices(): Array<Record<string, unknown>> {
-    const endpoints = new Map<string, Record<string, { workloadUid: string; port: Record<string, number>; status: string }>>();
-    for (const w of [...this.workloads.values()].sort((a, b) => byString(a.uid, b.uid))) {
-      for (const [key, port] of Object.entries(w.services)) {
-        if (!this.services.has(key)) continue;
-        const eps = endpoints.get(key) ?? {};
-        eps[w.uid] = { workloadUid: w.uid, port, status: w.status };
-        endpoints.set(key, eps);
-      }
-    }
-    return [...this.services.values()]
-      .sort((a, b) => byString(a.hostname, b.hostname) || byString(a.namespace, b.namespace))
-      .map((s) => ({
-        name: s.name,
-        namespace: s.namespace,
-        hostname: s.hostname,
-        vips: s.vips,
-        cidrVips: s.cidrVips,
-        ports: s.ports,
-        endpoints: endpoints.get(serviceKey(s)) ?? {},
-        subjectAltNames: s.subjectAltNames,
-        waypoint: s.waypoint,
-        weightedWaypoints: [],
-        loadBalancer: s.loadBalancer,
-        ipFamilies: s.ipFamilies,
-        canonical: s.canonical,
-        visibility: s.visibility,
-      }));
-  }
-
   /** config_dump `policies`: sorted by "namespace/name". */
   dumpPolicies(): Policy[] {
     return [...this.policies.entries()].sort(([a], [b]) => byString(a, b)).map(([, p]) => p);
   }
+}
+
+/** The policy part of a change: upserts as written, and removed "namespace/name" keys. */
+export interface PolicyChange {
+  upserts: Policy[];
+  removed: string[];
 }

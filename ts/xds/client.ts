@@ -5,14 +5,15 @@
 // - Every response is answered: ACK `{type_url, response_nonce}`, or NACK with `error_detail.message` =
 //   "<name>: <reason>; ..." naming each rejected resource. The good resources of a NACKed response still apply;
 //   a rejected resource keeps its previous version (state and `initial_resource_versions`).
-// - Responses are handled strictly one at a time, in arrival order. A large one (a first push of 100k workloads)
-//   is handled in chunks of STATE_CHUNK_RESOURCES resources, one per event-loop turn, so that readiness, metrics
-//   and admin keep answering: its resources stay encoded until their chunk is decoded and converted, then the
-//   change goes to `apply` in units of that many resources (removals last), then the response is ACKed or NACKed
-//   once. A removal of a key that the same response upserts is dropped, as the store does within one batch.
-// - The state only changes through `apply` (the daemon's one entry point for state changes). If it throws (the
-//   dataplane refused the delta), that unit's resources are NACKed and keep their previous versions (a response of
-//   one unit, i.e. up to STATE_CHUNK_RESOURCES resources, is refused whole, as before chunking).
+// - Responses are handled strictly one at a time, in arrival order, and ACKed or NACKed once.
+// - Address responses (workloads and services) are never decoded here: their resources go, still encoded, to the
+//   dataplane (`applyAddresses`), which decodes, judges and applies them resource by resource off the JS thread and
+//   names what it refused; it also keeps what each resource name denotes (a removal names the resource). A first
+//   push of 100k workloads costs this thread one buffer copy.
+// - Authorization responses are decoded and converted here (the policy compiler is on this side), in chunks of
+//   STATE_CHUNK_RESOURCES resources, one per event-loop turn, then go to `apply` in units of that many resources
+//   (removals last). A removal of a key that the same response upserts is dropped. If `apply` throws (the dataplane
+//   refused the delta), that unit's resources are NACKed and keep their previous versions.
 // - `versions` holds, per type, name -> version of what is applied; it is sent as `initial_resource_versions` on
 //   every (re)connect, so istiod only re-sends what changed while we were away.
 // - While disconnected the state is left exactly as it was: the last good state keeps serving.
@@ -40,13 +41,9 @@ import {
 } from '../gen/envoy/service/discovery/v3/discovery_pb.js';
 import { STATE_CHUNK_RESOURCES, nextTurn } from '../state/chunks.js';
 import type { StateChange } from '../state/store.js';
-import { policyKey, serviceKey, type Policy, type ServiceInfo, type WorkloadInfo } from '../state/model.js';
-import {
-  ADDRESS_TYPE_URL,
-  AUTHORIZATION_TYPE_URL,
-  convertAddressResource,
-  convertAuthorizationResource,
-} from './convert.js';
+import { policyKey, type Policy } from '../state/model.js';
+import type { AppliedOut } from '../native/types.js';
+import { ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, convertAuthorizationResource } from './convert.js';
 import { channelCredentials, grpcTarget, requestMetadata, serverNameOptions, type ControlPlaneTarget, type TokenSource } from './grpc.js';
 import type { XdsMetrics } from './metrics.js';
 
@@ -91,19 +88,19 @@ export interface XdsClientOptions {
   clusterId: string;
   headers: Readonly<Record<string, string>>;
   node: XdsNode;
-  /** The daemon's entry point for state changes; throws when the change was refused (nothing applied). */
+  /** The daemon's entry point for policy changes; throws when the change was refused (nothing applied). */
   apply(change: StateChange): void;
+  /**
+   * One Address response's resources (encoded envoy Resources) and removed names, for the dataplane to decode and
+   * apply resource by resource; resolves what applied and what was refused, rejects when nothing applied.
+   */
+  applyAddresses(resources: readonly Uint8Array[], removed: string[]): Promise<Pick<AppliedOut, 'accepted' | 'rejected'>>;
   /** Called once, when both types got their first response and it was ACKed. */
   onSynced(): void;
   metrics: XdsMetrics;
   logger: Logger;
   /** Test hook: the backoff bounds. */
   backoff?: { initialMs: number; maxMs: number };
-}
-
-interface AddressName {
-  kind: 'workload' | 'service';
-  key: string;
 }
 
 interface TypeState {
@@ -126,15 +123,11 @@ interface Received {
   decodeMs: number;
 }
 
-/** A converted resource of a response. */
+/** A converted Authorization resource of a response. */
 interface Accepted {
   name: string;
   version: string;
-  /** Address resources: what the name denotes. */
-  address?: AddressName;
-  workload?: WorkloadInfo;
-  service?: ServiceInfo;
-  policy?: Policy;
+  policy: Policy;
 }
 
 /** One `apply` call of a response: its change and the names it records (or NACKs) when it applies (or not). */
@@ -178,8 +171,6 @@ export class XdsClient {
   private readonly types = new Map<string, TypeState>(
     WATCHED_TYPES.map((url) => [url, { url, versions: new Map(), firstAcked: false }]),
   );
-  /** Address resource name -> what it named (a workload uid or a service key), for removals by name. */
-  private readonly addressNames = new Map<string, AddressName>();
   private client: grpc.Client | null = null;
   private call: Call | null = null;
   private timer: NodeJS.Timeout | null = null;
@@ -330,109 +321,32 @@ export class XdsClient {
       return;
     }
 
-    // 1. Decode and convert each resource, a chunk per event-loop turn. `longest`: the longest the event loop was
-    // held by one chunk (in the debug log; bench/large-input.mjs reads it).
     let longest = 0;
-    let chunkStart = performance.now();
-    const turn = async () => {
-      longest = Math.max(longest, performance.now() - chunkStart);
-      await nextTurn();
-      chunkStart = performance.now();
-    };
-    const errors: string[] = [];
-    const accepted: Accepted[] = [];
-    for (let i = 0; i < resources.length; i++) {
-      if (i > 0 && i % STATE_CHUNK_RESOURCES === 0) {
-        await turn();
-        if (!live()) return;
-      }
-      let name = `resources[${i}]`;
+    let chunks = 1;
+    let errors: string[];
+    let refused: boolean;
+    if (t.url === ADDRESS_TYPE_URL) {
+      // Workloads and services: decoded, judged and applied by the dataplane, resource by resource, off the JS
+      // thread (the mesh lives there; this side keeps only name -> version).
+      errors = [];
+      refused = false;
       try {
-        const r = fromBinary(ResourceSchema, resources[i] as Uint8Array);
-        name = r.name;
-        if (t.url === ADDRESS_TYPE_URL) {
-          const res = convertAddressResource(r.resource);
-          accepted.push(
-            res.kind === 'workload'
-              ? { name, version: r.version, address: { kind: 'workload', key: res.workload.uid }, workload: res.workload }
-              : { name, version: r.version, address: { kind: 'service', key: serviceKey(res.service) }, service: res.service },
-          );
-        } else {
-          accepted.push({ name, version: r.version, policy: convertAuthorizationResource(r.resource) });
-        }
+        const out = await opts.applyAddresses(resources, resp.removedResources);
+        for (const name of resp.removedResources) t.versions.delete(name);
+        for (const [name, version] of out.accepted) t.versions.set(name, version);
+        errors.push(...out.rejected);
       } catch (err) {
-        errors.push(`${name}: ${(err as Error).message}`);
-      }
-    }
-
-    // 2. The change, in units of at most STATE_CHUNK_RESOURCES resources (in response order), then the removals.
-    // The store reads one batch as "an upsert cancels a removal of the same key"; across units that must be done
-    // here: a removal of a key that any resource of this response upserts is dropped.
-    const upserted = new Set(accepted.map((a) => (a.address ? `${a.address.kind}|${a.address.key}` : `policy|${policyKey(a.policy as Policy)}`)));
-    const removable = (a: AddressName) => !upserted.has(`${a.kind}|${a.key}`);
-    const units: Unit[] = [];
-    for (let i = 0; i < accepted.length; i += STATE_CHUNK_RESOURCES) {
-      const unit: Unit = { change: {}, accepted: accepted.slice(i, i + STATE_CHUNK_RESOURCES), removed: [] };
-      for (const a of unit.accepted) {
-        if (a.workload) (unit.change.workloads ??= []).push(a.workload);
-        else if (a.service) (unit.change.services ??= []).push(a.service);
-        else if (a.policy) (unit.change.policies ??= []).push(a.policy);
-        // A name that used to denote another key (istiod renamed a resource in place): drop the old key.
-        const old = a.address ? this.addressNames.get(a.name) : undefined;
-        if (old && a.address && (old.kind !== a.address.kind || old.key !== a.address.key) && removable(old)) this.removeAddress(unit.change, old);
-      }
-      units.push(unit);
-    }
-    if (resp.removedResources.length > 0) {
-      const unit: Unit = { change: {}, accepted: [], removed: resp.removedResources };
-      for (const name of resp.removedResources) {
-        if (t.url === AUTHORIZATION_TYPE_URL) {
-          if (!upserted.has(`policy|${name}`)) (unit.change.removedPolicies ??= []).push(name);
-          continue;
-        }
-        const known = this.addressNames.get(name);
-        if (known) {
-          if (removable(known)) this.removeAddress(unit.change, known);
-        } else {
-          // Unknown name: try it as a workload uid, then as a namespace/hostname service (ztunnel's order); the
-          // store ignores keys it does not hold.
-          if (removable({ kind: 'workload', key: name })) (unit.change.removedWorkloads ??= []).push(name);
-          if (removable({ kind: 'service', key: name })) (unit.change.removedServices ??= []).push(name);
-        }
-      }
-      units.push(unit);
-    }
-    // Even an empty response is applied once: the very first apply sends the dataplane its full state.
-    if (units.length === 0) units.push({ change: {}, accepted: [], removed: [] });
-
-    // 3. Apply, a unit per event-loop turn; what a unit applied is recorded at once.
-    let refused = false;
-    for (const [k, unit] of units.entries()) {
-      if (k > 0) {
-        await turn();
-        if (!live()) return;
-      }
-      try {
-        opts.apply(unit.change);
-      } catch (err) {
-        const message = (err as Error).message;
         refused = true;
-        opts.logger.error(
-          { typeUrl: t.url, err: message, resources: unit.accepted.length + unit.removed.length },
-          'XDS update refused by the dataplane; nothing of it applied',
-        );
-        for (const a of unit.accepted) errors.push(`${a.name}: ${message}`);
-        for (const name of unit.removed) errors.push(`${name}: ${message}`);
-        continue;
+        const message = (err as Error).message;
+        opts.logger.error({ typeUrl: t.url, err: message, resources: resources.length + resp.removedResources.length }, 'XDS update refused by the dataplane; nothing of it applied');
+        errors.push(...resp.removedResources.map((name) => `${name}: ${message}`));
+        if (resources.length > 0) errors.push(`the response's ${resources.length} resource(s): ${message}`);
       }
-      for (const a of unit.accepted) {
-        t.versions.set(a.name, a.version);
-        if (a.address) this.addressNames.set(a.name, a.address);
-      }
-      for (const name of unit.removed) {
-        t.versions.delete(name);
-        this.addressNames.delete(name);
-      }
+      if (!live()) return;
+    } else {
+      const r = await this.applyPolicies(t, resources, resp, live);
+      if (r === null) return;
+      ({ errors, refused, longest, chunks } = r);
     }
     if (refused) {
       // As for a response refused whole: NACKed, no backoff reset, and it does not count as the type's first ACK.
@@ -454,8 +368,8 @@ export class XdsClient {
         // response decoded -> converted, in the store, and the delta returned from the dataplane (wall time: with
         // several chunks it includes the event-loop turns between them)
         applyMs: round3(performance.now() - t0),
-        chunks: units.length,
-        longestChunkMs: round3(Math.max(longest, performance.now() - chunkStart)),
+        chunks,
+        longestChunkMs: round3(longest),
       },
       'XDS response applied',
     );
@@ -470,9 +384,79 @@ export class XdsClient {
     }
   }
 
-  private removeAddress(change: StateChange, a: AddressName): void {
-    if (a.kind === 'workload') (change.removedWorkloads ??= []).push(a.key);
-    else (change.removedServices ??= []).push(a.key);
+  /**
+   * An Authorization response: each resource decoded and converted here, a chunk per event-loop turn, then applied
+   * in units of at most STATE_CHUNK_RESOURCES (then the removals). Null when the stream ended mid-way.
+   */
+  private async applyPolicies(
+    t: TypeState,
+    resources: Uint8Array[],
+    resp: DeltaDiscoveryResponse,
+    live: () => boolean,
+  ): Promise<{ errors: string[]; refused: boolean; longest: number; chunks: number } | null> {
+    const { opts } = this;
+    // `longest`: the longest the event loop was held by one chunk (in the debug log; bench/large-input.mjs reads it).
+    let longest = 0;
+    let chunkStart = performance.now();
+    const turn = async () => {
+      longest = Math.max(longest, performance.now() - chunkStart);
+      await nextTurn();
+      chunkStart = performance.now();
+    };
+    const errors: string[] = [];
+    const accepted: Accepted[] = [];
+    for (let i = 0; i < resources.length; i++) {
+      if (i > 0 && i % STATE_CHUNK_RESOURCES === 0) {
+        await turn();
+        if (!live()) return null;
+      }
+      let name = `resources[${i}]`;
+      try {
+        const r = fromBinary(ResourceSchema, resources[i] as Uint8Array);
+        name = r.name;
+        accepted.push({ name, version: r.version, policy: convertAuthorizationResource(r.resource) });
+      } catch (err) {
+        errors.push(`${name}: ${(err as Error).message}`);
+      }
+    }
+    // A removal of a key that any resource of this response upserts is dropped (the store reads one batch that way;
+    // across units it must be done here).
+    const upserted = new Set(accepted.map((a) => policyKey(a.policy)));
+    const units: Unit[] = [];
+    for (let i = 0; i < accepted.length; i += STATE_CHUNK_RESOURCES) {
+      const unit: Unit = { change: {}, accepted: accepted.slice(i, i + STATE_CHUNK_RESOURCES), removed: [] };
+      unit.change.policies = unit.accepted.map((a) => a.policy);
+      units.push(unit);
+    }
+    if (resp.removedResources.length > 0) {
+      const removed = resp.removedResources.filter((name) => !upserted.has(name));
+      units.push({ change: { removedPolicies: removed }, accepted: [], removed: resp.removedResources });
+    }
+    if (units.length === 0) units.push({ change: {}, accepted: [], removed: [] });
+    let refused = false;
+    for (const [k, unit] of units.entries()) {
+      if (k > 0) {
+        await turn();
+        if (!live()) return null;
+      }
+      try {
+        opts.apply(unit.change);
+      } catch (err) {
+        const message = (err as Error).message;
+        refused = true;
+        opts.logger.error(
+          { typeUrl: t.url, err: message, resources: unit.accepted.length + unit.removed.length },
+          'XDS update refused by the dataplane; nothing of it applied',
+        );
+        for (const a of unit.accepted) errors.push(`${a.name}: ${message}`);
+        for (const name of unit.removed) errors.push(`${name}: ${message}`);
+        continue;
+      }
+      for (const a of unit.accepted) t.versions.set(a.name, a.version);
+      for (const name of unit.removed) t.versions.delete(name);
+    }
+    longest = Math.max(longest, performance.now() - chunkStart);
+    return { errors, refused, longest, chunks: units.length };
   }
 
   /** ACK (no errors) or NACK naming each rejected resource. */

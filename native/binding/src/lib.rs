@@ -25,9 +25,52 @@ impl Dataplane {
         Ok(Dataplane { inner: Arc::new(dataplane::Dataplane::from_json(&config_json).map_err(err)?) })
     }
 
+    /// A state delta (JSON); resolves what changed (`AppliedOut` JSON: docs/native-api.md).
     #[napi]
-    pub fn apply_state(&self, delta_json: String) -> Result<()> {
+    pub fn apply_state(&self, delta_json: String) -> Result<String> {
         self.inner.apply_state_json(&delta_json).map_err(err)
+    }
+
+    /// The chunks of one large delta (UTF-8 JSON each), validated whole then applied as one, off the JS thread.
+    #[napi]
+    pub async fn apply_state_batches(&self, chunks: Vec<Uint8Array>) -> Result<String> {
+        let chunks: Vec<Vec<u8>> = chunks.iter().map(|c| c.to_vec()).collect();
+        let inner = self.inner.clone();
+        inner
+            .handle()
+            .clone()
+            .spawn_blocking(move || inner.apply_state_batches(&chunks))
+            .await
+            .map_err(err)?
+            .map_err(err)
+    }
+
+    /// One WDS response's Address resources (encoded envoy Resources, each prefixed by its u32 LE length) and
+    /// removed names, decoded and applied off the JS thread; resolves `AppliedOut` JSON with `accepted`/`rejected`.
+    #[napi]
+    pub async fn apply_addresses(&self, packed: Uint8Array, removed: Vec<String>) -> Result<String> {
+        let packed = packed.to_vec();
+        let inner = self.inner.clone();
+        inner
+            .handle()
+            .clone()
+            .spawn_blocking(move || inner.apply_addresses(&packed, removed))
+            .await
+            .map_err(err)?
+            .map_err(err)
+    }
+
+    /// `applyAddresses` on the calling thread: for a small response (one update), where the hop to a blocking-pool
+    /// thread and back costs more than the work.
+    #[napi]
+    pub fn apply_addresses_now(&self, packed: Uint8Array, removed: Vec<String>) -> Result<String> {
+        self.inner.apply_addresses(&packed, removed).map_err(err)
+    }
+
+    /// config_dump's `{ workloads, services, stagedServices }` as JSON, rendered from the dataplane's state.
+    #[napi]
+    pub fn mesh_dump(&self) -> String {
+        self.inner.mesh_dump_json()
     }
 
     #[napi]
@@ -170,6 +213,13 @@ impl LocalCa {
     pub fn sign(&self, csr_pem: String, identity: String, ttl_seconds: u32) -> Result<String> {
         self.inner.sign(&csr_pem, &identity, Duration::from_secs(u64::from(ttl_seconds))).map_err(err)
     }
+}
+
+/// One istio.workload.Address body decoded and validated as the dataplane does it for WDS: JSON `{ workload }` or
+/// `{ service }` in the control side's shape; throws the NACK reason.
+#[napi]
+pub fn decode_address(body: Uint8Array) -> Result<String> {
+    dataplane::state::wds::decode_address_json(&body).map_err(err)
 }
 
 /// JSON `{ version, cryptoProvider, buildProfile }` of the native build.

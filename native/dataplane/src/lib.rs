@@ -56,6 +56,21 @@ pub enum DataplaneError {
     Runtime(String),
 }
 
+// Short-lived, one per resource: boxing would add an allocation per resource for nothing.
+#[allow(clippy::large_enum_variant)]
+enum Either {
+    W(state::Workload),
+    S(state::Service),
+}
+
+/// A validation error as a NACK reason (the resource name is said by the caller).
+fn problem(e: state::StateError) -> String {
+    match e {
+        state::StateError::Invalid { problem, .. } => problem,
+        other => other.to_string(),
+    }
+}
+
 /// What `addLocalWorkload` takes.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -157,24 +172,108 @@ impl Dataplane {
         &self.handle
     }
 
-    /// Apply a batched state delta. Validation happens before the lock is taken; a bad delta changes nothing.
-    pub fn apply_state_json(&self, json: &str) -> Result<(), DataplaneError> {
+    /// Apply a batched state delta (JSON). Validation happens before the lock is taken; a bad delta changes
+    /// nothing. Returns what changed, as the control side reads it (`AppliedOut`).
+    pub fn apply_state_json(&self, json: &str) -> Result<String, DataplaneError> {
         let delta: StateDelta = serde_json::from_str(json).map_err(state::StateError::from)?;
-        self.apply_state(delta)
+        let applied = self.apply_state(delta)?;
+        Ok(self.applied_json(&applied, Vec::new(), Vec::new()))
+    }
+
+    /// Several JSON deltas (the chunks of one local config load), applied as one: all are parsed and validated
+    /// before any applies, so a bad chunk changes nothing (no chunk is left half-applied to roll back).
+    pub fn apply_state_batches(&self, chunks: &[Vec<u8>]) -> Result<String, DataplaneError> {
+        let mut merged = state::ValidDelta::default();
+        for chunk in chunks {
+            let delta: StateDelta = serde_json::from_slice(chunk).map_err(state::StateError::from)?;
+            let v = delta.validate()?;
+            merged.full |= v.full;
+            merged.workloads.extend(v.workloads);
+            merged.removed_workloads.extend(v.removed_workloads);
+            merged.services.extend(v.services);
+            merged.removed_services.extend(v.removed_services);
+            merged.policies.extend(v.policies);
+            merged.removed_policies.extend(v.removed_policies);
+        }
+        let applied = self.apply_valid(merged, |_| ());
+        Ok(self.applied_json(&applied, Vec::new(), Vec::new()))
     }
 
     /// Authorization is continuous: the live connections the change can affect are judged again by the
     /// re-evaluation task (proxy/reevaluation.rs), after this returns.
-    pub fn apply_state(&self, delta: StateDelta) -> Result<(), DataplaneError> {
+    pub fn apply_state(&self, delta: StateDelta) -> Result<state::Applied, DataplaneError> {
         let valid = delta.validate()?;
-        let scope = {
+        Ok(self.apply_valid(valid, |_| ()))
+    }
+
+    /// Under the state lock: drop what changes nothing, compute the re-evaluation scope, apply, then `after` (more
+    /// bookkeeping under the same lock).
+    fn apply_valid(&self, mut valid: state::ValidDelta, after: impl FnOnce(&mut State)) -> state::Applied {
+        let (scope, applied) = {
             let mut state = self.pi.state.write().expect("state lock");
+            state.drop_unchanged(&mut valid);
             let scope = proxy::reevaluation::Scope::of_change(&state, &valid);
-            state.apply_valid(valid);
-            scope
+            let applied = state.apply_valid(valid);
+            after(&mut state);
+            (scope, applied)
         };
         self.reevaluator.submit(scope);
-        Ok(())
+        applied
+    }
+
+    /// One WDS response's Address resources (each an encoded envoy `Resource`, packed by `wds::unpack`'s rule) and
+    /// removed names. Each resource is judged alone: a bad one is rejected with its reason (the control side NACKs
+    /// it, and its previous version keeps serving) while the good ones apply. Decoding and validation happen before
+    /// the lock is taken.
+    pub fn apply_addresses(&self, packed: &[u8], removed: Vec<String>) -> Result<String, DataplaneError> {
+        let parts = state::wds::unpack(packed).map_err(DataplaneError::Spec)?;
+        let mut accepted = Vec::with_capacity(parts.len());
+        let mut rejected = Vec::new();
+        let mut names = Vec::with_capacity(parts.len());
+        let mut delta = state::ValidDelta::default();
+        for (i, bytes) in parts.iter().enumerate() {
+            let r = state::wds::decode_resource(i, bytes);
+            let valid = r.record.and_then(|rec| match rec {
+                state::wds::AddressRecord::Workload(w) => w.validate().map(Either::W).map_err(problem),
+                state::wds::AddressRecord::Service(s) => s.validate().map(Either::S).map_err(problem),
+            });
+            match valid {
+                Err(reason) => rejected.push(format!("{}: {reason}", r.name)),
+                Ok(Either::W(w)) => {
+                    names.push((r.name.clone(), state::AddrKey::Workload(w.uid.clone())));
+                    delta.workloads.push(w);
+                    accepted.push((r.name, r.version));
+                }
+                Ok(Either::S(s)) => {
+                    names.push((r.name.clone(), state::AddrKey::Service(s.key.clone())));
+                    delta.services.push(s);
+                    accepted.push((r.name, r.version));
+                }
+            }
+        }
+        let applied = {
+            let (rw, rs) = self.pi.state.read().expect("state lock").wds_removals(&names, &removed);
+            delta.removed_workloads = rw;
+            delta.removed_services = rs;
+            self.apply_valid(delta, |st| st.wds_record(names, &removed))
+        };
+        Ok(self.applied_json(&applied, accepted, rejected))
+    }
+
+    /// config_dump's `{ workloads, services, stagedServices }`, rendered from the state.
+    pub fn mesh_dump_json(&self) -> String {
+        let st = self.pi.state.read().expect("state lock");
+        serde_json::to_string(&state::dump::mesh(&st)).expect("the dump serializes")
+    }
+
+    fn applied_json(&self, applied: &state::Applied, accepted: Vec<(String, String)>, rejected: Vec<String>) -> String {
+        let (workloads, services, policies) = {
+            let st = self.pi.state.read().expect("state lock");
+            (st.workload_count(), st.service_count(), st.policy_count())
+        };
+        let out =
+            state::dump::applied(applied, &self.pi.cfg.node_name, accepted, rejected, [workloads, services, policies]);
+        serde_json::to_string(&out).expect("the outcome serializes")
     }
 
     /// (state changes submitted for re-evaluation, those judged): tests and benchmarks wait for them to meet.

@@ -1,16 +1,21 @@
 //! The dataplane's view of the mesh: workloads and services, indexed for the lookups a connection needs.
 //!
-//! TS converts wire or file formats into this model and hands it over as batched deltas (`StateDelta`); this
-//! module validates what it cannot trust the boundary for (IP syntax, port numbers) and rejects the whole delta
-//! on error, so the previous state keeps serving.
+//! This is the only copy of the mesh (README "Architecture"): the control side hands over batched deltas
+//! (`StateDelta`, from a local config file) or still-encoded WDS resources (wds.rs), and gets back what changed
+//! (`Applied`: the workload transitions it reconciles certificates and listeners from) and, for config_dump, the
+//! state rendered in its own JSON shape (dump.rs). A JSON delta is validated whole and rejected whole on error, so
+//! the previous state keeps serving; a WDS batch is judged resource by resource (a bad one is NACKed, the good ones
+//! apply). An upsert equal to what is held changes nothing and reports nothing.
 //!
 //! Indexes: workloads by uid and by `(network, ip)` (several workloads may share an IP: the best one answers, the
 //! others stay indexed for when it leaves; host-network workloads share the node's IP and are not indexed by it);
 //! services by `namespace/hostname`, by `(network, vip)` and by CIDR VIP; service endpoints derived from each
 //! workload's `services` map.
 
+pub mod dump;
 mod model;
 pub mod policy;
+pub mod wds;
 
 pub use model::{
     AppTunnelProtocol, ApplicationTunnel, GatewayAddress, GatewayDestination, HealthPolicy, IpFamilies, LbMode,
@@ -32,6 +37,31 @@ pub enum StateError {
 
 /// Key of an address index: (network, ip).
 pub type NetworkAddr = (String, IpAddr);
+
+/// What an Address resource name denotes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum AddrKey {
+    Workload(String),
+    Service(ServiceKey),
+}
+
+/// A workload whose record changed: `before` None = added, `after` None = removed.
+#[derive(Debug, Clone)]
+pub struct Transition {
+    pub uid: String,
+    pub before: Option<Arc<Workload>>,
+    pub after: Option<Arc<Workload>>,
+}
+
+/// What one apply changed.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub workloads: Vec<Transition>,
+    /// Services upserted (with a change) or removed.
+    pub services: usize,
+    /// Policies upserted or removed.
+    pub policies: usize,
+}
 
 #[derive(Default, Debug)]
 pub struct State {
@@ -56,46 +86,163 @@ pub struct State {
     namespace_policies: HashMap<String, Vec<Arc<policy::Policy>>>,
     /// How many policies are dry-run: per-connection dry-run reporting costs nothing when there are none.
     dry_run_policies: usize,
+    /// WDS resource name → what it denotes (istiod names workloads by uid and services by namespace/hostname, but a
+    /// name may be renamed in place; a removal names the resource, not the key).
+    wds_names: HashMap<String, AddrKey>,
 }
 
 impl State {
     /// Validate and apply (tests and small deltas; the dataplane validates outside its lock and calls
     /// `apply_valid`).
-    pub fn apply(&mut self, delta: StateDelta) -> Result<(), StateError> {
-        self.apply_valid(delta.validate()?);
-        Ok(())
+    pub fn apply(&mut self, delta: StateDelta) -> Result<Applied, StateError> {
+        let mut valid = delta.validate()?;
+        self.drop_unchanged(&mut valid);
+        Ok(self.apply_valid(valid))
     }
 
-    pub fn apply_valid(&mut self, delta: ValidDelta) {
+    /// Turns a `full` delta into an incremental one (everything held and not upserted is removed) and drops upserts
+    /// equal to what is held, so that re-evaluation and the control side only see real changes.
+    pub fn drop_unchanged(&self, delta: &mut ValidDelta) {
+        if delta.full {
+            delta.full = false;
+            let up_w: std::collections::HashSet<&str> = delta.workloads.iter().map(|w| w.uid.as_str()).collect();
+            let gone_w: Vec<String> = self.workloads.keys().filter(|k| !up_w.contains(k.as_str())).cloned().collect();
+            let up_s: std::collections::HashSet<&ServiceKey> = delta.services.iter().map(|s| &s.key).collect();
+            let gone_s: Vec<String> =
+                self.services.keys().filter(|k| !up_s.contains(k)).map(|k| k.to_string()).collect();
+            let up_p: std::collections::HashSet<String> = delta.policies.iter().map(|p| p.key()).collect();
+            let gone_p: Vec<String> = self.policies.keys().filter(|k| !up_p.contains(*k)).cloned().collect();
+            delta.removed_workloads.extend(gone_w);
+            delta.removed_services.extend(gone_s);
+            delta.removed_policies.extend(gone_p);
+        }
+        let removed_w: std::collections::HashSet<&str> = delta.removed_workloads.iter().map(String::as_str).collect();
+        let removed_s: std::collections::HashSet<&str> = delta.removed_services.iter().map(String::as_str).collect();
+        // An upsert equal to the held record is dropped, unless the same delta also removes that key.
+        let keep_w: Vec<bool> = delta
+            .workloads
+            .iter()
+            .map(|w| removed_w.contains(w.uid.as_str()) || self.workloads.get(&w.uid).is_none_or(|old| **old != *w))
+            .collect();
+        let keep_s: Vec<bool> = delta
+            .services
+            .iter()
+            .map(|s| {
+                removed_s.contains(s.key.to_string().as_str())
+                    || self.services.get(&s.key).is_none_or(|old| **old != *s)
+            })
+            .collect();
+        let mut i = 0;
+        delta.workloads.retain(|_| (keep_w[i], i += 1).0);
+        let mut i = 0;
+        delta.services.retain(|_| (keep_s[i], i += 1).0);
+        // A removal of a key that is not held changes nothing.
+        delta.removed_workloads.retain(|uid| self.workloads.contains_key(uid));
+    }
+
+    pub fn apply_valid(&mut self, delta: ValidDelta) -> Applied {
         let ValidDelta { full, workloads, removed_workloads, services, removed_services, policies, removed_policies } =
             delta;
+        let mut applied = Applied::default();
         if full {
-            *self = State::default();
+            *self = State { wds_names: std::mem::take(&mut self.wds_names), ..State::default() };
         }
         for key in &removed_policies {
-            self.remove_policy(key);
+            if self.remove_policy(key) {
+                applied.policies += 1;
+            }
         }
         for p in policies {
             self.insert_policy(p);
+            applied.policies += 1;
         }
+        // Removals first, then upserts: a batch may remove and re-add one key (the upsert wins).
+        let mut before: HashMap<String, Option<Arc<Workload>>> = HashMap::new();
         for uid in &removed_workloads {
-            self.remove_workload(uid);
+            if let Some(old) = self.remove_workload(uid) {
+                before.entry(uid.clone()).or_insert(Some(old));
+            }
         }
         for key in &removed_services {
             if let Some(key) = ServiceKey::parse(key) {
-                self.remove_service(&key);
+                if self.remove_service(&key) {
+                    applied.services += 1;
+                }
             }
         }
+        let mut after: HashMap<String, Arc<Workload>> = HashMap::new();
         for w in workloads {
-            self.insert_workload(w);
+            let uid = w.uid.clone();
+            let (old, new) = self.insert_workload(w);
+            before.entry(uid.clone()).or_insert(old);
+            after.insert(uid, new);
         }
         for s in services {
             self.insert_service(s);
+            applied.services += 1;
+        }
+        for (uid, b) in before {
+            let a = after.remove(&uid);
+            if let (Some(x), Some(y)) = (&b, &a) {
+                if x == y {
+                    continue;
+                }
+            }
+            applied.workloads.push(Transition { uid, before: b, after: a });
+        }
+        applied
+    }
+
+    /// The removals a WDS batch implies, beyond its upserts: the keys that `removed` names (a known name's key, else
+    /// the name tried as a workload uid and as a namespace/hostname service, ztunnel's order), and the keys that an
+    /// upserted name used to denote (renamed in place). A key the batch upserts is never removed.
+    pub fn wds_removals(&self, upserted: &[(String, AddrKey)], removed: &[String]) -> (Vec<String>, Vec<String>) {
+        let up: std::collections::HashSet<&AddrKey> = upserted.iter().map(|(_, k)| k).collect();
+        let mut workloads = Vec::new();
+        let mut services = Vec::new();
+        let mut drop = |k: &AddrKey| {
+            if up.contains(k) {
+                return;
+            }
+            match k {
+                AddrKey::Workload(uid) => workloads.push(uid.clone()),
+                AddrKey::Service(key) => services.push(key.to_string()),
+            }
+        };
+        for (name, key) in upserted {
+            if let Some(old) = self.wds_names.get(name) {
+                if old != key {
+                    drop(old);
+                }
+            }
+        }
+        for name in removed {
+            match self.wds_names.get(name) {
+                Some(k) => drop(k),
+                None => {
+                    drop(&AddrKey::Workload(name.clone()));
+                    if let Some(key) = ServiceKey::parse(name) {
+                        drop(&AddrKey::Service(key));
+                    }
+                }
+            }
+        }
+        (workloads, services)
+    }
+
+    /// Records what the names of an applied WDS batch denote.
+    pub fn wds_record(&mut self, upserted: Vec<(String, AddrKey)>, removed: &[String]) {
+        for name in removed {
+            self.wds_names.remove(name);
+        }
+        for (name, key) in upserted {
+            self.wds_names.insert(name, key);
         }
     }
 
-    fn insert_workload(&mut self, w: Workload) {
-        self.remove_workload(&w.uid);
+    /// (what was held, what is held now).
+    fn insert_workload(&mut self, w: Workload) -> (Option<Arc<Workload>>, Arc<Workload>) {
+        let old = self.remove_workload(&w.uid);
         let w = Arc::new(w);
         if w.network_mode != model::NetworkMode::HostNetwork {
             for ip in &w.ips {
@@ -106,11 +253,12 @@ impl State {
         for (svc, ports) in &w.service_ports {
             self.endpoints.entry(svc.clone()).or_default().insert(w.uid.clone(), ports.clone());
         }
-        self.workloads.insert(w.uid.clone(), w);
+        self.workloads.insert(w.uid.clone(), w.clone());
+        (old, w)
     }
 
-    fn remove_workload(&mut self, uid: &str) {
-        let Some(old) = self.workloads.remove(uid) else { return };
+    fn remove_workload(&mut self, uid: &str) -> Option<Arc<Workload>> {
+        let old = self.workloads.remove(uid)?;
         let name_key = (old.namespace.clone(), old.name.clone());
         if let Some(uids) = self.workloads_by_name.get_mut(&name_key) {
             uids.retain(|u| u != uid);
@@ -135,6 +283,7 @@ impl State {
                 }
             }
         }
+        Some(old)
     }
 
     fn insert_service(&mut self, s: Service) {
@@ -151,8 +300,8 @@ impl State {
         self.services.insert(s.key.clone(), s);
     }
 
-    fn remove_service(&mut self, key: &ServiceKey) {
-        let Some(old) = self.services.remove(key) else { return };
+    fn remove_service(&mut self, key: &ServiceKey) -> bool {
+        let Some(old) = self.services.remove(key) else { return false };
         if !old.cidr_vips.is_empty() {
             self.services_by_cidr.retain(|(_, _, k)| k != key);
         }
@@ -170,6 +319,7 @@ impl State {
                 }
             }
         }
+        true
     }
 
     fn insert_policy(&mut self, p: policy::Policy) {
@@ -193,8 +343,8 @@ impl State {
         self.policies.insert(key, p);
     }
 
-    fn remove_policy(&mut self, key: &str) {
-        let Some(old) = self.policies.remove(key) else { return };
+    fn remove_policy(&mut self, key: &str) -> bool {
+        let Some(old) = self.policies.remove(key) else { return false };
         if old.dry_run {
             self.dry_run_policies -= 1;
         }
@@ -210,6 +360,7 @@ impl State {
             }
             policy::Scope::WorkloadSelector => {}
         }
+        true
     }
 
     pub fn policy(&self, key: &str) -> Option<&Arc<policy::Policy>> {

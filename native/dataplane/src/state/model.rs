@@ -3,12 +3,12 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::{NetworkAddr, StateError};
 use crate::identity::Identity;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 pub enum Protocol {
     #[serde(rename = "HBONE")]
     Hbone,
@@ -17,14 +17,14 @@ pub enum Protocol {
     Tcp,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 pub enum WorkloadStatus {
     #[default]
     Healthy,
     Unhealthy,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(default)]
 pub struct Locality {
     pub region: String,
@@ -108,7 +108,7 @@ pub struct WeightedWaypointJson {
     pub weight: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 pub enum NetworkMode {
     #[default]
     Standard,
@@ -116,7 +116,7 @@ pub enum NetworkMode {
     HostNetwork,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 pub enum AppTunnelProtocol {
     #[default]
     #[serde(rename = "NONE")]
@@ -125,7 +125,7 @@ pub enum AppTunnelProtocol {
     Proxy,
 }
 
-#[derive(Debug, Clone, Deserialize, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ApplicationTunnel {
     pub protocol: AppTunnelProtocol,
@@ -133,7 +133,7 @@ pub struct ApplicationTunnel {
 }
 
 /// Load balancing scopes, in the order a service lists them (`routingPreferences`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 pub enum LbScope {
     Region,
     Zone,
@@ -143,7 +143,7 @@ pub enum LbScope {
     Network,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 pub enum LbMode {
     /// Every endpoint (UNSPECIFIED_MODE).
     #[default]
@@ -156,14 +156,14 @@ pub enum LbMode {
     Passthrough,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 pub enum HealthPolicy {
     #[default]
     OnlyHealthy,
     AllowAll,
 }
 
-#[derive(Debug, Clone, Deserialize, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct LoadBalancer {
     pub routing_preferences: Vec<LbScope>,
@@ -171,7 +171,7 @@ pub struct LoadBalancer {
     pub health_policy: HealthPolicy,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 pub enum IpFamilies {
     Dual,
     IPv4,
@@ -188,7 +188,7 @@ impl IpFamilies {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 pub enum Visibility {
     #[default]
     Public,
@@ -362,7 +362,7 @@ fn default_if_empty(s: &str, d: &str) -> String {
 }
 
 impl WorkloadJson {
-    fn validate(&self) -> Result<Workload, StateError> {
+    pub fn validate(&self) -> Result<Workload, StateError> {
         let bad = |problem: String| StateError::Invalid { what: "workload", name: self.uid.clone(), problem };
         if self.uid.is_empty() {
             return Err(StateError::Invalid {
@@ -421,7 +421,7 @@ impl WorkloadJson {
 }
 
 impl ServiceJson {
-    fn validate(&self) -> Result<Service, StateError> {
+    pub fn validate(&self) -> Result<Service, StateError> {
         let name = format!("{}/{}", self.namespace, self.hostname);
         let bad = |problem: String| StateError::Invalid { what: "service", name: name.clone(), problem };
         let key = ServiceKey::parse(&name).ok_or_else(|| bad("namespace and hostname are required".into()))?;

@@ -1,0 +1,654 @@
+//! istio.workload.Address resources (WDS), decoded in the dataplane: the control side hands over each xDS
+//! `Resource` still encoded, and gets back what applied and what was refused, so the mesh lives once, here
+//! (README "Architecture"). Message types use prost's derive; the field numbers are those of
+//! `proto/istio/workload/workload.proto` and `proto/envoy/service/discovery/v3/discovery.proto` (fields the
+//! dataplane does not use are left out: prost skips unknown fields, as every protobuf reader must).
+//!
+//! A wire record becomes the same `WorkloadJson` / `ServiceJson` the control side sends for a local config file, and
+//! is validated by the same code, so both sources are judged alike. Istio's defaults for empty fields are applied
+//! there (model.rs), except those that only exist on the wire (an absent `hbone_mtls_port`, capacity wrapper).
+//! Every error is a NACK reason: the field and the problem, without the resource name (the caller prefixes it).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use prost::Message;
+
+use super::model::{
+    AppTunnelProtocol, ApplicationTunnel, GatewayAddressJson, HealthPolicy, IpFamilies, LbMode, LbScope, LoadBalancer,
+    Locality, NetworkMode, Protocol, ServiceJson, Visibility, WeightedWaypointJson, WorkloadJson, WorkloadStatus,
+};
+
+pub const ADDRESS_TYPE_URL: &str = "type.googleapis.com/istio.workload.Address";
+
+/// envoy.service.discovery.v3.Resource
+#[derive(Clone, PartialEq, Message)]
+pub struct Resource {
+    #[prost(string, tag = "1")]
+    pub version: String,
+    #[prost(message, optional, tag = "2")]
+    pub resource: Option<Any>,
+    #[prost(string, tag = "3")]
+    pub name: String,
+}
+
+/// google.protobuf.Any
+#[derive(Clone, PartialEq, Message)]
+pub struct Any {
+    #[prost(string, tag = "1")]
+    pub type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Address {
+    #[prost(oneof = "AddressType", tags = "1, 2")]
+    pub r#type: Option<AddressType>,
+}
+
+// Short-lived, one per resource: boxing would add an allocation per resource for nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum AddressType {
+    #[prost(message, tag = "1")]
+    Workload(WireWorkload),
+    #[prost(message, tag = "2")]
+    Service(WireService),
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct WireWorkload {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub namespace: String,
+    #[prost(bytes = "vec", repeated, tag = "3")]
+    pub addresses: Vec<Vec<u8>>,
+    #[prost(string, tag = "4")]
+    pub network: String,
+    #[prost(int32, tag = "5")]
+    pub tunnel_protocol: i32,
+    #[prost(string, tag = "6")]
+    pub trust_domain: String,
+    #[prost(string, tag = "7")]
+    pub service_account: String,
+    #[prost(message, optional, tag = "8")]
+    pub waypoint: Option<WireGateway>,
+    #[prost(string, tag = "9")]
+    pub node: String,
+    #[prost(string, tag = "10")]
+    pub canonical_name: String,
+    #[prost(string, tag = "11")]
+    pub canonical_revision: String,
+    #[prost(int32, tag = "12")]
+    pub workload_type: i32,
+    #[prost(string, tag = "13")]
+    pub workload_name: String,
+    #[prost(bool, tag = "14")]
+    pub native_tunnel: bool,
+    #[prost(string, repeated, tag = "16")]
+    pub authorization_policies: Vec<String>,
+    #[prost(int32, tag = "17")]
+    pub status: i32,
+    #[prost(string, tag = "18")]
+    pub cluster_id: String,
+    #[prost(message, optional, tag = "19")]
+    pub network_gateway: Option<WireGateway>,
+    #[prost(string, tag = "20")]
+    pub uid: String,
+    #[prost(string, tag = "21")]
+    pub hostname: String,
+    #[prost(map = "string, message", tag = "22")]
+    pub services: HashMap<String, PortList>,
+    #[prost(message, optional, tag = "23")]
+    pub application_tunnel: Option<WireAppTunnel>,
+    #[prost(message, optional, tag = "24")]
+    pub locality: Option<WireLocality>,
+    #[prost(int32, tag = "25")]
+    pub network_mode: i32,
+    #[prost(message, optional, tag = "27")]
+    pub capacity: Option<UInt32Value>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct UInt32Value {
+    #[prost(uint32, tag = "1")]
+    pub value: u32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct WireLocality {
+    #[prost(string, tag = "1")]
+    pub region: String,
+    #[prost(string, tag = "2")]
+    pub zone: String,
+    #[prost(string, tag = "3")]
+    pub subzone: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct WireAppTunnel {
+    #[prost(int32, tag = "1")]
+    pub protocol: i32,
+    #[prost(uint32, tag = "2")]
+    pub port: u32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct PortList {
+    #[prost(message, repeated, tag = "1")]
+    pub ports: Vec<WirePort>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct WirePort {
+    #[prost(uint32, tag = "1")]
+    pub service_port: u32,
+    #[prost(uint32, tag = "2")]
+    pub target_port: u32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct WireGateway {
+    #[prost(oneof = "GatewayDestinationWire", tags = "1, 2")]
+    pub destination: Option<GatewayDestinationWire>,
+    #[prost(uint32, tag = "3")]
+    pub hbone_mtls_port: u32,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum GatewayDestinationWire {
+    #[prost(message, tag = "1")]
+    Hostname(NamespacedHostname),
+    #[prost(message, tag = "2")]
+    Address(NetworkAddress),
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct NamespacedHostname {
+    #[prost(string, tag = "1")]
+    pub namespace: String,
+    #[prost(string, tag = "2")]
+    pub hostname: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct NetworkAddress {
+    #[prost(string, tag = "1")]
+    pub network: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub address: Vec<u8>,
+    #[prost(uint32, optional, tag = "3")]
+    pub length: Option<u32>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct WireService {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub namespace: String,
+    #[prost(string, tag = "3")]
+    pub hostname: String,
+    #[prost(message, repeated, tag = "4")]
+    pub addresses: Vec<NetworkAddress>,
+    #[prost(message, repeated, tag = "5")]
+    pub ports: Vec<WirePort>,
+    #[prost(string, repeated, tag = "6")]
+    pub subject_alt_names: Vec<String>,
+    #[prost(message, optional, tag = "7")]
+    pub waypoint: Option<WireGateway>,
+    #[prost(message, optional, tag = "8")]
+    pub load_balancing: Option<WireLoadBalancing>,
+    #[prost(int32, tag = "9")]
+    pub ip_families: i32,
+    #[prost(bool, tag = "11")]
+    pub canonical: bool,
+    #[prost(message, repeated, tag = "13")]
+    pub weighted_waypoints: Vec<WireWeightedWaypoint>,
+    #[prost(int32, tag = "14")]
+    pub visibility: i32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct WireLoadBalancing {
+    #[prost(int32, repeated, tag = "1")]
+    pub routing_preference: Vec<i32>,
+    #[prost(int32, tag = "2")]
+    pub mode: i32,
+    #[prost(int32, tag = "3")]
+    pub health_policy: i32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct WireWeightedWaypoint {
+    #[prost(message, optional, tag = "1")]
+    pub destination: Option<WireGateway>,
+    #[prost(uint32, tag = "2")]
+    pub weight: u32,
+}
+
+/// A decoded Address resource, in the model the control side also sends.
+// Short-lived, one per resource: boxing would add an allocation per resource for nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum AddressRecord {
+    Workload(WorkloadJson),
+    Service(ServiceJson),
+}
+
+type Reason = String;
+
+/// 4 or 16 bytes → an address; anything else is refused.
+fn ip(bytes: &[u8], field: &str) -> Result<IpAddr, Reason> {
+    match bytes.len() {
+        4 => Ok(IpAddr::from(<[u8; 4]>::try_from(bytes).expect("4 bytes"))),
+        16 => Ok(IpAddr::from(<[u8; 16]>::try_from(bytes).expect("16 bytes"))),
+        n => Err(format!("{field}: {n} bytes is not an IPv4 (4) or IPv6 (16) address")),
+    }
+}
+
+fn port(field: &str, n: u32, allow_zero: bool) -> Result<u32, Reason> {
+    if n > 65535 || (!allow_zero && n == 0) {
+        return Err(format!("{field}: {n} is not a port"));
+    }
+    Ok(n)
+}
+
+fn unknown(field: &str, v: i32) -> Reason {
+    format!("{field}: unknown enum value {v}")
+}
+
+fn gateway(g: &Option<WireGateway>, field: &str) -> Result<Option<GatewayAddressJson>, Reason> {
+    let Some(g) = g else { return Ok(None) };
+    let hbone_mtls_port = match g.hbone_mtls_port {
+        0 => u32::from(crate::config::HBONE_PORT),
+        p => port(&format!("{field}.hboneMtlsPort"), p, false)?,
+    };
+    let destination = match &g.destination {
+        Some(GatewayDestinationWire::Hostname(h)) => format!("{}/{}", h.namespace, h.hostname),
+        Some(GatewayDestinationWire::Address(a)) => {
+            format!("{}/{}", a.network, ip(&a.address, &format!("{field}.address"))?)
+        }
+        None => return Err(format!("{field}: neither a hostname nor an address")),
+    };
+    Ok(Some(GatewayAddressJson { destination, hbone_mtls_port }))
+}
+
+fn workload(w: WireWorkload) -> Result<WorkloadJson, Reason> {
+    if w.uid.is_empty() {
+        return Err("workload has no uid".into());
+    }
+    let protocol = match w.tunnel_protocol {
+        0 => Protocol::Tcp,
+        1 => Protocol::Hbone,
+        2 => return Err("tunnelProtocol LEGACY_ISTIO_MTLS is not supported (only NONE and HBONE)".into()),
+        v => return Err(unknown("tunnelProtocol", v)),
+    };
+    let mut services = HashMap::with_capacity(w.services.len());
+    for (key, list) in &w.services {
+        let well_formed =
+            key.split_once('/').is_some_and(|(ns, h)| !ns.is_empty() && !h.is_empty() && !h.contains('/'));
+        if !well_formed {
+            return Err(format!("services: key {key:?} is not <namespace>/<hostname>"));
+        }
+        let mut ports = HashMap::with_capacity(list.ports.len());
+        for (i, p) in list.ports.iter().enumerate() {
+            let sp = port(&format!("services[{key:?}].ports[{i}].servicePort"), p.service_port, false)?;
+            let tp = port(&format!("services[{key:?}].ports[{i}].targetPort"), p.target_port, true)?;
+            ports.insert(sp.to_string(), tp);
+        }
+        services.insert(key.clone(), ports);
+    }
+    let workload_type = match w.workload_type {
+        0 => "deployment",
+        1 => "cronjob",
+        2 => "pod",
+        3 => "job",
+        v => return Err(unknown("workloadType", v)),
+    };
+    let status = match w.status {
+        0 => WorkloadStatus::Healthy,
+        1 => WorkloadStatus::Unhealthy,
+        v => return Err(unknown("status", v)),
+    };
+    let network_mode = match w.network_mode {
+        0 => NetworkMode::Standard,
+        1 => NetworkMode::HostNetwork,
+        v => return Err(unknown("networkMode", v)),
+    };
+    let application_tunnel = match &w.application_tunnel {
+        None => None,
+        Some(t) => Some(ApplicationTunnel {
+            protocol: match t.protocol {
+                0 => AppTunnelProtocol::None,
+                1 => AppTunnelProtocol::Proxy,
+                v => return Err(unknown("applicationTunnel.protocol", v)),
+            },
+            port: match t.port {
+                0 => None,
+                p => Some(port("applicationTunnel.port", p, false)? as u16),
+            },
+        }),
+    };
+    let workload_ips = w
+        .addresses
+        .iter()
+        .enumerate()
+        .map(|(i, a)| ip(a, &format!("addresses[{i}]")).map(|ip| ip.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let waypoint = gateway(&w.waypoint, "waypoint")?;
+    let network_gateway = gateway(&w.network_gateway, "networkGateway")?;
+    let locality =
+        w.locality.map(|l| Locality { region: l.region, zone: l.zone, subzone: l.subzone }).unwrap_or_default();
+    Ok(WorkloadJson {
+        uid: w.uid,
+        name: w.name,
+        namespace: w.namespace,
+        service_account: w.service_account,
+        trust_domain: w.trust_domain,
+        workload_ips,
+        network: w.network,
+        protocol,
+        node: w.node,
+        status,
+        // An absent capacity is weight 1 (the wrapper lets istiod say 0 explicitly).
+        capacity: Some(w.capacity.map_or(1, |c| c.value)),
+        canonical_name: w.canonical_name,
+        canonical_revision: w.canonical_revision,
+        workload_name: w.workload_name,
+        workload_type: workload_type.into(),
+        cluster_id: w.cluster_id,
+        locality,
+        services,
+        authorization_policies: w.authorization_policies,
+        hostname: w.hostname,
+        network_mode,
+        waypoint,
+        network_gateway,
+        application_tunnel,
+        native_tunnel: w.native_tunnel,
+    })
+}
+
+fn service(s: WireService) -> Result<ServiceJson, Reason> {
+    if s.namespace.is_empty() {
+        return Err("service has no namespace".into());
+    }
+    if s.hostname.is_empty() {
+        return Err("service has no hostname".into());
+    }
+    let mut vips = Vec::new();
+    let mut cidr_vips = Vec::new();
+    for (i, a) in s.addresses.iter().enumerate() {
+        let addr = ip(&a.address, &format!("addresses[{i}].address"))?;
+        let host = if addr.is_ipv4() { 32 } else { 128 };
+        match a.length {
+            None => vips.push(format!("{}/{addr}", a.network)),
+            Some(len) if len == host => vips.push(format!("{}/{addr}", a.network)),
+            Some(len) if len > host => return Err(format!("addresses[{i}].length: /{len} is too long for {addr}")),
+            Some(len) => cidr_vips.push(format!("{}/{addr}/{len}", a.network)),
+        }
+    }
+    let mut ports = HashMap::with_capacity(s.ports.len());
+    for (i, p) in s.ports.iter().enumerate() {
+        let sp = port(&format!("ports[{i}].servicePort"), p.service_port, false)?;
+        ports.insert(sp.to_string(), port(&format!("ports[{i}].targetPort"), p.target_port, true)?);
+    }
+    let waypoint = gateway(&s.waypoint, "waypoint")?;
+    let weighted_waypoints = s
+        .weighted_waypoints
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let field = format!("weightedWaypoints[{i}].destination");
+            let waypoint =
+                gateway(&w.destination, &field)?.ok_or_else(|| format!("weightedWaypoints[{i}]: no destination"))?;
+            Ok(WeightedWaypointJson { waypoint, weight: w.weight })
+        })
+        .collect::<Result<Vec<_>, Reason>>()?;
+    let load_balancer = match &s.load_balancing {
+        None => None,
+        Some(lb) => Some(LoadBalancer {
+            routing_preferences: lb
+                .routing_preference
+                .iter()
+                .enumerate()
+                .map(|(i, p)| match p {
+                    1 => Ok(LbScope::Region),
+                    2 => Ok(LbScope::Zone),
+                    3 => Ok(LbScope::Subzone),
+                    4 => Ok(LbScope::Node),
+                    5 => Ok(LbScope::Cluster),
+                    6 => Ok(LbScope::Network),
+                    v => Err(unknown(&format!("loadBalancing.routingPreference[{i}]"), *v)),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            mode: match lb.mode {
+                0 => LbMode::Standard,
+                1 => LbMode::Strict,
+                2 => LbMode::Failover,
+                3 => LbMode::Passthrough,
+                v => return Err(unknown("loadBalancing.mode", v)),
+            },
+            health_policy: match lb.health_policy {
+                0 => HealthPolicy::OnlyHealthy,
+                1 => HealthPolicy::AllowAll,
+                v => return Err(unknown("loadBalancing.healthPolicy", v)),
+            },
+        }),
+    };
+    let ip_families = match s.ip_families {
+        0 => None,
+        1 => Some(IpFamilies::IPv4),
+        2 => Some(IpFamilies::IPv6),
+        3 => Some(IpFamilies::Dual),
+        v => return Err(unknown("ipFamilies", v)),
+    };
+    Ok(ServiceJson {
+        name: s.name,
+        namespace: s.namespace,
+        hostname: s.hostname,
+        vips,
+        cidr_vips,
+        ports,
+        subject_alt_names: s.subject_alt_names,
+        waypoint,
+        weighted_waypoints,
+        load_balancer,
+        ip_families,
+        canonical: s.canonical,
+        // An unknown visibility is PUBLIC (spec §3.3): newer istiods may add values.
+        visibility: Some(if s.visibility == 1 { Visibility::Namespace } else { Visibility::Public }),
+    })
+}
+
+/// Decodes one Address body (the `value` of the resource's Any).
+pub fn decode_address(body: &[u8]) -> Result<AddressRecord, Reason> {
+    let addr = Address::decode(body).map_err(|e| format!("cannot decode istio.workload.Address: {e}"))?;
+    match addr.r#type {
+        Some(AddressType::Workload(w)) => workload(w).map(AddressRecord::Workload),
+        Some(AddressType::Service(s)) => service(s).map(AddressRecord::Service),
+        None => Err("Address has neither a workload nor a service".into()),
+    }
+}
+
+/// One encoded envoy Resource carrying an Address: its name, version and record (or why it is refused; the name is
+/// `resources[i]` when even the envelope cannot be read).
+pub struct DecodedResource {
+    pub name: String,
+    pub version: String,
+    pub record: Result<AddressRecord, Reason>,
+}
+
+pub fn decode_resource(index: usize, bytes: &[u8]) -> DecodedResource {
+    let r = match Resource::decode(bytes) {
+        Ok(r) => r,
+        Err(e) => {
+            return DecodedResource {
+                name: format!("resources[{index}]"),
+                version: String::new(),
+                record: Err(format!("cannot decode envoy.service.discovery.v3.Resource: {e}")),
+            }
+        }
+    };
+    let record = match &r.resource {
+        None => Err("resource has no body".to_string()),
+        Some(any) if any.type_url != ADDRESS_TYPE_URL => {
+            Err(format!("type {:?} is not {ADDRESS_TYPE_URL}", any.type_url))
+        }
+        Some(any) => decode_address(&any.value),
+    };
+    DecodedResource { name: r.name, version: r.version, record }
+}
+
+/// Splits the control side's packing of a response's resources: each one a little-endian u32 length, then that many
+/// bytes (an encoded Resource).
+pub fn unpack(packed: &[u8]) -> Result<Vec<&[u8]>, String> {
+    let mut out = Vec::new();
+    let mut rest = packed;
+    while !rest.is_empty() {
+        if rest.len() < 4 {
+            return Err("truncated resource length".into());
+        }
+        let n = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+        rest = &rest[4..];
+        if rest.len() < n {
+            return Err("truncated resource".into());
+        }
+        out.push(&rest[..n]);
+        rest = &rest[n..];
+    }
+    Ok(out)
+}
+
+/// One Address body decoded, validated and rendered as the control side's JSON (`{"workload": {...}}` or
+/// `{"service": {...}}`), or the NACK reason: the debugging and test face of the decoder.
+pub fn decode_address_json(body: &[u8]) -> Result<String, String> {
+    let reason = |e: super::StateError| match e {
+        super::StateError::Invalid { problem, .. } => problem,
+        other => other.to_string(),
+    };
+    match decode_address(body)? {
+        AddressRecord::Workload(w) => {
+            let w = w.validate().map_err(reason)?;
+            Ok(format!(r#"{{"workload":{}}}"#, serde_json::to_string(&super::dump::workload(&w)).expect("serializes")))
+        }
+        AddressRecord::Service(s) => {
+            let s = s.validate().map_err(reason)?;
+            Ok(format!(
+                r#"{{"service":{}}}"#,
+                serde_json::to_string(&super::dump::service(None, &s)).expect("serializes")
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{AddrKey, State};
+
+    fn workload(uid: &str, ip: [u8; 4]) -> WireWorkload {
+        WireWorkload {
+            uid: uid.into(),
+            name: uid.into(),
+            namespace: "ns".into(),
+            addresses: vec![ip.to_vec()],
+            ..Default::default()
+        }
+    }
+
+    fn resource(name: &str, body: Address) -> Vec<u8> {
+        Resource {
+            name: name.into(),
+            version: "v1".into(),
+            resource: Some(Any { type_url: ADDRESS_TYPE_URL.into(), value: body.encode_to_vec() }),
+        }
+        .encode_to_vec()
+    }
+
+    fn wl(uid: &str, ip: [u8; 4]) -> Address {
+        Address { r#type: Some(AddressType::Workload(workload(uid, ip))) }
+    }
+
+    #[test]
+    fn wire_defaults_and_refusals_follow_istio() {
+        let AddressRecord::Workload(w) = decode_address(&wl("u1", [10, 0, 0, 1]).encode_to_vec()).unwrap() else {
+            panic!("a workload")
+        };
+        let w = w.validate().unwrap();
+        assert_eq!((w.trust_domain.as_str(), w.service_account.as_str(), w.capacity), ("cluster.local", "default", 1));
+        let bad =
+            |w: WireWorkload| match decode_address(&Address { r#type: Some(AddressType::Workload(w)) }.encode_to_vec())
+            {
+                Err(e) => e,
+                Ok(_) => panic!("refused"),
+            };
+        assert_eq!(
+            bad(WireWorkload { tunnel_protocol: 2, ..workload("u", [1, 1, 1, 1]) }),
+            "tunnelProtocol LEGACY_ISTIO_MTLS is not supported (only NONE and HBONE)"
+        );
+        assert_eq!(
+            bad(WireWorkload { addresses: vec![vec![1, 2, 3]], ..workload("u", [1, 1, 1, 1]) }),
+            "addresses[0]: 3 bytes is not an IPv4 (4) or IPv6 (16) address"
+        );
+        assert_eq!(bad(WireWorkload { uid: String::new(), ..workload("u", [1, 1, 1, 1]) }), "workload has no uid");
+        assert_eq!(
+            decode_address(&Address { r#type: None }.encode_to_vec()).unwrap_err(),
+            "Address has neither a workload nor a service"
+        );
+    }
+
+    #[test]
+    fn unpack_splits_and_refuses_truncation() {
+        let mut packed = Vec::new();
+        for part in [&b"ab"[..], &b""[..], &b"xyz"[..]] {
+            packed.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            packed.extend_from_slice(part);
+        }
+        assert_eq!(unpack(&packed).unwrap(), vec![&b"ab"[..], &b""[..], &b"xyz"[..]]);
+        assert!(unpack(&packed[..packed.len() - 1]).is_err());
+        assert!(unpack(&[1, 0]).is_err());
+    }
+
+    #[test]
+    fn a_resource_of_the_wrong_type_or_without_a_body_is_named() {
+        let r = Resource { name: "x".into(), version: "1".into(), resource: None }.encode_to_vec();
+        let d = decode_resource(0, &r);
+        assert_eq!((d.name.as_str(), d.record.unwrap_err().as_str()), ("x", "resource has no body"));
+        let r = Resource {
+            name: "y".into(),
+            version: "1".into(),
+            resource: Some(Any { type_url: "type.googleapis.com/other".into(), value: vec![] }),
+        }
+        .encode_to_vec();
+        assert!(decode_resource(0, &r)
+            .record
+            .unwrap_err()
+            .contains("is not type.googleapis.com/istio.workload.Address"));
+        assert_eq!(decode_resource(3, &[0xff]).name, "resources[3]");
+        // A good one decodes with its name and version.
+        let d = decode_resource(0, &resource("w1", wl("w1", [10, 0, 0, 1])));
+        assert_eq!((d.name.as_str(), d.version.as_str()), ("w1", "v1"));
+    }
+
+    #[test]
+    fn removals_by_name_follow_what_the_name_denotes() {
+        let st = State::default();
+        let up = vec![("w1".to_string(), AddrKey::Workload("w1".into()))];
+        // An unknown name is tried as a uid and as a namespace/hostname; a key the batch upserts is never removed.
+        let (w, s) = st.wds_removals(&up, &["ns/h".to_string(), "w1".to_string()]);
+        assert_eq!(w, vec!["ns/h".to_string()]);
+        assert_eq!(s, vec!["ns/h".to_string()]);
+        // A name renamed in place drops the key it used to denote.
+        let mut st = State::default();
+        st.wds_record(vec![("n".to_string(), AddrKey::Workload("old".into()))], &[]);
+        let (w, _) = st.wds_removals(&[("n".to_string(), AddrKey::Workload("new".into()))], &[]);
+        assert_eq!(w, vec!["old".to_string()]);
+        // A removal by a known name removes its key, not the name.
+        let (w, s) = st.wds_removals(&[], &["n".to_string()]);
+        assert_eq!((w, s.len()), (vec!["old".to_string()], 0));
+    }
+}
