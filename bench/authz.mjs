@@ -32,7 +32,7 @@ function policy(i, port = 8000) {
 }
 
 const dp = openBenchDataplane();
-const store = new StateStore();
+const store = new StateStore(null);
 const started = performance.now();
 store.apply({ policies: Array.from({ length: POLICIES }, (_, i) => policy(i)) }, (d) => dp.applyState(d));
 const loadMs = performance.now() - started;

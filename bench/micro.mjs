@@ -28,7 +28,7 @@ const policy = {
 };
 
 const dp = openBenchDataplane();
-const store = new StateStore();
+const store = new StateStore(null);
 store.apply({ workloads: Array.from({ length: WORKLOADS }, (_, i) => workload(i)), policies: [policy] }, (d) => dp.applyState(d));
 let flip = 0;
 

@@ -195,7 +195,7 @@ impl Dataplane {
             merged.policies.extend(v.policies);
             merged.removed_policies.extend(v.removed_policies);
         }
-        let applied = self.apply_valid(merged, |_| ());
+        let applied = self.apply_valid(merged, |_, _| (), |_, ()| ());
         Ok(self.applied_json(&applied, Vec::new(), Vec::new()))
     }
 
@@ -203,18 +203,24 @@ impl Dataplane {
     /// re-evaluation task (proxy/reevaluation.rs), after this returns.
     pub fn apply_state(&self, delta: StateDelta) -> Result<state::Applied, DataplaneError> {
         let valid = delta.validate()?;
-        Ok(self.apply_valid(valid, |_| ()))
+        Ok(self.apply_valid(valid, |_, _| (), |_, ()| ()))
     }
 
-    /// Under the state lock: drop what changes nothing, compute the re-evaluation scope, apply, then `after` (more
-    /// bookkeeping under the same lock).
-    fn apply_valid(&self, mut valid: state::ValidDelta, after: impl FnOnce(&mut State)) -> state::Applied {
+    /// Under the state lock: `before` (completes the delta from what is held), drop what changes nothing, compute
+    /// the re-evaluation scope, apply, then `after` (more bookkeeping under the same lock).
+    fn apply_valid<T>(
+        &self,
+        mut valid: state::ValidDelta,
+        before: impl FnOnce(&State, &mut state::ValidDelta) -> T,
+        after: impl FnOnce(&mut State, T),
+    ) -> state::Applied {
         let (scope, applied) = {
             let mut state = self.pi.state.write().expect("state lock");
+            let kept = before(&state, &mut valid);
             state.drop_unchanged(&mut valid);
             let scope = proxy::reevaluation::Scope::of_change(&state, &valid);
             let applied = state.apply_valid(valid);
-            after(&mut state);
+            after(&mut state, kept);
             (scope, applied)
         };
         self.reevaluator.submit(scope);
@@ -251,12 +257,16 @@ impl Dataplane {
                 }
             }
         }
-        let applied = {
-            let (rw, rs) = self.pi.state.read().expect("state lock").wds_removals(&names, &removed);
-            delta.removed_workloads = rw;
-            delta.removed_services = rs;
-            self.apply_valid(delta, |st| st.wds_record(names, &removed))
-        };
+        // The removals the names imply are read from the same locked state the batch applies to.
+        let gone = &removed;
+        let applied = self.apply_valid(
+            delta,
+            move |st, d| {
+                (d.removed_workloads, d.removed_services) = st.wds_removals(&names, gone);
+                names
+            },
+            |st, names| st.wds_record(names, gone),
+        );
         Ok(self.applied_json(&applied, accepted, rejected))
     }
 

@@ -128,7 +128,7 @@ pub struct ServiceOut<'a> {
     cidr_vips: Vec<String>,
     ports: BTreeMap<String, u16>,
     endpoints: BTreeMap<&'a str, EndpointOut<'a>>,
-    subject_alt_names: Vec<String>,
+    subject_alt_names: &'a [String],
     waypoint: Option<GatewayOut>,
     weighted_waypoints: Vec<WeightedOut>,
     load_balancer: &'a Option<LoadBalancer>,
@@ -153,7 +153,7 @@ pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceOut<'a> {
         cidr_vips: s.cidr_vips.iter().map(|(net, c)| format!("{net}/{}/{}", c.addr, c.prefix)).collect(),
         ports: ports(&s.ports),
         endpoints: st.map(|st| endpoints(st, &s.key)).unwrap_or_default(),
-        subject_alt_names: s.subject_alt_names.iter().map(|i| i.to_string()).collect(),
+        subject_alt_names: &s.subject_alt_names_given,
         waypoint: gateway(&s.waypoint),
         weighted_waypoints: s
             .weighted_waypoints

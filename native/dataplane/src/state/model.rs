@@ -94,7 +94,7 @@ impl GatewayAddressJson {
             }
         };
         let hbone_mtls_port = match self.hbone_mtls_port {
-            0 => crate::config::HBONE_PORT,
+            0 => defaults::HBONE_MTLS_PORT,
             p => port(what, name, p)?,
         };
         Ok(GatewayAddress { destination, hbone_mtls_port })
@@ -322,7 +322,10 @@ pub struct Service {
     pub cidr_vips: Vec<(String, super::policy::Cidr)>,
     /// service port → target port (0: not set here; each endpoint's own port map must name the port).
     pub ports: HashMap<u16, u16>,
+    /// The SPIFFE identities among the SANs (what a TLS peer is checked against).
     pub subject_alt_names: Vec<Identity>,
+    /// The SANs as istiod sent them (config_dump shows them all, as ztunnel does).
+    pub subject_alt_names_given: Vec<String>,
     pub waypoint: Option<GatewayAddress>,
     /// Waypoints sharing the traffic by weight (a weight of 0 is described but gets none).
     pub weighted_waypoints: Vec<(GatewayAddress, u32)>,
@@ -351,6 +354,19 @@ fn port_key(what: &'static str, name: &str, k: &str) -> Result<u16, StateError> 
 
 fn port_map(what: &'static str, name: &str, m: &HashMap<String, u32>) -> Result<HashMap<u16, u16>, StateError> {
     m.iter().map(|(k, v)| Ok((port_key(what, name, k)?, port(what, name, *v)?))).collect()
+}
+
+/// Istio's defaults for what a workload or service leaves empty, in one place: both sources (WDS via wds.rs, the
+/// local config file) are validated here. An empty string or absent field means "not said".
+pub mod defaults {
+    pub const TRUST_DOMAIN: &str = "cluster.local";
+    pub const SERVICE_ACCOUNT: &str = "default";
+    /// WorkloadType 0 on the wire.
+    pub const WORKLOAD_TYPE: &str = "deployment";
+    /// An absent capacity (the wire's UInt32Value wrapper lets istiod say 0 explicitly).
+    pub const CAPACITY: u32 = 1;
+    /// A gateway or waypoint address whose hbone_mtls_port is 0.
+    pub const HBONE_MTLS_PORT: u16 = crate::config::HBONE_PORT;
 }
 
 fn default_if_empty(s: &str, d: &str) -> String {
@@ -390,18 +406,18 @@ impl WorkloadJson {
             name: self.name.clone(),
             namespace: self.namespace.clone(),
             // Istio's defaults for an empty field.
-            service_account: default_if_empty(&self.service_account, "default"),
-            trust_domain: default_if_empty(&self.trust_domain, "cluster.local"),
+            service_account: default_if_empty(&self.service_account, defaults::SERVICE_ACCOUNT),
+            trust_domain: default_if_empty(&self.trust_domain, defaults::TRUST_DOMAIN),
             ips,
             network: self.network.clone(),
             protocol: self.protocol,
             node: self.node.clone(),
             status: self.status,
-            capacity: self.capacity.unwrap_or(1),
+            capacity: self.capacity.unwrap_or(defaults::CAPACITY),
             canonical_name: self.canonical_name.clone(),
             canonical_revision: self.canonical_revision.clone(),
             workload_name: self.workload_name.clone(),
-            workload_type: self.workload_type.clone(),
+            workload_type: default_if_empty(&self.workload_type, defaults::WORKLOAD_TYPE),
             cluster_id: self.cluster_id.clone(),
             locality: self.locality.clone(),
             service_ports,
@@ -457,6 +473,7 @@ impl ServiceJson {
             cidr_vips,
             ports: port_map("service", &name, &self.ports)?,
             subject_alt_names,
+            subject_alt_names_given: self.subject_alt_names.clone(),
             waypoint: self.waypoint.as_ref().map(|g| g.validate("service", &name, "waypoint")).transpose()?,
             weighted_waypoints: self
                 .weighted_waypoints

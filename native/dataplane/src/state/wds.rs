@@ -5,8 +5,8 @@
 //! dataplane does not use are left out: prost skips unknown fields, as every protobuf reader must).
 //!
 //! A wire record becomes the same `WorkloadJson` / `ServiceJson` the control side sends for a local config file, and
-//! is validated by the same code, so both sources are judged alike. Istio's defaults for empty fields are applied
-//! there (model.rs), except those that only exist on the wire (an absent `hbone_mtls_port`, capacity wrapper).
+//! is validated by the same code, so both sources are judged alike. Istio's defaults are one table,
+//! `model::defaults`.
 //! Every error is a NACK reason: the field and the problem, without the resource name (the caller prefixes it).
 
 use std::collections::HashMap;
@@ -263,7 +263,7 @@ fn unknown(field: &str, v: i32) -> Reason {
 fn gateway(g: &Option<WireGateway>, field: &str) -> Result<Option<GatewayAddressJson>, Reason> {
     let Some(g) = g else { return Ok(None) };
     let hbone_mtls_port = match g.hbone_mtls_port {
-        0 => u32::from(crate::config::HBONE_PORT),
+        0 => u32::from(super::model::defaults::HBONE_MTLS_PORT),
         p => port(&format!("{field}.hboneMtlsPort"), p, false)?,
     };
     let destination = match &g.destination {
@@ -353,8 +353,7 @@ fn workload(w: WireWorkload) -> Result<WorkloadJson, Reason> {
         protocol,
         node: w.node,
         status,
-        // An absent capacity is weight 1 (the wrapper lets istiod say 0 explicitly).
-        capacity: Some(w.capacity.map_or(1, |c| c.value)),
+        capacity: Some(w.capacity.map_or(super::model::defaults::CAPACITY, |c| c.value)),
         canonical_name: w.canonical_name,
         canonical_revision: w.canonical_revision,
         workload_name: w.workload_name,

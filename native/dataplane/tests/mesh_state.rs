@@ -1,0 +1,130 @@
+//! The dataplane as the mesh's only store: WDS batches judged resource by resource (what applied, what was refused
+//! and why), removals and renames by resource name, unchanged upserts that report nothing, local-config batches
+//! applied all or nothing, and config_dump rendered from the state.
+
+use dataplane::state::wds::{Address, AddressType, Any, Resource, WireService, WireWorkload, ADDRESS_TYPE_URL};
+use dataplane::Dataplane;
+use prost::Message;
+use serde_json::{json, Value};
+
+fn dataplane() -> Dataplane {
+    Dataplane::from_json(&json!({ "nodeName": "n1" }).to_string()).unwrap()
+}
+
+fn workload(uid: &str, ip: [u8; 4], node: &str) -> Address {
+    let w = WireWorkload {
+        uid: uid.into(),
+        name: uid.into(),
+        namespace: "ns".into(),
+        addresses: vec![ip.to_vec()],
+        node: node.into(),
+        ..Default::default()
+    };
+    Address { r#type: Some(AddressType::Workload(w)) }
+}
+
+fn pack(resources: &[(&str, &str, Address)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, version, body) in resources {
+        let r = Resource {
+            name: (*name).into(),
+            version: (*version).into(),
+            resource: Some(Any { type_url: ADDRESS_TYPE_URL.into(), value: body.encode_to_vec() }),
+        }
+        .encode_to_vec();
+        out.extend_from_slice(&(r.len() as u32).to_le_bytes());
+        out.extend_from_slice(&r);
+    }
+    out
+}
+
+fn apply(dp: &Dataplane, resources: &[(&str, &str, Address)], removed: &[&str]) -> Value {
+    let out = dp.apply_addresses(&pack(resources), removed.iter().map(|s| s.to_string()).collect()).unwrap();
+    serde_json::from_str(&out).unwrap()
+}
+
+fn uids(dp: &Dataplane) -> Vec<String> {
+    let dump: Value = serde_json::from_str(&dp.mesh_dump_json()).unwrap();
+    dump["workloads"].as_array().unwrap().iter().map(|w| w["uid"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn a_bad_resource_is_refused_by_name_while_the_good_ones_apply() {
+    let dp = dataplane();
+    let bad =
+        Address { r#type: Some(AddressType::Workload(WireWorkload { tunnel_protocol: 7, ..Default::default() })) };
+    let out = apply(&dp, &[("w1", "a", workload("w1", [10, 0, 0, 1], "n1")), ("broken", "b", bad)], &[]);
+    assert_eq!(out["accepted"], json!([["w1", "a"]]));
+    assert_eq!(out["rejected"], json!(["broken: workload has no uid"]));
+    // w1 is on this node: its whole record comes back, for the local-workload reconciler.
+    assert_eq!(out["workloads"][0]["after"]["workloadIps"], json!(["10.0.0.1"]));
+    assert_eq!(out["counts"], json!([1, 0, 0]));
+    assert_eq!(uids(&dp), ["w1"]);
+}
+
+#[test]
+fn an_unchanged_upsert_reports_nothing_and_off_node_workloads_are_only_counted() {
+    let dp = dataplane();
+    apply(
+        &dp,
+        &[("w1", "a", workload("w1", [10, 0, 0, 1], "n1")), ("w2", "a", workload("w2", [10, 0, 0, 2], "n2"))],
+        &[],
+    );
+    let again = apply(&dp, &[("w1", "b", workload("w1", [10, 0, 0, 1], "n1"))], &[]);
+    assert_eq!((again["changedWorkloads"].as_u64(), again["workloads"].as_array().unwrap().len()), (Some(0), 0));
+    assert_eq!(again["accepted"], json!([["w1", "b"]]), "its version is still recorded");
+    let moved = apply(&dp, &[("w2", "b", workload("w2", [10, 0, 0, 9], "n2"))], &[]);
+    assert_eq!((moved["changedWorkloads"].as_u64(), moved["workloads"].as_array().unwrap().len()), (Some(1), 0));
+}
+
+#[test]
+fn removals_and_renames_follow_the_resource_name() {
+    let dp = dataplane();
+    let svc = Address {
+        r#type: Some(AddressType::Service(WireService {
+            name: "s".into(),
+            namespace: "ns".into(),
+            hostname: "s.example".into(),
+            ..Default::default()
+        })),
+    };
+    apply(&dp, &[("wl-name", "a", workload("w1", [10, 0, 0, 1], "n1")), ("ns/s.example", "a", svc)], &[]);
+    // The name now denotes another workload: the old one goes.
+    apply(&dp, &[("wl-name", "b", workload("w9", [10, 0, 0, 9], "n1"))], &[]);
+    assert_eq!(uids(&dp), ["w9"]);
+    // A removal names the resource, not the key; an unknown name is tried as a service key.
+    let out = apply(&dp, &[], &["wl-name", "ns/s.example"]);
+    assert_eq!((out["changedWorkloads"].as_u64(), out["services"].as_u64()), (Some(1), Some(1)));
+    assert!(uids(&dp).is_empty());
+}
+
+#[test]
+fn a_local_config_batch_applies_whole_or_not_at_all() {
+    let dp = dataplane();
+    let good = json!({"workloads": [{"uid": "w1", "name": "a", "namespace": "ns", "workloadIps": ["10.0.0.1"]}]});
+    let bad = json!({"workloads": [{"uid": "w2", "name": "b", "namespace": "ns", "workloadIps": ["10.0.0.300"]}]});
+    let err = dp.apply_state_batches(&[good.to_string().into_bytes(), bad.to_string().into_bytes()]).unwrap_err();
+    assert!(err.to_string().starts_with("INVALID_STATE:") && err.to_string().contains("w2"), "{err}");
+    assert!(uids(&dp).is_empty(), "the good chunk before the bad one did not apply");
+    dp.apply_state_batches(&[good.to_string().into_bytes()]).unwrap();
+    assert_eq!(uids(&dp), ["w1"]);
+}
+
+#[test]
+fn config_dump_shows_the_sans_as_given_and_istio_defaults() {
+    let dp = dataplane();
+    dp.apply_state_json(
+        &json!({"workloads": [{"uid": "w1", "name": "a", "namespace": "ns"}],
+                "services": [{"name": "s", "namespace": "ns", "hostname": "s.example",
+                              "subjectAltNames": ["spiffe://td/ns/ns/sa/x", "not-spiffe"]}]})
+        .to_string(),
+    )
+    .unwrap();
+    let dump: Value = serde_json::from_str(&dp.mesh_dump_json()).unwrap();
+    assert_eq!(dump["services"][0]["subjectAltNames"], json!(["spiffe://td/ns/ns/sa/x", "not-spiffe"]));
+    let w = &dump["workloads"][0];
+    assert_eq!(
+        [&w["trustDomain"], &w["serviceAccount"], &w["workloadType"], &w["capacity"]],
+        [&json!("cluster.local"), &json!("default"), &json!("deployment"), &json!(1)]
+    );
+}
