@@ -284,6 +284,14 @@ fn a_shared_ip_prefers_the_hbone_pod_and_survives_the_removal_of_either() {
     )
     .unwrap();
     assert_eq!(who(&st).as_deref(), Some("c1//v1/Pod/default/a"));
+    // Two equal candidates (HBONE pods): the one that arrived last wins, as ztunnel's max_by_key picks.
+    let twin = workload("c1//v1/Pod/default/twin", "default", "twin", "10.0.7.1", json!({}));
+    st.apply(serde_json::from_value(json!({"workloads": [twin]})).unwrap()).unwrap();
+    assert_eq!(who(&st).as_deref(), Some("c1//v1/Pod/default/twin"));
+    // An update re-inserts: it becomes the latest.
+    let pod_v2 = workload("c1//v1/Pod/default/a", "default", "a", "10.0.7.1", json!({"canonicalRevision": "v2"}));
+    st.apply(serde_json::from_value(json!({"workloads": [pod_v2]})).unwrap()).unwrap();
+    assert_eq!(who(&st).as_deref(), Some("c1//v1/Pod/default/a"));
 }
 
 #[test]

@@ -405,17 +405,18 @@ impl State {
         Some(found.find(|w| w.node == node).unwrap_or(first))
     }
 
-    /// The workload at an address. When several share it, ztunnel's order decides: a pod tunnelling HBONE, then a
-    /// pod, then an HBONE workload, then the first to arrive.
+    /// The workload at an address. When several share it, ztunnel's order decides (`WorkloadByAddr::get` in
+    /// ztunnel's src/state/workload.rs): a pod tunnelling HBONE, then a pod, then an HBONE workload; among equals
+    /// the one that arrived (or was last updated) last, as `max_by_key` picks.
     pub fn workload_by_addr(&self, network: &str, ip: IpAddr) -> Option<&Arc<Workload>> {
         let uids = self.workloads_by_addr.get(&(network.to_string(), ip))?;
         let rank = |w: &Workload| match (w.is_pod(), w.protocol == Protocol::Hbone) {
-            (true, true) => 0,
-            (true, false) => 1,
-            (false, true) => 2,
-            (false, false) => 3,
+            (true, true) => 3,
+            (true, false) => 2,
+            (false, true) => 1,
+            (false, false) => 0,
         };
-        uids.iter().filter_map(|u| self.workloads.get(u)).min_by_key(|w| rank(w))
+        uids.iter().filter_map(|u| self.workloads.get(u)).max_by_key(|w| rank(w))
     }
 
     /// The service behind a VIP (exact, else the longest CIDR VIP that contains it), as a client in `client_ns`
