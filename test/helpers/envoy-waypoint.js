@@ -10,9 +10,11 @@
 //
 // Cleanup: the Envoy is stopped when the `cleanup` context ends and, as a last resort, killed when the test process
 // exits.
+import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { test } from 'node:test';
 import { ensureEnvoy, envoyStats } from '../../bench/harness/envoy.mjs';
 import { poll } from '../../bench/harness/processes.mjs';
 import { ROOT } from './daemon.js';
@@ -33,6 +35,20 @@ process.once('exit', () => {
 export function envoyBinary() {
   const e = ensureEnvoy(ROOT, { install: false });
   return e.unavailable ? { unavailable: e.unavailable } : { binary: e.binary, version: e.version };
+}
+
+/**
+ * Envoy for a suite that needs it: `{ binary, version }`, or null after registering `title` as a test that fails under
+ * CI (.ci/run installs Envoy: a missing one there is a failure) and is skipped, with the reason, elsewhere.
+ */
+export function envoyForSuite(title) {
+  const envoy = envoyBinary();
+  if (!envoy.unavailable) return envoy;
+  const unavailable = `Envoy unavailable: ${envoy.unavailable}`;
+  test(title, { skip: process.env.CI ? false : unavailable }, () => {
+    assert.fail(`${unavailable} (.ci/run installs it: node bench/harness/envoy.mjs)`);
+  });
+  return null;
 }
 
 /**

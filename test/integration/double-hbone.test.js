@@ -26,7 +26,7 @@ import { connect as tlsConnect } from 'node:tls';
 import { sumSamples } from '../../dist/cli/prom-text.js';
 import { makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
 import { startEnvoyEastWest } from '../helpers/envoy-eastwest.js';
-import { envoyBinary } from '../helpers/envoy-waypoint.js';
+import { envoyForSuite } from '../helpers/envoy-waypoint.js';
 import { connectRequest, hboneSession, spiffeSans } from '../helpers/hbone.js';
 import {
   block,
@@ -87,15 +87,9 @@ const config = {
   ],
 };
 
-const envoy = envoyBinary();
-const unavailable = envoy.unavailable ? `Envoy unavailable: ${envoy.unavailable}` : null;
+const envoy = envoyForSuite('double HBONE through an Envoy east-west gateway');
 
-if (unavailable) {
-  // CI installs Envoy (.ci/run): there a missing Envoy is a failure, not a skip.
-  test('double HBONE through an Envoy east-west gateway', { skip: process.env.CI ? false : unavailable }, () => {
-    assert.fail(`${unavailable} (.ci/run installs it: node bench/harness/envoy.mjs)`);
-  });
-} else {
+if (envoy !== null) {
   const tmp = makeTempDir('ztn-double-hbone-');
   const caDir = join(tmp, 'ca');
   let a;

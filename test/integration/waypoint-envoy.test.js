@@ -17,7 +17,7 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { sumSamples } from '../../dist/cli/prom-text.js';
 import { makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
-import { envoyBinary, startEnvoyWaypoint } from '../helpers/envoy-waypoint.js';
+import { envoyForSuite, startEnvoyWaypoint } from '../helpers/envoy-waypoint.js';
 import { connectRequest, hboneSession } from '../helpers/hbone.js';
 import { block, BLOCKS, pattern, sha256, socks5Request, socksRoundTrip, startEchoServer, waitFor } from '../helpers/net.js';
 import { builtinCa, builtinLeaf, spiffe } from '../helpers/pki.js';
@@ -83,15 +83,9 @@ const config = {
   ],
 };
 
-const envoy = envoyBinary();
-const unavailable = envoy.unavailable ? `Envoy unavailable: ${envoy.unavailable}` : null;
+const envoy = envoyForSuite('an Envoy waypoint between two daemons');
 
-if (unavailable) {
-  // CI installs Envoy (.ci/run): there a missing Envoy is a failure, not a skip.
-  test('an Envoy waypoint between two daemons', { skip: process.env.CI ? false : unavailable }, () => {
-    assert.fail(`${unavailable} (.ci/run installs it: node bench/harness/envoy.mjs)`);
-  });
-} else {
+if (envoy !== null) {
   const tmp = makeTempDir('ztn-waypoint-');
   const caDir = join(tmp, 'ca');
   let a;
