@@ -5,9 +5,9 @@
 // nothing past here sees the raw document (except config_dump's `staticConfig`, which shows it as given).
 import { readFile } from 'node:fs/promises';
 import { isIP } from 'node:net';
-import { parseDocument } from 'yaml';
 import { z } from 'zod';
-import { LocalConfigError } from '../errors.js';
+import { LocalConfigError, ZtunnelError } from '../errors.js';
+import { yamlToJson } from '../native/index.js';
 import type { Policy, ServiceInfo, StateSnapshot, StringMatch, WorkloadInfo } from '../state/model.js';
 import { policyKey, serviceKey } from '../state/model.js';
 
@@ -271,16 +271,16 @@ function describeValue(v: unknown): string {
 
 /** Parses and validates one document. `source` names it in errors (a file path, or "LOCAL_XDS"). */
 export function parseLocalConfig(text: string, source: string): LocalConfig {
-  const doc = parseDocument(text, { uniqueKeys: true, prettyErrors: true });
-  if (doc.errors.length > 0) {
-    const first = doc.errors[0];
-    const where = first?.linePos?.[0] ? `line ${first.linePos[0].line}, column ${first.linePos[0].col}: ` : '';
-    // prettyErrors appends " at line L, column C:" and a source excerpt; we print the position ourselves.
-    const msg = (first?.message ?? 'invalid YAML').split('\n')[0]?.replace(/ at line \d+, column \d+:?$/, '');
-    throw new LocalConfigError(`${source}: ${where}invalid YAML: ${msg}`);
+  // Parsed natively (native/dataplane/src/yaml.rs): the `yaml` package needs minutes for a large file.
+  let json: string;
+  try {
+    json = yamlToJson(text);
+  } catch (err) {
+    if (err instanceof ZtunnelError) throw err; // no native binary
+    throw new LocalConfigError(`${source}: ${(err as Error).message}`);
   }
   // An empty file is an empty config, as in ztunnel.
-  const raw: unknown = doc.toJS() ?? {};
+  const raw: unknown = JSON.parse(json) ?? {};
   const parsed = documentSchema.safeParse(raw, { reportInput: true });
   if (!parsed.success) {
     const lines = parsed.error.issues.flatMap(describeIssue).map((line) => `${source}: ${line}`);

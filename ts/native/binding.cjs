@@ -839,3 +839,4 @@ module.exports.Dataplane = nativeBinding.Dataplane
 module.exports.LocalCa = nativeBinding.LocalCa
 module.exports.decodeAddress = nativeBinding.decodeAddress
 module.exports.version = nativeBinding.version
+module.exports.yamlToJson = nativeBinding.yamlToJson

@@ -75,3 +75,6 @@ export declare function decodeAddress(body: Uint8Array): string
 
 /** JSON `{ version, cryptoProvider, buildProfile }` of the native build. */
 export declare function version(): string
+
+/** YAML text (the local config file) → the same document as JSON text; throws `line L, column C: invalid YAML: ...`. */
+export declare function yamlToJson(text: string): string

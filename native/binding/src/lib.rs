@@ -222,6 +222,12 @@ pub fn decode_address(body: Uint8Array) -> Result<String> {
     dataplane::state::wds::decode_address_json(&body).map_err(err)
 }
 
+/// YAML text (the local config file) → the same document as JSON text; throws `line L, column C: invalid YAML: ...`.
+#[napi]
+pub fn yaml_to_json(text: String) -> Result<String> {
+    dataplane::yaml::yaml_to_json(&text).map_err(err)
+}
+
 /// JSON `{ version, cryptoProvider, buildProfile }` of the native build.
 #[napi]
 pub fn version() -> String {

@@ -18,6 +18,7 @@ pub mod rbac;
 pub mod socket;
 pub mod state;
 pub mod tls;
+pub mod yaml;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
