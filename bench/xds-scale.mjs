@@ -6,7 +6,7 @@
 //   then:       UPDATES single-workload updates (one workload changes IP), one at a time
 //
 // Reports, for each scale (SCALES, default 1000 and 100000): time from the daemon's start to /healthz/ready 200,
-// the first push's size, the daemon's peak RSS (VmHWM), and the p50/p99 latency of one update: measured inside
+// the first push's size, the daemon's peak RSS (VmHWM) and its RSS after the load and the updates (VmRSS), and the p50/p99 latency of one update: measured inside
 // the daemon from "response decoded" to "delta returned by the native dataplane" (the `applyMs` of its debug log),
 // and from this process, push -> ACK. Ratios compare the largest scale with the smallest (an O(change) update
 // path keeps the ratio near 1). Writes bench/results/xds-scale.json. Needs the native module (dist/native).
@@ -135,6 +135,8 @@ async function run(n) {
   const rtt = roundTrips.sort((x, y) => x - y);
   const status = readFileSync(`/proc/${child.pid}/status`, 'utf8');
   const peakRssMiB = Number(/VmHWM:\s+(\d+) kB/.exec(status)?.[1] ?? 0) / 1024;
+  // After the load and the updates (the issue's "RSS after the load"): what the daemon keeps, not its transient peak.
+  const rssAfterMiB = Number(/VmRSS:\s+(\d+) kB/.exec(status)?.[1] ?? 0) / 1024;
   child.kill('SIGTERM');
   await new Promise((r) => child.once('close', r));
   children.delete(child);
@@ -151,6 +153,7 @@ async function run(n) {
     firstPushAckMs: Math.round(firstAckMs),
     timeToReadyMs: Math.round(readyMs),
     peakRssMiB: Math.round(peakRssMiB),
+    rssAfterMiB: Math.round(rssAfterMiB),
     updates: applyMs.length,
     updateApplyMs: { p50: quantile(applyMs, 0.5), p99: quantile(applyMs, 0.99), max: applyMs.at(-1) },
     updateRoundTripMs: { p50: round(quantile(rtt, 0.5)), p99: round(quantile(rtt, 0.99)) },
@@ -174,10 +177,10 @@ const ratios = {
   updateApplyP99: round(large.updateApplyMs.p99 / small.updateApplyMs.p99),
   updateRoundTripP50: round(large.updateRoundTripMs.p50 / small.updateRoundTripMs.p50),
 };
-console.log(`\n${'workloads'.padStart(10)} ${'ready ms'.padStart(9)} ${'push MB'.padStart(8)} ${'RSS MiB'.padStart(8)} ${'upd p50 ms'.padStart(11)} ${'upd p99 ms'.padStart(11)} ${'rtt p50 ms'.padStart(11)}`);
+console.log(`\n${'workloads'.padStart(10)} ${'ready ms'.padStart(9)} ${'push MB'.padStart(8)} ${'peak MiB'.padStart(8)} ${'after MiB'.padStart(9)} ${'upd p50 ms'.padStart(11)} ${'upd p99 ms'.padStart(11)} ${'rtt p50 ms'.padStart(11)}`);
 for (const r of results) {
   console.log(
-    `${String(r.workloads).padStart(10)} ${String(r.timeToReadyMs).padStart(9)} ${((r.firstPushBytes ?? 0) / 1e6).toFixed(1).padStart(8)} ${String(r.peakRssMiB).padStart(8)} ${String(r.updateApplyMs.p50).padStart(11)} ${String(r.updateApplyMs.p99).padStart(11)} ${String(r.updateRoundTripMs.p50).padStart(11)}`,
+    `${String(r.workloads).padStart(10)} ${String(r.timeToReadyMs).padStart(9)} ${((r.firstPushBytes ?? 0) / 1e6).toFixed(1).padStart(8)} ${String(r.peakRssMiB).padStart(8)} ${String(r.rssAfterMiB).padStart(9)} ${String(r.updateApplyMs.p50).padStart(11)} ${String(r.updateApplyMs.p99).padStart(11)} ${String(r.updateRoundTripMs.p50).padStart(11)}`,
   );
 }
 console.log(`ratios ${large.workloads}/${small.workloads}: ${JSON.stringify(ratios)}`);

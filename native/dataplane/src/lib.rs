@@ -57,6 +57,9 @@ pub enum DataplaneError {
     Runtime(String),
 }
 
+/// A WDS batch this large (a first push) leaves enough freed heap behind to be worth giving back.
+const LARGE_BATCH: usize = 1000;
+
 // Short-lived, one per resource: boxing would add an allocation per resource for nothing.
 #[allow(clippy::large_enum_variant)]
 enum Either {
@@ -197,7 +200,9 @@ impl Dataplane {
             merged.removed_policies.extend(v.removed_policies);
         }
         let applied = self.apply_valid(merged, |_, _| (), |_, ()| ());
-        Ok(self.applied_json(&applied, Vec::new(), Vec::new()))
+        let out = self.applied_json(&applied, Vec::new(), Vec::new());
+        alloc::release_free_heap();
+        Ok(out)
     }
 
     /// Authorization is continuous: the live connections the change can affect are judged again by the
@@ -268,7 +273,11 @@ impl Dataplane {
             },
             |st, names| st.wds_record(names, gone),
         );
-        Ok(self.applied_json(&applied, accepted, rejected))
+        let out = self.applied_json(&applied, accepted, rejected);
+        if parts.len() >= LARGE_BATCH {
+            alloc::release_free_heap();
+        }
+        Ok(out)
     }
 
     /// config_dump's `{ workloads, services, stagedServices }`, rendered from the state.
