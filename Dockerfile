@@ -1,15 +1,16 @@
 # syntax=docker/dockerfile:1
-# The ztunnel-node image that deploy/ztunnel-node (the Helm chart) runs. Not built by this repository's CI (no
-# container engine there); build it with:  docker build -t <registry>/ztunnel-node:0.1.0 .
+# The ztunnel-node image that deploy/ztunnel-node (the Helm chart) runs. Published by .github/workflows/release.yml
+# on every version tag (ghcr.io/<owner>/ztunnel-node:<version>, linux/amd64 and linux/arm64); `.ci/run` builds it
+# when the machine has docker; by hand:  docker build -t <registry>/ztunnel-node:0.1.0 .
 #
-# Stage 1 builds the native module (Rust, release) and the TypeScript on Debian with Node 20; stage 2 is a slim
-# Node 20 runtime with what the npm package ships (bin/, dist/ with the .node, examples/) and only the production
+# Node 24, the current LTS line (N-API: the native module is the same for every Node line). Stage 1 builds the
+# native module (Rust, release) and the TypeScript on Debian; stage 2 is a slim Node runtime with what the npm package ships (bin/, dist/ with the .node, examples/) and only the production
 # node_modules, plus iptables and iproute2 for inspecting a node's capture rules from inside the pod.
 
 # The Rust toolchain is copied from the official image instead of being downloaded by a script.
 FROM rust:1.95-slim-bookworm AS rust
 
-FROM node:20-bookworm AS build
+FROM node:24-bookworm AS build
 COPY --from=rust /usr/local/cargo /usr/local/cargo
 COPY --from=rust /usr/local/rustup /usr/local/rustup
 ENV CARGO_HOME=/usr/local/cargo RUSTUP_HOME=/usr/local/rustup PATH=/usr/local/cargo/bin:$PATH
@@ -28,7 +29,7 @@ COPY ts ts
 COPY bin bin
 RUN npm run build && npm prune --omit=dev --no-audit --no-fund
 
-FROM node:20-bookworm-slim
+FROM node:24-bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables iproute2 \
  && rm -rf /var/lib/apt/lists/*

@@ -1,23 +1,31 @@
 #!/usr/bin/env node
-// The Helm chart's tests (deploy/ztunnel-node), run by `npm test` after the build (it imports dist/config):
-//   1. helm lint --strict, with the default values and with deploy/ztunnel-node/ci/nondefault-values.yaml; the
-//      values schema (values.schema.json) rejects a misspelt key and a wrong type
-//   2. helm template with both, then on each rendering:
-//      - the DaemonSet keeps Istio's ztunnel pod contract: args, ports, readiness probe, capabilities, the
-//        ServiceAccount `ztunnel`, priority class, tolerations, grace period, mounts;
-//      - every env var it sets is in the README configuration table AND is a key the daemon's schema reads, and the
+// The Helm chart's tests (deploy/ztunnel-node), run by `npm test` after the build (it imports dist/config). The
+// chart is a drop-in for Istio's ztunnel chart: the same values interface and, for the same values, the same
+// DaemonSet. Checked here:
+//   1. helm lint --strict with the default values and with ci/nondefault-values.yaml (every key turned); the values
+//      schema refuses a misspelt key, a wrong type and the old object-valued `image`; an unknown profile, platform or
+//      compatibility version, and peerCaCrl.enabled (ztunnel-node checks no CRL yet), fail with a message;
+//   2. helm template for the ways Istio documents installing its ztunnel chart (the default, --set profile=ambient, a
+//      revision, multi-network through global.*, OpenShift, GKE, a compatibility version) and the non-default file;
+//      on each rendering:
+//      - the resources rendered, and the DaemonSet field by field against what Istio's chart renders for the same
+//        values (ISTIO below: facts read from Istio's templates and values, with the version they come from),
+//        allowing only the documented differences (DIFFERENCES; README lists them too);
+//      - every env var it sets is in the README configuration table and is a key the daemon's schema reads, and the
 //        daemon's own config loader accepts the rendered environment (field refs given sample values);
-//      - the files the env vars name (XDS_ROOT_CA, CA_ROOT_CA, AUTH_TOKEN) are where the volumes are mounted;
-//   3. kubeconform -strict against the Kubernetes JSON schemas, offline: kubeconform downloads schemas by default,
-//      and this machine reaches only package registries, so the schemas come from the PyPI package
-//      `kubernetes-validate`, which bundles them per Kubernetes version (see prepareSchemas).
+//      - the files the daemon reads by default (root certificate, token: ztunnel's relative paths, from the image's
+//        working directory /) are where the volumes are mounted;
+//   3. kubeconform -strict on every rendering, against the Kubernetes JSON schemas, offline: kubeconform downloads
+//      schemas by default, and this machine reaches only package registries, so the schemas come from the PyPI
+//      package `kubernetes-validate`, which bundles them per Kubernetes version (see prepareSchemas).
 // Without helm (or kubeconform / the schemas) the check is skipped with a message; under CI it fails instead.
 import assert from 'node:assert/strict';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { basename, dirname, join } from 'node:path';
+import { join, posix } from 'node:path';
 import { parseAllDocuments } from 'yaml';
 import { CONFIG_KEYS, loadConfig } from '../dist/config/index.js';
+import { DEFAULT_AUTH_TOKEN_PATH, DEFAULT_ROOT_CA_PATH } from '../dist/config/defaults.js';
 import { PINS, TOOLS_DIR, capture, findTool, installHint, missing, root } from './tools.mjs';
 
 const CHECK = 'chart checks';
@@ -47,6 +55,185 @@ function run(cmd, args) {
   return r.stdout;
 }
 
+
+// ---- what Istio's chart renders (facts) ------------------------------------------------------------------------
+
+/**
+ * Where the facts come from: Istio's ztunnel chart (istio/istio manifests/charts/ztunnel), templates/daemonset.yaml
+ * and values.yaml at 8dbacc5236eb (Istio 1.28 development); the keys Istio 1.29 added (dnsPolicy, dnsConfig,
+ * peerCaCrl, resourceQuotas, ZTUNNEL_RESOURCE_CPU_REQUEST/_LIMIT from the resources) as its 1.29 values describe
+ * them; templates/serviceaccount.yaml, rbac.yaml (OpenShift), resourcequota.yaml, networkpolicy.yaml; the value
+ * layering of its zzz_profile.yaml; the presets of manifests/helm-profiles (ambient, openshift-ambient,
+ * platform-gke, platform-openshift).
+ */
+const ISTIO = {
+  tolerations: [
+    { effect: 'NoSchedule', operator: 'Exists' },
+    { key: 'CriticalAddonsOnly', operator: 'Exists' },
+    { effect: 'NoExecute', operator: 'Exists' },
+  ],
+  podAnnotations: { 'prometheus.io/port': '15020', 'prometheus.io/scrape': 'true' },
+  resources: { requests: { cpu: '200m', memory: '512Mi' } },
+  updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxSurge: 1, maxUnavailable: 0 } },
+  securityContext: {
+    allowPrivilegeEscalation: true,
+    privileged: false,
+    capabilities: { drop: ['ALL'], add: ['NET_ADMIN', 'SYS_ADMIN', 'NET_RAW'] },
+    readOnlyRootFilesystem: true,
+    runAsGroup: 1337,
+    runAsNonRoot: false,
+    runAsUser: 0,
+  },
+  mounts: [
+    { mountPath: '/var/run/secrets/istio', name: 'istiod-ca-cert' },
+    { mountPath: '/var/run/secrets/tokens', name: 'istio-token' },
+    { mountPath: '/var/run/ztunnel', name: 'cni-ztunnel-sock-dir' },
+    { mountPath: '/tmp', name: 'tmp' },
+  ],
+  tokenVolume: {
+    name: 'istio-token',
+    projected: { sources: [{ serviceAccountToken: { path: 'istio-token', expirationSeconds: 43200, audience: 'istio-ca' } }] },
+  },
+  rootConfigMap: (name = 'istio-ca-root-cert') => ({ name: 'istiod-ca-cert', configMap: { name } }),
+  rootTrustBundle: (name = 'root-cert') => ({
+    name: 'istiod-ca-cert',
+    projected: { sources: [{ clusterTrustBundle: { name: `istio.io:istiod-ca:${name}`, path: 'root-cert.pem' } }] },
+  }),
+  zdsVolume: { name: 'cni-ztunnel-sock-dir', hostPath: { path: '/var/run/ztunnel', type: 'DirectoryOrCreate' } },
+  tmpVolume: { name: 'tmp', emptyDir: {} },
+  openshiftRule: { apiGroups: ['security.openshift.io'], resources: ['securitycontextconstraints'], resourceNames: ['privileged'], verbs: ['use'] },
+};
+
+const fieldRef = (name, fieldPath) => ({ name, valueFrom: { fieldRef: { fieldPath } } });
+const resourceRef = (name, resource) => ({ name, valueFrom: { resourceFieldRef: { resource } } });
+
+/** Istio's container env, in its order. `own` are ztunnel-node's own additions (documented), `env` the `env` value. */
+function istioEnv({ ca, xds = ca, json = false, network = '', rustLog = 'info', clusterId = 'Kubernetes', grace = '30',
+  proxyMetadata = {}, cpuRequest = true, cpuLimit = false, own = [], env = {} }) {
+  const pairs = (m) => Object.keys(m).sort().map((name) => ({ name, value: String(m[name]) }));
+  return [
+    { name: 'CA_ADDRESS', value: ca },
+    { name: 'XDS_ADDRESS', value: xds },
+    ...(json ? [{ name: 'LOG_FORMAT', value: 'json' }] : []),
+    ...(network ? [{ name: 'NETWORK', value: network }] : []),
+    { name: 'RUST_LOG', value: rustLog },
+    { name: 'RUST_BACKTRACE', value: '1' },
+    { name: 'ISTIO_META_CLUSTER_ID', value: clusterId },
+    { name: 'INPOD_ENABLED', value: 'true' },
+    { name: 'TERMINATION_GRACE_PERIOD_SECONDS', value: grace },
+    fieldRef('POD_NAME', 'metadata.name'),
+    fieldRef('POD_NAMESPACE', 'metadata.namespace'),
+    fieldRef('NODE_NAME', 'spec.nodeName'),
+    fieldRef('INSTANCE_IP', 'status.podIP'),
+    fieldRef('SERVICE_ACCOUNT', 'spec.serviceAccountName'),
+    ...pairs(proxyMetadata),
+    resourceRef('ZTUNNEL_CPU_LIMIT', 'limits.cpu'),
+    ...(cpuRequest ? [resourceRef('ZTUNNEL_RESOURCE_CPU_REQUEST', 'requests.cpu')] : []),
+    ...(cpuLimit ? [resourceRef('ZTUNNEL_RESOURCE_CPU_LIMIT', 'limits.cpu')] : []),
+    ...own,
+    ...pairs(env),
+  ];
+}
+
+/** Istio's labels of every resource (`istio.labels`), for a release named ztunnel. */
+const istioLabels = (revision = '') => ({
+  'app.kubernetes.io/managed-by': 'Helm',
+  'app.kubernetes.io/instance': 'ztunnel',
+  'app.kubernetes.io/part-of': 'istio',
+  'app.kubernetes.io/version': CHART.appVersion,
+  'istio.io/rev': revision || 'default',
+  'helm.sh/chart': `${CHART.name}-${CHART.version}`,
+});
+
+/** The DaemonSet Istio's chart renders; every argument is a value of the chart with Istio's default. */
+function istioDaemonSet({ name = 'ztunnel', namespace = 'istio-system', revision = '', labels = {}, annotations = {},
+  podLabels = {}, podAnnotations = ISTIO.podAnnotations, nodeSelector = {}, affinity = null, tolerations = ISTIO.tolerations,
+  resources = ISTIO.resources, imagePullPolicy = '', seLinuxOptions = null, env, volumeMounts = [], volumes = [],
+  grace = 30, priorityClassName = 'system-node-critical', dnsPolicy = '', dnsConfig = null, updateStrategy = ISTIO.updateStrategy,
+  rootVolume = ISTIO.rootConfigMap(), readinessProbe = {} }) {
+  const rev = revision ? { 'istio.io/rev': revision } : {};
+  return {
+    apiVersion: 'apps/v1',
+    kind: 'DaemonSet',
+    metadata: {
+      name,
+      namespace,
+      labels: { 'app.kubernetes.io/name': 'ztunnel', ...istioLabels(revision), ...labels },
+      annotations: { ...annotations, ...rev },
+    },
+    spec: {
+      updateStrategy,
+      selector: { matchLabels: { app: 'ztunnel' } },
+      template: {
+        metadata: {
+          labels: {
+            'sidecar.istio.io/inject': 'false',
+            'istio.io/dataplane-mode': 'none',
+            app: 'ztunnel',
+            'app.kubernetes.io/name': 'ztunnel',
+            ...istioLabels(revision),
+            ...podLabels,
+          },
+          annotations: { 'sidecar.istio.io/inject': 'false', ...rev, ...podAnnotations },
+        },
+        spec: {
+          nodeSelector: { 'kubernetes.io/os': 'linux', ...nodeSelector },
+          ...(affinity ? { affinity } : {}),
+          serviceAccountName: name,
+          tolerations,
+          containers: [{
+            name: 'istio-proxy',
+            ports: [{ containerPort: 15020, name: 'ztunnel-stats', protocol: 'TCP' }],
+            resources,
+            ...(imagePullPolicy ? { imagePullPolicy } : {}),
+            securityContext: { ...ISTIO.securityContext, ...(seLinuxOptions ? { seLinuxOptions } : {}) },
+            readinessProbe: { httpGet: { port: 15021, path: '/healthz/ready' }, ...readinessProbe },
+            args: ['proxy', 'ztunnel'],
+            env,
+            volumeMounts: [...ISTIO.mounts, ...volumeMounts],
+          }],
+          priorityClassName,
+          terminationGracePeriodSeconds: grace,
+          ...(dnsPolicy ? { dnsPolicy } : {}),
+          ...(dnsConfig ? { dnsConfig } : {}),
+          volumes: [ISTIO.tokenVolume, rootVolume, ISTIO.zdsVolume, ISTIO.tmpVolume, ...volumes],
+        },
+      },
+    },
+  };
+}
+
+/**
+ * The documented differences (README "Run it in an Istio ambient cluster"): the image (ztunnel-node's, from
+ * hub/image/tag with ztunnel-node's defaults; `variant` and `global.tag` do not apply), the two labels that name
+ * the chart and its version, and ztunnel-node's own keys (istioVersion → ISTIO_META_ISTIO_VERSION,
+ * priorityClassName, readinessProbe timing), which the cases below pass as such.
+ */
+const DIFFERENCES = ['spec.template.spec.containers[0].image'];
+
+/** Paths where `actual` and `expected` differ (leaves compared with ===; arrays element by element). */
+function differences(actual, expected, path = '', out = []) {
+  if (expected !== null && typeof expected === 'object') {
+    if (actual === null || typeof actual !== 'object' || Array.isArray(actual) !== Array.isArray(expected)) {
+      out.push(`${path}: got ${JSON.stringify(actual)}, Istio's chart renders ${JSON.stringify(expected)}`);
+      return out;
+    }
+    const keys = new Set([...Object.keys(expected), ...Object.keys(actual)]);
+    for (const k of keys) {
+      const p = Array.isArray(expected) ? `${path}[${k}]` : path ? `${path}.${k}` : k;
+      if (DIFFERENCES.includes(p)) continue;
+      if (!(k in actual)) out.push(`${p}: missing (Istio's chart renders ${JSON.stringify(expected[k])})`);
+      else if (!(k in expected)) out.push(`${p}: ${JSON.stringify(actual[k])} is not rendered by Istio's chart`);
+      else differences(actual[k], expected[k], p, out);
+    }
+    return out;
+  }
+  if (actual !== expected) out.push(`${path}: got ${JSON.stringify(actual)}, Istio's chart renders ${JSON.stringify(expected)}`);
+  return out;
+}
+
+// ---- the daemon's side ----------------------------------------------------------------------------------------
+
 /** Env var names in the README's "## Configuration" table (first column; a cell may name several). */
 function readmeConfigNames() {
   const readme = readFileSync(join(root, 'README.md'), 'utf8');
@@ -57,7 +244,7 @@ function readmeConfigNames() {
   for (const line of readme.slice(start, end < 0 ? undefined : end).split('\n')) {
     if (!line.startsWith('| `')) continue;
     const first = line.split('|')[1] ?? '';
-    for (const m of first.matchAll(/`([A-Z][A-Z0-9_]*)`/g)) names.add(m[1]);
+    for (const m of first.matchAll(/`([A-Z][A-Z0-9_]*)(<K>)?`/g)) names.add(m[2] ? `${m[1]}*` : m[1]);
   }
   return names;
 }
@@ -70,6 +257,7 @@ const FIELD_SAMPLES = {
   'status.podIP': '10.244.1.7',
   'spec.serviceAccountName': 'ztunnel',
   'limits.cpu': '2',
+  'requests.cpu': '1',
 };
 
 function renderedEnv(container) {
@@ -85,81 +273,222 @@ function renderedEnv(container) {
   return env;
 }
 
-/** Checks one rendering against Istio's ztunnel pod contract and the daemon's configuration. */
-function checkRendering(label, yamlText, expect) {
-  const objects = parseAllDocuments(yamlText).map((d) => d.toJS()).filter(Boolean);
-  const ds = objects.find((o) => o.kind === 'DaemonSet');
-  const sa = objects.find((o) => o.kind === 'ServiceAccount');
-  assert.ok(ds, `${label}: no DaemonSet`);
-  assert.deepEqual(objects.map((o) => o.kind).sort(), ['DaemonSet', 'ServiceAccount']);
-  assert.equal(ds.metadata.namespace, expect.namespace);
-  assert.equal(sa.metadata.name, 'ztunnel', 'istiod trusts the ServiceAccount named ztunnel');
-  assert.equal(sa.metadata.namespace, expect.namespace);
+/** The daemon reads every variable the rendering sets, documents it, and accepts the environment. */
+function checkDaemonSide(label, ds, expect) {
   const pod = ds.spec.template.spec;
-  assert.equal(ds.spec.template.metadata.labels.app, 'ztunnel');
-  assert.equal(ds.spec.template.metadata.labels['sidecar.istio.io/inject'], 'false');
-  assert.equal(pod.serviceAccountName, 'ztunnel');
-  assert.equal(pod.priorityClassName, expect.priorityClassName);
-  assert.equal(pod.terminationGracePeriodSeconds, expect.grace);
-  assert.equal(pod.nodeSelector['kubernetes.io/os'], 'linux');
-  assert.ok(pod.tolerations.length > 0);
-  assert.equal(pod.hostNetwork, undefined, 'the node proxy runs in its own pod network namespace, as ztunnel does');
-
-  assert.equal(pod.containers.length, 1);
   const [c] = pod.containers;
-  assert.deepEqual(c.args, ['proxy', 'ztunnel']);
-  assert.equal(c.image, expect.image);
-  assert.deepEqual(c.ports.map((p) => p.containerPort).sort(), [15008, 15020, 15021]);
-  assert.deepEqual(c.readinessProbe.httpGet, { path: '/healthz/ready', port: 15021 });
-  assert.equal(c.securityContext.privileged, false);
-  assert.deepEqual(c.securityContext.capabilities, { drop: ['ALL'], add: ['NET_ADMIN', 'SYS_ADMIN', 'NET_RAW'] });
-  assert.ok(c.resources?.requests?.cpu && c.resources.requests.memory, 'resource requests are set');
-
-  // Environment: Istio's variables, all documented and read by the daemon.
   const names = c.env.map((e) => e.name);
   assert.equal(new Set(names).size, names.length, `${label}: an env var is set twice: ${names}`);
-  for (const required of ['XDS_ADDRESS', 'CA_ADDRESS', 'ISTIO_META_CLUSTER_ID', 'POD_NAME', 'POD_NAMESPACE', 'NODE_NAME',
-    'INSTANCE_IP', 'SERVICE_ACCOUNT', 'TERMINATION_GRACE_PERIOD_SECONDS', 'NETWORK', 'LOG_FORMAT', 'RUST_LOG',
-    'XDS_ROOT_CA', 'CA_ROOT_CA', 'AUTH_TOKEN']) {
-    assert.ok(names.includes(required), `${label}: ${required} is not set`);
-  }
   const documented = readmeConfigNames();
   const read = new Set(CONFIG_KEYS);
-  const undocumented = names.filter((n) => !documented.has(n));
-  const unread = names.filter((n) => !read.has(n));
-  assert.deepEqual(undocumented, [], `${label}: the chart sets env vars the README configuration table does not document`);
-  assert.deepEqual(unread, [], `${label}: the chart sets env vars the daemon's config schema (ts/config/schema.ts) does not read`);
+  const byPrefix = (n) => (n.startsWith('ISTIO_META_') ? 'ISTIO_META_*' : n);
+  assert.deepEqual(names.filter((n) => !documented.has(n) && !documented.has(byPrefix(n))), [],
+    `${label}: the chart sets env vars the README configuration table does not document`);
+  assert.deepEqual(names.filter((n) => !read.has(n) && byPrefix(n) === n), [],
+    `${label}: the chart sets env vars the daemon's config schema (ts/config/schema.ts) does not read`);
   const env = renderedEnv(c);
-  assert.equal(env.TERMINATION_GRACE_PERIOD_SECONDS, String(pod.terminationGracePeriodSeconds));
   const cfg = loadConfig({ env, args: ['ztunnel'], allArgs: ['proxy', 'ztunnel'], cpuCount: 4 });
   assert.equal(cfg.proxyMode, 'shared');
   assert.equal(cfg.xdsAddress, expect.xds);
   assert.equal(cfg.caAddress, expect.ca);
   assert.equal(cfg.clusterId, expect.clusterId);
-  assert.equal(cfg.logFormat, expect.logFormat);
+  assert.equal(cfg.network, expect.network ?? '');
   assert.equal(cfg.terminationDeadlineMs, expect.drainMs);
+  for (const [k, v] of Object.entries(expect.metadata ?? {})) assert.equal(cfg.proxyMetadata[k], v, `metadata ${k}`);
+  // The files the daemon reads by default (ztunnel's relative paths, from the image's working directory /) are
+  // in the volumes Istio's chart mounts.
+  const mounted = (file) => c.volumeMounts.find((m) => posix.dirname(posix.resolve('/', file)) === m.mountPath)?.name;
+  assert.equal(cfg.xdsRootCa, DEFAULT_ROOT_CA_PATH);
+  assert.equal(mounted(DEFAULT_ROOT_CA_PATH), 'istiod-ca-cert');
+  assert.equal(mounted(DEFAULT_AUTH_TOKEN_PATH), 'istio-token');
+  const token = pod.volumes.find((v) => v.name === 'istio-token').projected.sources[0].serviceAccountToken;
+  assert.equal(token.path, posix.basename(DEFAULT_AUTH_TOKEN_PATH));
+  const root = pod.volumes.find((v) => v.name === 'istiod-ca-cert');
+  const rootFile = root.configMap ? 'root-cert.pem' : root.projected.sources[0].clusterTrustBundle.path;
+  assert.equal(rootFile, posix.basename(DEFAULT_ROOT_CA_PATH));
+  assert.equal(c.volumeMounts.find((m) => m.name === 'cni-ztunnel-sock-dir').mountPath, posix.dirname(cfg.inpod.uds),
+    'istio-cni connects to /var/run/ztunnel/ztunnel.sock (INPOD_UDS)');
+}
 
-  // Mounts: the files the env vars name live in the volumes Istio's chart mounts.
-  const mountOf = (volume) => c.volumeMounts.find((m) => m.name === volume.name)?.mountPath;
-  const vol = (pred, what) => {
-    const v = pod.volumes.find(pred);
-    assert.ok(v, `${label}: no ${what} volume`);
-    assert.ok(mountOf(v), `${label}: the ${what} volume is not mounted`);
-    return v;
-  };
-  const rootCert = vol((v) => v.configMap?.name === 'istio-ca-root-cert', 'istio-ca-root-cert');
-  assert.equal(env.XDS_ROOT_CA, `${mountOf(rootCert)}/root-cert.pem`);
-  assert.equal(env.CA_ROOT_CA, `${mountOf(rootCert)}/root-cert.pem`);
-  const token = vol((v) => v.projected?.sources?.some((s) => s.serviceAccountToken), 'projected token');
-  const sat = token.projected.sources.find((s) => s.serviceAccountToken).serviceAccountToken;
-  assert.equal(sat.audience, 'istio-ca');
-  assert.equal(dirname(env.AUTH_TOKEN), mountOf(token));
-  assert.equal(basename(env.AUTH_TOKEN), sat.path);
-  const zds = vol((v) => v.hostPath?.path === '/var/run/ztunnel', 'ZDS hostPath');
-  assert.equal(zds.hostPath.type, 'DirectoryOrCreate');
-  assert.equal(mountOf(zds), '/var/run/ztunnel', 'istio-cni connects to /var/run/ztunnel/ztunnel.sock (INPOD_UDS default)');
-  assert.equal(mountOf(vol((v) => v.emptyDir, '/tmp emptyDir')), '/tmp');
-  return names;
+// ---- the cases --------------------------------------------------------------------------------------------------
+
+const CHART = (() => {
+  const text = readFileSync(join(chart, 'Chart.yaml'), 'utf8');
+  const field = (k) => new RegExp(`^${k}:\\s*"?([^"\\n]+)"?$`, 'm').exec(text)?.[1];
+  return { name: field('name'), version: field('version'), appVersion: field('appVersion') };
+})();
+const IMAGE = `ghcr.io/ztunnel-node/ztunnel-node:${CHART.appVersion}`;
+const ISTIOD = 'istiod.istio-system.svc:15012';
+const HTTPS_ISTIOD = `https://${ISTIOD}`;
+const HBONE_META = { ISTIO_META_ENABLE_HBONE: 'true' };
+const daemon = (o = {}) => ({ xds: HTTPS_ISTIOD, ca: HTTPS_ISTIOD, clusterId: 'Kubernetes', drainMs: 25_000, ...o });
+
+const multiNetworkValues = join(tmpdir(), `ztn-chart-multinetwork-${process.pid}.yaml`);
+
+/**
+ * How Istio documents installing its ztunnel chart, and what its chart renders for each. `args` are helm template's
+ * (release ztunnel); `kinds` every resource rendered; `ds` Istio's DaemonSet; `daemon` what the daemon's config
+ * must say of the rendered environment.
+ */
+const CASES = [
+  {
+    label: 'default values',
+    args: ['--namespace', 'istio-system'],
+    kinds: ['DaemonSet', 'ServiceAccount'],
+    image: IMAGE,
+    ds: istioDaemonSet({ env: istioEnv({ ca: ISTIOD }) }),
+    daemon: daemon(),
+  },
+  {
+    label: 'profile=ambient (Istio\'s ambient install)',
+    args: ['--namespace', 'istio-system', '--set', 'profile=ambient'],
+    kinds: ['DaemonSet', 'ServiceAccount'],
+    image: IMAGE,
+    ds: istioDaemonSet({ env: istioEnv({ ca: ISTIOD, proxyMetadata: HBONE_META }) }),
+    daemon: daemon({ metadata: { ENABLE_HBONE: 'true' } }),
+  },
+  {
+    label: 'a revision',
+    args: ['--namespace', 'istio-system', '--set', 'profile=ambient', '--set', 'revision=1-28'],
+    kinds: ['DaemonSet', 'ServiceAccount'],
+    image: IMAGE,
+    ds: istioDaemonSet({ revision: '1-28', env: istioEnv({ ca: 'istiod-1-28.istio-system.svc:15012', proxyMetadata: HBONE_META }) }),
+    daemon: daemon({ xds: 'https://istiod-1-28.istio-system.svc:15012', ca: 'https://istiod-1-28.istio-system.svc:15012' }),
+    sa: { annotations: { 'istio.io/rev': '1-28' } },
+  },
+  {
+    label: 'multi-network through global.* (a values file shared with istiod)',
+    args: ['--namespace', 'istio-system', '--set', 'profile=ambient', '-f', multiNetworkValues],
+    values: 'global:\n  network: network2\n  multiCluster:\n    clusterName: cluster2\n  meshID: mesh1\n  hub: mirror.example.com/istio\n  tag: 1.28.0\n',
+    kinds: ['DaemonSet', 'ServiceAccount'],
+    // global.hub is a registry mirror for every image of the mesh; global.tag is Istio's release (documented).
+    image: `mirror.example.com/istio/ztunnel-node:${CHART.appVersion}`,
+    ds: istioDaemonSet({ env: istioEnv({ ca: ISTIOD, network: 'network2', clusterId: 'cluster2', proxyMetadata: HBONE_META }) }),
+    daemon: daemon({ network: 'network2', clusterId: 'cluster2' }),
+  },
+  {
+    label: 'a top-level value wins over global.*',
+    args: ['--namespace', 'istio-system', '--set', 'global.network=network2', '--set', 'network=network3'],
+    kinds: ['DaemonSet', 'ServiceAccount'],
+    image: IMAGE,
+    ds: istioDaemonSet({ env: istioEnv({ ca: ISTIOD, network: 'network3' }) }),
+    daemon: daemon({ network: 'network3' }),
+  },
+  {
+    label: 'OpenShift (profile=ambient, global.platform=openshift)',
+    args: ['--namespace', 'istio-system', '--set', 'profile=ambient', '--set', 'global.platform=openshift'],
+    kinds: ['ClusterRole', 'ClusterRoleBinding', 'DaemonSet', 'ServiceAccount'],
+    image: IMAGE,
+    ds: istioDaemonSet({ seLinuxOptions: { type: 'spc_t' }, env: istioEnv({ ca: ISTIOD, proxyMetadata: HBONE_META }) }),
+    daemon: daemon(),
+    openshift: true,
+  },
+  {
+    label: 'OpenShift (profile=openshift-ambient)',
+    args: ['--namespace', 'istio-system', '--set', 'profile=openshift-ambient'],
+    kinds: ['ClusterRole', 'ClusterRoleBinding', 'DaemonSet', 'ServiceAccount'],
+    image: IMAGE,
+    ds: istioDaemonSet({ seLinuxOptions: { type: 'spc_t' }, env: istioEnv({ ca: ISTIOD, proxyMetadata: HBONE_META }) }),
+    daemon: daemon(),
+    openshift: true,
+  },
+  {
+    label: 'GKE (profile=ambient, global.platform=gke)',
+    args: ['--namespace', 'istio-system', '--set', 'profile=ambient', '--set', 'global.platform=gke'],
+    kinds: ['DaemonSet', 'ResourceQuota', 'ServiceAccount'],
+    image: IMAGE,
+    ds: istioDaemonSet({ env: istioEnv({ ca: ISTIOD, proxyMetadata: HBONE_META }) }),
+    daemon: daemon(),
+    quota: { pods: '5000', priorityClass: 'system-node-critical' },
+  },
+  {
+    label: 'compatibilityVersion=1.27 (no ztunnel chart key changes)',
+    args: ['--namespace', 'istio-system', '--set', 'profile=ambient', '--set', 'compatibilityVersion=1.27'],
+    kinds: ['DaemonSet', 'ServiceAccount'],
+    image: IMAGE,
+    ds: istioDaemonSet({ env: istioEnv({ ca: ISTIOD, proxyMetadata: HBONE_META }) }),
+    daemon: daemon(),
+  },
+  {
+    label: 'ci/nondefault-values.yaml (every key turned)',
+    args: ['--namespace', 'mesh-system', '-f', join(chart, 'ci', 'nondefault-values.yaml')],
+    kinds: ['DaemonSet', 'NetworkPolicy', 'ResourceQuota', 'ServiceAccount'],
+    image: 'registry.example.com/mesh/ztunnel-node:0.1.0-rc1',
+    ds: istioDaemonSet({
+      name: 'ztunnel-east',
+      namespace: 'mesh-system',
+      revision: 'canary',
+      labels: { 'example.com/owner': 'mesh-team' },
+      annotations: { 'example.com/ticket': 'MESH-42' },
+      podLabels: { 'example.com/tier': 'node' },
+      // Maps merge with the defaults (Istio's layering is a deep merge); lists replace them.
+      podAnnotations: { ...ISTIO.podAnnotations, 'example.com/team': 'mesh' },
+      nodeSelector: { 'mesh.example.com/enabled': 'true' },
+      affinity: { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [{ matchExpressions: [{ key: 'kubernetes.io/arch', operator: 'In', values: ['amd64', 'arm64'] }] }] } } },
+      tolerations: [{ key: 'dedicated', operator: 'Equal', value: 'mesh', effect: 'NoSchedule' }],
+      resources: { requests: { cpu: '500m', memory: '256Mi' }, limits: { cpu: '2', memory: '1Gi' } },
+      imagePullPolicy: 'Always',
+      seLinuxOptions: { type: 'spc_t' },
+      env: istioEnv({
+        ca: 'istiod-ca.mesh-system.svc:15012', xds: 'istiod-canary.mesh-system.svc:15012', json: true, network: 'network-east',
+        rustLog: 'info,access=debug', clusterId: 'east', grace: '45', proxyMetadata: HBONE_META, cpuLimit: true,
+        own: [{ name: 'ISTIO_META_ISTIO_VERSION', value: '1.28.0' }],
+        env: { ZTUNNEL_WORKER_THREADS: 4, SECRET_TTL: '12h', ENABLE_CLUSTER_TRUST_BUNDLE_API: true },
+      }),
+      volumeMounts: [{ name: 'extra-config', mountPath: '/etc/ztunnel-extra' }],
+      volumes: [{ name: 'extra-config', configMap: { name: 'ztunnel-extra' } }],
+      grace: 45,
+      priorityClassName: 'system-cluster-critical',
+      dnsPolicy: 'ClusterFirstWithHostNet',
+      dnsConfig: { options: [{ name: 'ndots', value: '2' }] },
+      updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxSurge: 0, maxUnavailable: 1 } },
+      rootVolume: ISTIO.rootTrustBundle('mesh-root'),
+      readinessProbe: { periodSeconds: 5, timeoutSeconds: 2, failureThreshold: 6 },
+    }),
+    daemon: daemon({ xds: 'https://istiod-canary.mesh-system.svc:15012', ca: 'https://istiod-ca.mesh-system.svc:15012', clusterId: 'east', network: 'network-east', drainMs: 40_000 }),
+    sa: { name: 'ztunnel-east', pullSecrets: [{ name: 'registry-creds' }, { name: 'mirror-creds' }], annotations: { 'example.com/ticket': 'MESH-42', 'istio.io/rev': 'canary' } },
+    quota: { pods: '200', priorityClass: 'system-cluster-critical' },
+    networkPolicy: true,
+  },
+];
+
+/** One rendering: the resources, the DaemonSet against Istio's, the other resources, the daemon's side. */
+function checkCase(c, objects) {
+  const kinds = objects.map((o) => o.kind).sort();
+  assert.deepEqual(kinds, c.kinds, `${c.label}: resources rendered`);
+  const ds = objects.find((o) => o.kind === 'DaemonSet');
+  assert.equal(ds.spec.template.spec.containers[0].image, c.image, `${c.label}: image`);
+  const diff = differences(ds, c.ds);
+  assert.deepEqual(diff, [], `${c.label}: the DaemonSet differs from Istio's chart's:\n    ${diff.join('\n    ')}`);
+  const sa = objects.find((o) => o.kind === 'ServiceAccount');
+  assert.equal(sa.metadata.name, c.sa?.name ?? 'ztunnel', 'istiod trusts the node proxy ServiceAccount by name');
+  assert.equal(sa.metadata.namespace, ds.metadata.namespace);
+  assert.deepEqual(sa.metadata.annotations ?? {}, c.sa?.annotations ?? {});
+  assert.deepEqual(sa.imagePullSecrets, c.sa?.pullSecrets);
+  assert.deepEqual(sa.metadata.labels, ds.metadata.labels);
+  if (c.openshift) {
+    const role = objects.find((o) => o.kind === 'ClusterRole');
+    const binding = objects.find((o) => o.kind === 'ClusterRoleBinding');
+    assert.deepEqual(role.rules, [ISTIO.openshiftRule]);
+    assert.deepEqual(binding.roleRef, { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: role.metadata.name });
+    assert.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: sa.metadata.name, namespace: sa.metadata.namespace }]);
+  }
+  if (c.quota) {
+    const q = objects.find((o) => o.kind === 'ResourceQuota');
+    assert.deepEqual(q.spec, {
+      hard: { pods: c.quota.pods },
+      scopeSelector: { matchExpressions: [{ operator: 'In', scopeName: 'PriorityClass', values: [c.quota.priorityClass] }] },
+    });
+    assert.equal(q.metadata.namespace, ds.metadata.namespace);
+  }
+  if (c.networkPolicy) {
+    const np = objects.find((o) => o.kind === 'NetworkPolicy');
+    assert.deepEqual(np.spec.podSelector, { matchLabels: { app: 'ztunnel' } });
+    assert.deepEqual(np.spec.policyTypes, ['Ingress', 'Egress']);
+    assert.deepEqual(np.spec.ingress.flatMap((r) => r.ports.map((p) => p.port)), [15020, 15021, 15000]);
+    assert.deepEqual(np.spec.egress, [{}]);
+  }
+  checkDaemonSide(c.label, ds, c.daemon);
 }
 
 /**
@@ -203,48 +532,58 @@ console.log(`${CHECK}: ${helm} (${run(helm, ['version', '--short']).trim()})`);
 const nondefault = join(chart, 'ci', 'nondefault-values.yaml');
 const work = mkdtempSync(join(tmpdir(), 'ztn-chart-'));
 try {
-  const renders = {};
+  const renders = [];
   step('helm lint --strict (default values)', () => run(helm, ['lint', '--strict', chart]));
   step('helm lint --strict (ci/nondefault-values.yaml)', () => run(helm, ['lint', '--strict', chart, '-f', nondefault]));
-  step('values.schema.json rejects a misspelt key and a wrong type', () => {
-    for (const bad of ['logAsJSON=true', 'terminationGracePeriodSeconds=thirty']) {
+  step('values.schema.json refuses a misspelt key, a wrong type and the old object-valued image', () => {
+    for (const bad of ['logAsJSON=true', 'terminationGracePeriodSeconds=thirty', 'image.repository=x', 'global.network=1']) {
       const r = capture(helm, ['lint', '--strict', chart, '--set', bad], { cwd: root });
       assert.notEqual(r.status, 0, `helm lint accepted --set ${bad}`);
     }
   });
-  step('helm template (default values)', () => {
-    renders.default = join(work, 'default.yaml');
-    writeFileSync(renders.default, run(helm, ['template', 'ztunnel', chart, '--namespace', 'istio-system', '--kube-version', k8sVersion]));
+  step('an unknown profile, platform or compatibility version, and peerCaCrl.enabled, fail with a message', () => {
+    for (const [set, message] of [
+      ['profile=ambiant', 'unknown profile "ambiant"'],
+      ['global.platform=aks2', 'unknown platform "aks2"'],
+      ['compatibilityVersion=1.2', 'unknown compatibility version "1.2"'],
+      ['peerCaCrl.enabled=true', 'ztunnel-node does not check certificate revocation lists'],
+      ['resourceScope=some', 'resourceScope "some" is not one of all, namespace, cluster'],
+    ]) {
+      const r = capture(helm, ['template', 'ztunnel', chart, '--set', set], { cwd: root });
+      assert.notEqual(r.status, 0, `helm template accepted --set ${set}`);
+      assert.ok(r.stderr.includes(message), `--set ${set}: ${r.stderr}`);
+    }
   });
-  step('helm template (ci/nondefault-values.yaml)', () => {
-    renders.nondefault = join(work, 'nondefault.yaml');
-    writeFileSync(renders.nondefault, run(helm, ['template', 'ztunnel', chart, '--namespace', 'mesh-system', '--kube-version', k8sVersion, '-f', nondefault]));
-  });
-  const istiod = 'https://istiod.istio-system.svc:15012';
-  step('default rendering: Istio ztunnel pod contract; env documented, read and accepted by the daemon', () => {
-    checkRendering('default', readFileSync(renders.default, 'utf8'), {
-      namespace: 'istio-system', image: 'ztunnel-node:0.1.0', priorityClassName: 'system-node-critical', grace: 30,
-      xds: istiod, ca: istiod, clusterId: 'Kubernetes', logFormat: 'plain', drainMs: 25_000,
+  for (const c of CASES) {
+    step(`helm template, ${c.label}: Istio's DaemonSet field by field; env documented, read and accepted by the daemon`, () => {
+      if (c.values) writeFileSync(multiNetworkValues, c.values);
+      const file = join(work, `case-${renders.length}.yaml`);
+      try {
+        writeFileSync(file, run(helm, ['template', 'ztunnel', chart, '--kube-version', k8sVersion, ...c.args]));
+      } finally {
+        if (c.values) rmSync(multiNetworkValues, { force: true });
+      }
+      const objects = parseAllDocuments(readFileSync(file, 'utf8')).map((d) => d.toJS()).filter(Boolean);
+      renders.push({ file, count: objects.length });
+      checkCase(c, objects);
     });
-  });
-  step('non-default rendering: values reach the pod; env documented, read and accepted by the daemon', () => {
-    const names = checkRendering('nondefault', readFileSync(renders.nondefault, 'utf8'), {
-      namespace: 'mesh-system', image: 'registry.example.com/mesh/ztunnel-node:0.1.0-rc1',
-      priorityClassName: 'system-cluster-critical', grace: 45,
-      xds: 'https://istiod-canary.mesh-system.svc:15012', ca: 'https://istiod-ca.mesh-system.svc:15012',
-      clusterId: 'east', logFormat: 'json', drainMs: 40_000,
-    });
-    for (const n of ['ISTIO_META_ISTIO_VERSION', 'ZTUNNEL_WORKER_THREADS', 'SECRET_TTL']) assert.ok(names.includes(n), n);
+  }
+  step('resourceScope splits namespaced from cluster-scoped resources', () => {
+    const kinds = (scope) => parseAllDocuments(run(helm, ['template', 'ztunnel', chart, '--set', 'global.platform=openshift', '--set', `resourceScope=${scope}`]))
+      .map((d) => d.toJS()).filter(Boolean).map((o) => o.kind).sort();
+    assert.deepEqual(kinds('namespace'), ['DaemonSet', 'ServiceAccount']);
+    assert.deepEqual(kinds('CLUSTER'), ['ClusterRole', 'ClusterRoleBinding']);
+    assert.deepEqual(kinds('all'), ['ClusterRole', 'ClusterRoleBinding', 'DaemonSet', 'ServiceAccount']);
   });
 
-  step('Dockerfile agrees with the chart (runtime, entrypoint, ports, working directory)', () => {
+  step('Dockerfile agrees with the chart (runtime on the current Node LTS, entrypoint, port, working directory)', () => {
     const docker = readFileSync(join(root, 'Dockerfile'), 'utf8');
     const runtime = docker.slice(docker.lastIndexOf('\nFROM '));
-    assert.match(runtime, /^\nFROM node:20[-\w.]*slim/, 'the runtime stage is a slim Node 20 image');
+    assert.match(runtime, /^\nFROM node:24[-\w.]*slim/, 'the runtime stage is a slim Node 24 (current LTS) image');
     assert.match(runtime, /apt-get install [^\n]*iptables iproute2/);
     assert.match(runtime, /^ENTRYPOINT \["node", "\/opt\/ztunnel-node\/bin\/ztunnel-node\.js"\]$/m);
     assert.match(runtime, /^CMD \["proxy", "ztunnel"\]$/m, 'the chart passes the same args as Istio\'s chart');
-    // ztunnel's default file locations are relative to /; the chart names them absolutely, but keep both true.
+    // ztunnel's default file locations are relative to /, and the chart mounts them there (checkDaemonSide).
     assert.match(runtime, /^WORKDIR \/$/m);
     assert.deepEqual(runtime.match(/^EXPOSE (.*)$/m)?.[1].split(/\s+/).map(Number).sort(), [15008, 15020, 15021]);
     // The image carries what the npm package ships (package.json "files"), next to its node_modules.
@@ -255,20 +594,28 @@ try {
     assert.match(runtime, /^COPY --from=build \/src\/node_modules \/opt\/ztunnel-node\/node_modules$/m);
   });
 
+  step('the release workflow publishes the image the chart names by default', () => {
+    const release = readFileSync(join(root, '.github', 'workflows', 'release.yml'), 'utf8');
+    const hub = /^\s+hub: (\S+)$/m.exec(readFileSync(join(chart, 'values.yaml'), 'utf8'))?.[1];
+    assert.equal(hub, 'ghcr.io/ztunnel-node');
+    assert.match(release, /image="ghcr\.io\/\$\{GITHUB_REPOSITORY_OWNER,,\}\/ztunnel-node"/);
+    assert.match(release, /chart's default hub/, 'the workflow checks that the chart names the registry it pushes to');
+    assert.match(release, /platform: linux\/amd64/);
+    assert.match(release, /platform: linux\/arm64/);
+  });
+
   const kubeconform = findTool('kubeconform') ?? missing(`${CHECK} (kubeconform)`, 'kubeconform', installHint('kubeconform'));
   const schemas = prepareSchemas();
-  step(`kubeconform -strict, Kubernetes ${k8sVersion} schemas from ${PINS.kubernetesSchemas.pypi}==${PINS.kubernetesSchemas.version} (offline)`, () => {
-    const out = run(kubeconform, [
-      '-strict', '-summary', '-kubernetes-version', k8sVersion,
-      '-schema-location', `${schemas}/{{ .NormalizedKubernetesVersion }}-standalone{{ .StrictSuffix }}/{{ .ResourceKind }}{{ .KindSuffix }}.json`,
-      renders.default, renders.nondefault,
-    ]);
-    assert.match(out, /Summary: 4 resources found in 2 files - Valid: 4, Invalid: 0, Errors: 0, Skipped: 0/, out);
+  const location = `${schemas}/{{ .NormalizedKubernetesVersion }}-standalone{{ .StrictSuffix }}/{{ .ResourceKind }}{{ .KindSuffix }}.json`;
+  step(`kubeconform -strict on every rendering, Kubernetes ${k8sVersion} schemas from ${PINS.kubernetesSchemas.pypi}==${PINS.kubernetesSchemas.version} (offline)`, () => {
+    const files = renders.map((r) => r.file);
+    const total = renders.reduce((n, r) => n + r.count, 0);
+    const out = run(kubeconform, ['-strict', '-summary', '-kubernetes-version', k8sVersion, '-schema-location', location, ...files]);
+    assert.match(out, new RegExp(`Summary: ${total} resources found in ${files.length} files - Valid: ${total}, Invalid: 0, Errors: 0, Skipped: 0`), out);
     // The schemas really are applied (a missing schema would be an error, but prove it on a broken rendering).
     const broken = join(work, 'broken.yaml');
-    writeFileSync(broken, readFileSync(renders.default, 'utf8').replace('containerPort: 15020', 'containerPort: "15020"\n              hostPorts: 1'));
-    const bad = capture(kubeconform, ['-strict', '-summary', '-kubernetes-version', k8sVersion, '-schema-location',
-      `${schemas}/{{ .NormalizedKubernetesVersion }}-standalone{{ .StrictSuffix }}/{{ .ResourceKind }}{{ .KindSuffix }}.json`, broken]);
+    writeFileSync(broken, readFileSync(files[0], 'utf8').replace('- containerPort: 15020', '- containerPort: "15020"\n          hostPorts: 1'));
+    const bad = capture(kubeconform, ['-strict', '-summary', '-kubernetes-version', k8sVersion, '-schema-location', location, broken]);
     assert.notEqual(bad.status, 0, 'kubeconform accepted a DaemonSet with a string containerPort and an unknown field');
     assert.match(bad.stdout, /got string, want integer/);
     assert.match(bad.stdout, /additional properties 'hostPorts' not allowed/);

@@ -1,16 +1,53 @@
-{{/* istiod's address, as Istio's ztunnel chart derives it (host:port; the daemon assumes https). */}}
-{{- define "ztunnel-node.istiod" -}}
+{{/* The name of the DaemonSet, ServiceAccount and ResourceQuota: `resourceName`, else ztunnel (what istiod trusts). */}}
+{{- define "ztunnel.name" -}}
+{{ .Values.resourceName | default "ztunnel" }}
+{{- end }}
+
+{{/* Labels of every top-level resource: Istio's common labels, then `labels`. */}}
+{{- define "ztunnel.labels" -}}
+app.kubernetes.io/name: ztunnel
+{{ include "ztunnel.commonLabels" . }}
+{{- with .Values.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Istio's labels for all its resources (app.kubernetes.io/version and helm.sh/chart name this chart). */}}
+{{- define "ztunnel.commonLabels" -}}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: istio
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+istio.io/rev: {{ .Values.revision | default "default" | quote }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{/* Annotations of every top-level resource: `annotations`, plus istio.io/rev with a revision. */}}
+{{- define "ztunnel.annotations" -}}
+{{- $a := deepCopy (.Values.annotations | default dict) }}
+{{- with .Values.revision }}{{ $_ := set $a "istio.io/rev" . }}{{ end }}
+{{- toYaml $a }}
+{{- end }}
+
+{{/* The image: `image` when it contains "/", else <hub>/<image>:<tag>, the tag defaulting to the appVersion. */}}
+{{- define "ztunnel.image" -}}
+{{- if contains "/" .Values.image -}}
+{{ .Values.image }}
+{{- else -}}
+{{ .Values.hub }}/{{ .Values.image | default "ztunnel-node" }}:{{ .Values.tag | default .Chart.AppVersion }}
+{{- end }}
+{{- end }}
+
+{{/* istiod's address as Istio's chart derives it (host:port; the daemon assumes https). */}}
+{{- define "ztunnel.istiod" -}}
 istiod{{ with .Values.revision }}-{{ . }}{{ end }}.{{ .Values.istioNamespace }}.svc:15012
 {{- end }}
 
-{{- define "ztunnel-node.labels" -}}
-app.kubernetes.io/name: ztunnel-node
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{/* "true" when `resourceScope` (all | namespace | cluster, any case) covers resources of the given scope. */}}
+{{- define "ztunnel.inScope" -}}
+{{- $scope := lower (.root.Values.resourceScope | default "all") }}
+{{- if not (has $scope (list "all" "namespace" "cluster")) }}
+{{- fail (printf "resourceScope %q is not one of all, namespace, cluster" .root.Values.resourceScope) }}
 {{- end }}
-
-{{/* Where the chart mounts what the daemon reads: XDS_ROOT_CA / CA_ROOT_CA and AUTH_TOKEN point here. */}}
-{{- define "ztunnel-node.rootCertDir" -}}/var/run/secrets/istio{{- end }}
-{{- define "ztunnel-node.tokenDir" -}}/var/run/secrets/tokens{{- end }}
+{{- if or (eq $scope "all") (eq $scope .scope) }}true{{ end }}
+{{- end }}
