@@ -3,8 +3,8 @@
 // chart is a drop-in for Istio's ztunnel chart: the same values interface and, for the same values, the same
 // DaemonSet. Checked here:
 //   1. helm lint --strict with the default values and with ci/nondefault-values.yaml (every key turned); the values
-//      schema refuses a misspelt key, a wrong type and the old object-valued `image`; an unknown profile, platform or
-//      compatibility version, and peerCaCrl.enabled (ztunnel-node checks no CRL yet), fail with a message;
+//      schema refuses a misspelt key, a wrong type and the old object-valued `image`; an unknown profile, platform,
+//      compatibility version or resource scope fails with a message;
 //   2. helm template for the ways Istio documents installing its ztunnel chart (the default, --set profile=ambient, a
 //      revision, multi-network through global.*, OpenShift, GKE, a compatibility version) and the non-default file;
 //      on each rendering:
@@ -100,6 +100,12 @@ const ISTIO = {
     projected: { sources: [{ clusterTrustBundle: { name: `istio.io:istiod-ca:${name}`, path: 'root-cert.pem' } }] },
   }),
   zdsVolume: { name: 'cni-ztunnel-sock-dir', hostPath: { path: '/var/run/ztunnel', type: 'DirectoryOrCreate' } },
+  // peerCaCrl.enabled: istiod's CRL ConfigMap (istio-ca-crl, key ca-crl.pem), mounted where Istio's proxies read it.
+  crl: {
+    env: { name: 'CRL_PATH', value: '/var/run/secrets/istio/crl/ca-crl.pem' },
+    mount: { mountPath: '/var/run/secrets/istio/crl', name: 'istio-ca-crl' },
+    volume: { name: 'istio-ca-crl', configMap: { name: 'istio-ca-crl', optional: true } },
+  },
   tmpVolume: { name: 'tmp', emptyDir: {} },
   openshiftRule: { apiGroups: ['security.openshift.io'], resources: ['securitycontextconstraints'], resourceNames: ['privileged'], verbs: ['use'] },
 };
@@ -109,7 +115,7 @@ const resourceRef = (name, resource) => ({ name, valueFrom: { resourceFieldRef: 
 
 /** Istio's container env, in its order. `own` are ztunnel-node's own additions (documented), `env` the `env` value. */
 function istioEnv({ ca, xds = ca, json = false, network = '', rustLog = 'info', clusterId = 'Kubernetes', grace = '30',
-  proxyMetadata = {}, cpuRequest = true, cpuLimit = false, own = [], env = {} }) {
+  proxyMetadata = {}, cpuRequest = true, cpuLimit = false, crl = false, own = [], env = {} }) {
   const pairs = (m) => Object.keys(m).sort().map((name) => ({ name, value: String(m[name]) }));
   return [
     { name: 'CA_ADDRESS', value: ca },
@@ -130,6 +136,7 @@ function istioEnv({ ca, xds = ca, json = false, network = '', rustLog = 'info', 
     resourceRef('ZTUNNEL_CPU_LIMIT', 'limits.cpu'),
     ...(cpuRequest ? [resourceRef('ZTUNNEL_RESOURCE_CPU_REQUEST', 'requests.cpu')] : []),
     ...(cpuLimit ? [resourceRef('ZTUNNEL_RESOURCE_CPU_LIMIT', 'limits.cpu')] : []),
+    ...(crl ? [ISTIO.crl.env] : []),
     ...own,
     ...pairs(env),
   ];
@@ -150,7 +157,7 @@ function istioDaemonSet({ name = 'ztunnel', namespace = 'istio-system', revision
   podLabels = {}, podAnnotations = ISTIO.podAnnotations, nodeSelector = {}, affinity = null, tolerations = ISTIO.tolerations,
   resources = ISTIO.resources, imagePullPolicy = '', seLinuxOptions = null, env, volumeMounts = [], volumes = [],
   grace = 30, priorityClassName = 'system-node-critical', dnsPolicy = '', dnsConfig = null, updateStrategy = ISTIO.updateStrategy,
-  rootVolume = ISTIO.rootConfigMap(), readinessProbe = {} }) {
+  rootVolume = ISTIO.rootConfigMap(), readinessProbe = {}, crl = false }) {
   const rev = revision ? { 'istio.io/rev': revision } : {};
   return {
     apiVersion: 'apps/v1',
@@ -190,13 +197,13 @@ function istioDaemonSet({ name = 'ztunnel', namespace = 'istio-system', revision
             readinessProbe: { httpGet: { port: 15021, path: '/healthz/ready' }, ...readinessProbe },
             args: ['proxy', 'ztunnel'],
             env,
-            volumeMounts: [...ISTIO.mounts, ...volumeMounts],
+            volumeMounts: [...ISTIO.mounts, ...(crl ? [ISTIO.crl.mount] : []), ...volumeMounts],
           }],
           priorityClassName,
           terminationGracePeriodSeconds: grace,
           ...(dnsPolicy ? { dnsPolicy } : {}),
           ...(dnsConfig ? { dnsConfig } : {}),
-          volumes: [ISTIO.tokenVolume, rootVolume, ISTIO.zdsVolume, ISTIO.tmpVolume, ...volumes],
+          volumes: [ISTIO.tokenVolume, rootVolume, ISTIO.zdsVolume, ISTIO.tmpVolume, ...(crl ? [ISTIO.crl.volume] : []), ...volumes],
         },
       },
     },
@@ -306,6 +313,7 @@ function checkDaemonSide(label, ds, expect) {
   const root = pod.volumes.find((v) => v.name === 'istiod-ca-cert');
   const rootFile = root.configMap ? 'root-cert.pem' : root.projected.sources[0].clusterTrustBundle.path;
   assert.equal(rootFile, posix.basename(DEFAULT_ROOT_CA_PATH));
+  if (cfg.crlPath !== null) assert.equal(mounted(cfg.crlPath), 'istio-ca-crl', 'CRL_PATH is in the istio-ca-crl volume');
   assert.equal(c.volumeMounts.find((m) => m.name === 'cni-ztunnel-sock-dir').mountPath, posix.dirname(cfg.inpod.uds),
     'istio-cni connects to /var/run/ztunnel/ztunnel.sock (INPOD_UDS)');
 }
@@ -431,7 +439,7 @@ const CASES = [
       seLinuxOptions: { type: 'spc_t' },
       env: istioEnv({
         ca: 'istiod-ca.mesh-system.svc:15012', xds: 'istiod-canary.mesh-system.svc:15012', json: true, network: 'network-east',
-        rustLog: 'info,access=debug', clusterId: 'east', grace: '45', proxyMetadata: HBONE_META, cpuLimit: true,
+        rustLog: 'info,access=debug', clusterId: 'east', grace: '45', proxyMetadata: HBONE_META, cpuLimit: true, crl: true,
         own: [{ name: 'ISTIO_META_ISTIO_VERSION', value: '1.28.0' }],
         env: { ZTUNNEL_WORKER_THREADS: 4, SECRET_TTL: '12h', ENABLE_CLUSTER_TRUST_BUNDLE_API: true },
       }),
@@ -444,6 +452,7 @@ const CASES = [
       updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxSurge: 0, maxUnavailable: 1 } },
       rootVolume: ISTIO.rootTrustBundle('mesh-root'),
       readinessProbe: { periodSeconds: 5, timeoutSeconds: 2, failureThreshold: 6 },
+      crl: true,
     }),
     daemon: daemon({ xds: 'https://istiod-canary.mesh-system.svc:15012', ca: 'https://istiod-ca.mesh-system.svc:15012', clusterId: 'east', network: 'network-east', drainMs: 40_000 }),
     sa: { name: 'ztunnel-east', pullSecrets: [{ name: 'registry-creds' }, { name: 'mirror-creds' }], annotations: { 'example.com/ticket': 'MESH-42', 'istio.io/rev': 'canary' } },
@@ -541,12 +550,11 @@ try {
       assert.notEqual(r.status, 0, `helm lint accepted --set ${bad}`);
     }
   });
-  step('an unknown profile, platform or compatibility version, and peerCaCrl.enabled, fail with a message', () => {
+  step('an unknown profile, platform, compatibility version or resource scope fails with a message', () => {
     for (const [set, message] of [
       ['profile=ambiant', 'unknown profile "ambiant"'],
       ['global.platform=aks2', 'unknown platform "aks2"'],
       ['compatibilityVersion=1.2', 'unknown compatibility version "1.2"'],
-      ['peerCaCrl.enabled=true', 'ztunnel-node does not check certificate revocation lists'],
       ['resourceScope=some', 'resourceScope "some" is not one of all, namespace, cluster'],
     ]) {
       const r = capture(helm, ['template', 'ztunnel', chart, '--set', set], { cwd: root });

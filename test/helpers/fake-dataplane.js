@@ -16,6 +16,7 @@ export function fakeDataplane(overrides = {}, { nodeName = 'node-a' } = {}) {
     meshDump: () => real.meshDump(),
     createCsr: (id) => (log.push(['createCsr', id]), 'CSR'),
     installCertificate: (id) => void log.push(['installCertificate', id]),
+    setCrls: (pem) => (log.push(['setCrls', pem.length]), (pem.match(/BEGIN X509 CRL/g) ?? []).length),
     forgetIdentity: (id) => (log.push(['forgetIdentity', id]), false),
     // Certificates on demand: nothing is ever asked (the empty answer ends the daemon's loop).
     nextCertificateRequests: async () => [],

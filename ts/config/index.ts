@@ -56,6 +56,8 @@ export interface Config {
   readonly logFormat: LogFormat;
   readonly socks5Enabled: boolean;
   readonly localCaDir: string | null;
+  /** CRL_PATH: revocation lists (PEM) the handshakes check peers against; null: none. */
+  readonly crlPath: string | null;
   /** Shared (in-pod) mode: the istio-cni ZDS socket, the in-pod mark, SO_REUSEPORT, original source. */
   readonly inpod: {
     readonly uds: string;
@@ -208,6 +210,7 @@ function resolve(
     // Local mode has no traffic capture: SOCKS5 is the only way a local workload's traffic enters the mesh.
     socks5Enabled: raw.UNSTABLE_ENABLE_SOCKS5 ?? proxyMode === 'local',
     localCaDir: raw.LOCAL_CA_DIR ?? null,
+    crlPath: raw.CRL_PATH ?? null,
     inpod: {
       uds: raw.INPOD_UDS ?? D.DEFAULT_INPOD_UDS,
       packetMark: raw.PACKET_MARK ?? D.DEFAULT_PACKET_MARK,

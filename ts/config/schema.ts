@@ -157,6 +157,7 @@ const fields = {
   LOG_FORMAT: oneOf(LOG_FORMATS).optional().describe('plain | json (plain)'),
   UNSTABLE_ENABLE_SOCKS5: bool().optional().describe('SOCKS5 listener on :15080 per local workload (default: on in local mode)'),
   LOCAL_CA_DIR: nonEmpty().optional().describe('directory of the built-in CA root (created if absent; required in local mode)'),
+  CRL_PATH: nonEmpty().optional().describe('certificate revocation lists (PEM) checked in every HBONE handshake; reloaded when the file changes'),
   ENABLE_CLUSTER_TRUST_BUNDLE_API: bool().optional().describe("chart switch: istiod's root comes from a ClusterTrustBundle, mounted where the ConfigMap would be; nothing changes for the daemon"),
   INPOD_ENABLED: bool().optional().describe("set by Istio's chart; accepted and ignored, as by ztunnel (shared mode is always in-pod)"),
   RUST_BACKTRACE: text().optional().describe("backtrace on a panic in the native core, read by Rust's runtime itself (Istio's chart sets 1)"),

@@ -26,6 +26,7 @@ import { configForDump, type Config } from '../config/index.js';
 import { HBONE_PORT } from '../config/defaults.js';
 import { formatSocketAddress, type SocketAddress } from '../config/address.js';
 import { LocalConfigLoader, parseJson, type LocalLoad } from '../config/local-loader.js';
+import { followCrls } from '../ca/crl.js';
 import { createAdminServer } from '../admin/admin-server.js';
 import { closeServer, listen } from '../admin/http.js';
 import { Metrics } from '../admin/metrics.js';
@@ -65,6 +66,7 @@ export type DataplanePort = Pick<
   | 'meshDump'
   | 'createCsr'
   | 'installCertificate'
+  | 'setCrls'
   | 'forgetIdentity'
   | 'nextCertificateRequests'
   | 'addLocalWorkload'
@@ -212,6 +214,9 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   let certAsks: { stop(): void } | null = null;
   let localWorkloads: LocalWorkloads | null = null;
   let proxyReady = false;
+
+  /** The CRL_PATH watch, once the dataplane is open. */
+  let crlWatch: { stop(): void } | null = null;
 
   /** config_dump's `staticConfig`: the local document last applied, as UTF-8 JSON (parsed only for a dump). */
   let staticConfig: Uint8Array | null = null;
@@ -385,6 +390,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     firstApplied(false);
     xds?.stop();
     localWatch?.stop();
+    crlWatch?.stop();
     capture?.stop();
     return loader?.close();
   });
@@ -433,6 +439,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   async function abandonStart(): Promise<void> {
     firstApplied(false);
     localWatch?.stop();
+    crlWatch?.stop();
     removeSignals();
     await Promise.all(servers.map((s) => closeServer(s, 0)));
     await loader?.close();
@@ -476,6 +483,8 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
 
     const plane = deps.openDataplane(dataplaneConfig(config));
     dp = plane;
+    // Revocation lists before any listener or certificate: no handshake happens without them.
+    if (config.crlPath !== null) crlWatch = await followCrls(config.crlPath, plane, logs.forTarget('ca'));
     // The dataplane builds only the events the log filter lets through, and follows its changes (admin /logging).
     const syncEventLevels = () => plane.setEventLevels(logs.levelOf('access'), logs.levelOf('dataplane'));
     syncEventLevels();

@@ -29,6 +29,8 @@ export declare class Dataplane {
   meshDump(): string
   createCsr(identity: string): string
   installCertificate(identity: string, chainPem: string, rootsPem: string): void
+  /** Replaces the certificate revocation lists (CRL_PATH's PEM; empty: none); returns how many are in force. */
+  setCrls(pem: string): number
   /** Free an identity's key and certificate; true if there was one. */
   forgetIdentity(identity: string): boolean
   /**

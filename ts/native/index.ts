@@ -210,6 +210,15 @@ export class Dataplane {
     call(() => this.inner.installCertificate(identity, chainPem, rootsPem));
   }
 
+  /**
+   * Replaces the certificate revocation lists every HBONE handshake checks peers against, both ways (CRL_PATH's
+   * PEM; "" for none). Throws INVALID_CRL, keeping the lists in force, when the PEM does not parse. Returns how many
+   * lists are in force.
+   */
+  setCrls(pem: string): number {
+    return call(() => this.inner.setCrls(pem));
+  }
+
   /** Frees an identity's key and certificate in the dataplane; true if it had one. */
   forgetIdentity(identity: string): boolean {
     return call(() => this.inner.forgetIdentity(identity));

@@ -83,6 +83,12 @@ impl Dataplane {
         self.inner.install_certificate(&identity, &chain_pem, &roots_pem).map_err(err)
     }
 
+    /// Replaces the certificate revocation lists (CRL_PATH's PEM; empty: none); returns how many are in force.
+    #[napi]
+    pub fn set_crls(&self, pem: String) -> Result<u32> {
+        self.inner.set_crls(&pem).map(|n| n as u32).map_err(err)
+    }
+
     /// Free an identity's key and certificate; true if there was one.
     #[napi]
     pub fn forget_identity(&self, identity: String) -> Result<bool> {

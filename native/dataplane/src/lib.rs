@@ -55,6 +55,8 @@ pub enum DataplaneError {
     Tls(#[from] tls::TlsError),
     #[error("RUNTIME: {0}")]
     Runtime(String),
+    #[error("INVALID_CRL: {0}")]
+    Crl(String),
 }
 
 /// A WDS batch this large (a first push) leaves enough freed heap behind to be worth giving back.
@@ -307,6 +309,12 @@ impl Dataplane {
 
     pub fn install_certificate(&self, identity: &str, chain_pem: &str, roots_pem: &str) -> Result<(), DataplaneError> {
         Ok(self.pi.certs.install(&identity.parse::<Identity>()?, chain_pem, roots_pem)?)
+    }
+
+    /// Replaces the certificate revocation lists every handshake checks peers against (CRL_PATH's PEM; empty: none).
+    /// A PEM that does not parse is refused whole and the lists in force stay. Returns how many lists are in force.
+    pub fn set_crls(&self, pem: &str) -> Result<usize, DataplaneError> {
+        self.pi.certs.crls().set(pem).map_err(DataplaneError::Crl)
     }
 
     /// Free an identity's key and certificate (the control side forgot it). True if there was one.

@@ -61,6 +61,8 @@ pub struct CertStore {
     /// Identities a handshake is waiting for, not yet handed to the control side.
     wants: Mutex<Vec<Identity>>,
     wanted: Notify,
+    /// The revocation lists every handshake checks peers against (CRL_PATH).
+    crls: crate::tls::crl::Crls,
 }
 
 fn parse_pem_certs(what: &str, pem: &str) -> Result<Vec<CertificateDer<'static>>, StoreError> {
@@ -81,6 +83,7 @@ impl CertStore {
             installed: Notify::new(),
             wants: Mutex::new(Vec::new()),
             wanted: Notify::new(),
+            crls: Default::default(),
         }
     }
 
@@ -220,6 +223,10 @@ impl CertStore {
 
     pub fn provider(&self) -> &Arc<CryptoProvider> {
         &self.provider
+    }
+
+    pub fn crls(&self) -> &crate::tls::crl::Crls {
+        &self.crls
     }
 }
 

@@ -703,8 +703,8 @@ pub async fn connect(
                 req.headers_mut().insert("x-forwarded-network", v);
             }
             let io = super::double_hbone::H2Io::new(send, recv);
-            let provider = pi.certs.provider().clone();
-            match super::double_hbone::connect_inner(&pi.cfg, io, &cert, inner.expected, provider, req).await {
+            let (provider, crls) = (pi.certs.provider().clone(), pi.certs.crls().current());
+            match super::double_hbone::connect_inner(&pi.cfg, io, &cert, inner.expected, provider, crls, req).await {
                 Ok((send, recv, conn)) => {
                     Ok((routed, Upstream::Hbone { send, recv, _lease: lease, _inner: Some(conn) }))
                 }

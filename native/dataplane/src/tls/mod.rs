@@ -1,5 +1,6 @@
 //! rustls configuration for HBONE: TLS 1.3 only, AES-GCM suites, ALPN h2, SPIFFE verification both ways.
 
+pub mod crl;
 mod verify;
 
 pub use verify::{ExpectedIdentities, SpiffeClientVerifier, SpiffeServerVerifier};
@@ -119,8 +120,9 @@ pub fn client_config(
     cert: &InstalledCert,
     expected: ExpectedIdentities,
     provider: Arc<CryptoProvider>,
+    crls: Arc<crl::CrlSet>,
 ) -> Result<ClientConfig, TlsError> {
-    let verifier = Arc::new(SpiffeServerVerifier::new(cert.roots.clone(), expected, provider.clone()));
+    let verifier = Arc::new(SpiffeServerVerifier::new(cert.roots.clone(), expected, provider.clone(), crls));
     let mut cfg = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .dangerous()

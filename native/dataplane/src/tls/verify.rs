@@ -17,6 +17,7 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, Error, RootCertStore, SignatureScheme};
 
+use super::crl::CrlSet;
 use crate::identity::{spiffe_identity, CertStore, Identity};
 
 fn identity_error(msg: String) -> Error {
@@ -50,9 +51,14 @@ impl SpiffeClientVerifier {
     fn webpki(&self) -> Result<Arc<dyn ClientCertVerifier>, Error> {
         let cert =
             self.store.get(&self.local).ok_or_else(|| Error::General(format!("no certificate for {}", self.local)))?;
-        WebPkiClientVerifier::builder_with_provider(cert.roots.clone(), self.store.provider().clone())
-            .build()
-            .map_err(|e| Error::General(format!("client verifier: {e}")))
+        let builder = WebPkiClientVerifier::builder_with_provider(cert.roots.clone(), self.store.provider().clone());
+        let crls = self.store.crls().current();
+        let builder = if crls.is_empty() {
+            builder
+        } else {
+            builder.with_crls(crls.der.iter().cloned()).allow_unknown_revocation_status()
+        };
+        builder.build().map_err(|e| Error::General(format!("client verifier: {e}")))
     }
 }
 
@@ -142,12 +148,57 @@ pub struct SpiffeServerVerifier {
     roots: Arc<RootCertStore>,
     expected: ExpectedIdentities,
     provider: Arc<CryptoProvider>,
+    crls: Arc<CrlSet>,
 }
 
 impl SpiffeServerVerifier {
-    pub fn new(roots: Arc<RootCertStore>, expected: ExpectedIdentities, provider: Arc<CryptoProvider>) -> Self {
-        SpiffeServerVerifier { roots, expected, provider }
+    pub fn new(
+        roots: Arc<RootCertStore>,
+        expected: ExpectedIdentities,
+        provider: Arc<CryptoProvider>,
+        crls: Arc<CrlSet>,
+    ) -> Self {
+        SpiffeServerVerifier { roots, expected, provider, crls }
     }
+
+    /// The chain check with revocation: what rustls' chain check does, plus the CRLs (webpki, as rustls does).
+    fn verify_chain_with_crls(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<(), Error> {
+        let ee = webpki::EndEntityCert::try_from(end_entity).map_err(pki_error)?;
+        self.crls
+            .with_options(|revocation| {
+                ee.verify_for_usage(
+                    self.provider.signature_verification_algorithms.all,
+                    &self.roots.roots,
+                    intermediates,
+                    now,
+                    webpki::KeyUsage::server_auth(),
+                    revocation,
+                    None,
+                )
+                .map(|_| ())
+            })
+            .map_err(pki_error)
+    }
+}
+
+/// webpki's verdict as rustls' error (the common cases by name; the rest carried as they are).
+fn pki_error(e: webpki::Error) -> Error {
+    use webpki::Error as E;
+    let cert = match e {
+        E::CertRevoked => CertificateError::Revoked,
+        E::UnknownIssuer => CertificateError::UnknownIssuer,
+        E::CertExpired { .. } => CertificateError::Expired,
+        E::CertNotValidYet { .. } => CertificateError::NotValidYet,
+        E::BadDer | E::BadDerTime => CertificateError::BadEncoding,
+        E::InvalidSignatureForPublicKey => CertificateError::BadSignature,
+        other => CertificateError::Other(rustls::OtherError(Arc::new(other))),
+    };
+    Error::InvalidCertificate(cert)
 }
 
 impl ServerCertVerifier for SpiffeServerVerifier {
@@ -159,14 +210,18 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
-        let parsed = ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &parsed,
-            &self.roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
+        if self.crls.is_empty() {
+            let parsed = ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &parsed,
+                &self.roots,
+                intermediates,
+                now,
+                self.provider.signature_verification_algorithms.all,
+            )?;
+        } else {
+            self.verify_chain_with_crls(end_entity, intermediates, now)?;
+        }
         self.expected.check(end_entity).map_err(identity_error)?;
         Ok(ServerCertVerified::assertion())
     }
