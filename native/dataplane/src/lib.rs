@@ -203,6 +203,7 @@ impl Dataplane {
         }
         let applied = self.apply_valid(merged, |_, _| (), |_, ()| ());
         let out = self.applied_json(&applied, Vec::new(), Vec::new());
+        state::intern::sweep();
         alloc::release_free_heap();
         Ok(out)
     }
@@ -254,7 +255,7 @@ impl Dataplane {
             match valid {
                 Err(reason) => rejected.push(format!("{}: {reason}", r.name)),
                 Ok(Either::W(w)) => {
-                    names.push((r.name.clone(), state::AddrKey::Workload(w.uid.clone())));
+                    names.push((r.name.clone(), state::AddrKey::Workload(w.uid.to_string())));
                     delta.workloads.push(w);
                     accepted.push((r.name, r.version));
                 }
@@ -277,6 +278,7 @@ impl Dataplane {
         );
         let out = self.applied_json(&applied, accepted, rejected);
         if parts.len() >= LARGE_BATCH {
+            state::intern::sweep();
             alloc::release_free_heap();
         }
         Ok(out)

@@ -73,31 +73,31 @@ impl TrafficLabels {
         };
         if let Some(w) = info.source {
             l.source_workload = workload_name(w);
-            l.source_canonical_service = w.canonical_name.clone();
-            l.source_canonical_revision = w.canonical_revision.clone();
-            l.source_workload_namespace = w.namespace.clone();
-            l.source_app = w.canonical_name.clone();
-            l.source_version = w.canonical_revision.clone();
-            l.source_cluster = w.cluster_id.clone();
+            l.source_canonical_service = w.canonical_name.to_string();
+            l.source_canonical_revision = w.canonical_revision.to_string();
+            l.source_workload_namespace = w.namespace.to_string();
+            l.source_app = w.canonical_name.to_string();
+            l.source_version = w.canonical_revision.to_string();
+            l.source_cluster = w.cluster_id.to_string();
         }
         if let Some(id) = info.source_identity {
             l.source_principal = id.to_string();
         }
         if let Some(w) = info.destination {
             l.destination_workload = workload_name(w);
-            l.destination_canonical_service = w.canonical_name.clone();
-            l.destination_canonical_revision = w.canonical_revision.clone();
-            l.destination_workload_namespace = w.namespace.clone();
-            l.destination_app = w.canonical_name.clone();
-            l.destination_version = w.canonical_revision.clone();
-            l.destination_cluster = w.cluster_id.clone();
+            l.destination_canonical_service = w.canonical_name.to_string();
+            l.destination_canonical_revision = w.canonical_revision.to_string();
+            l.destination_workload_namespace = w.namespace.to_string();
+            l.destination_app = w.canonical_name.to_string();
+            l.destination_version = w.canonical_revision.to_string();
+            l.destination_cluster = w.cluster_id.to_string();
         }
         if let Some(id) = info.destination_identity {
             l.destination_principal = id.to_string();
         }
         if let Some(s) = info.destination_service {
-            l.destination_service = s.key.hostname.clone();
-            l.destination_service_namespace = s.key.namespace.clone();
+            l.destination_service = s.key.hostname.to_string();
+            l.destination_service_namespace = s.key.namespace.to_string();
             l.destination_service_name = s.name.clone();
         }
         l
@@ -108,7 +108,7 @@ fn workload_name(w: &Workload) -> String {
     if w.workload_name.is_empty() {
         w.name.clone()
     } else {
-        w.workload_name.clone()
+        w.workload_name.to_string()
     }
 }
 

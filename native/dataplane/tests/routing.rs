@@ -190,7 +190,7 @@ fn lb_world(lb: Value, endpoints: &[(&str, &str, Value)]) -> State {
 fn chosen(st: &State, n: u64) -> Vec<String> {
     let mut v: Vec<String> = (0..n)
         .filter_map(|p| route(st, "sleep", SRC_IP, "10.96.3.1:80", p).ok())
-        .map(|r| r.destination.unwrap().uid.clone())
+        .map(|r| r.destination.unwrap().uid.to_string())
         .collect();
     v.sort();
     v.dedup();
@@ -237,7 +237,7 @@ fn standard_mode_uses_every_healthy_endpoint_weighted_by_capacity() {
         ],
     );
     let picks: Vec<String> = (0..4)
-        .map(|p| route(&st, "sleep", SRC_IP, "10.96.3.1:80", p).unwrap().destination.unwrap().uid.clone())
+        .map(|p| route(&st, "sleep", SRC_IP, "10.96.3.1:80", p).unwrap().destination.unwrap().uid.to_string())
         .collect();
     assert_eq!(picks, vec!["a", "b", "b", "b"], "capacity is the weight; capacity 0 is never picked");
 }

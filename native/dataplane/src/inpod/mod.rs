@@ -449,7 +449,7 @@ impl WorkloadManager {
         let td = local
             .resolve(&base.state.read().expect("state lock"))
             .map(|w| w.trust_domain.clone())
-            .unwrap_or_else(|| base.cfg.trust_domain.clone());
+            .unwrap_or_else(|| base.cfg.trust_domain.as_str().into());
         let identity = Identity::new(&td, &info.namespace, &info.service_account);
         let tls = Arc::new(crate::tls::server_config(base.certs.clone(), identity.clone()).map_err(|e| e.to_string())?);
         let opts = ListenOptions { reuse_port: self.cfg.reuse_port, transparent };

@@ -160,7 +160,7 @@ pub fn resolve_connect<B>(
         (Authority::Host(host, port), svc) => {
             let vip = svc
                 .as_ref()
-                .and_then(|s| s.vips.iter().max_by_key(|(net, ip)| (*net == local.network, ip.is_ipv4())))
+                .and_then(|s| s.vips.iter().max_by_key(|(net, ip)| (**net == *local.network, ip.is_ipv4())))
                 .ok_or_else(|| InboundError::NoIpForService(host.clone()))?;
             SocketAddr::new(vip.1, *port)
         }
@@ -172,7 +172,7 @@ pub fn resolve_connect<B>(
 /// its waypoint.
 fn is_waypoint_of(state: &State, local: &Workload, target: IpAddr) -> bool {
     let gw = match state.workload_by_addr(&local.network, target) {
-        Some(w) => w.waypoint.as_ref(),
+        Some(w) => w.waypoint.as_deref(),
         None => match state.service_by_vip(&local.network, target, &local.namespace) {
             Some(s) => s.waypoint.as_ref(),
             None => return false,

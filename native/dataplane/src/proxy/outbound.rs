@@ -177,7 +177,7 @@ pub fn build_request(
     if us.workload.network != src.network {
         return match &service {
             Some(svc) => through_gateway(state, src, &us, svc, dst, pick),
-            None => Err(RouteError::RemoteNetwork(us.workload.uid.clone(), us.workload.network.clone())),
+            None => Err(RouteError::RemoteNetwork(us.workload.uid.to_string(), us.workload.network.to_string())),
         };
     }
     // 5. A workload addressed directly goes through its waypoint, unless the client is that waypoint.
@@ -201,7 +201,7 @@ pub fn build_request(
                 upstream: unresolved,
                 target: unresolved,
                 expected: if hbone { expected } else { ExpectedIdentities::default() },
-                resolve: Some(us.workload.hostname.clone()),
+                resolve: Some(us.workload.hostname.to_string()),
                 destination: Some(us.workload),
                 service: us.service,
                 authority: None,
@@ -266,7 +266,7 @@ fn service_waypoint<'a>(s: &'a Service, pick: &mut dyn FnMut(u64) -> u64) -> Opt
 fn self_call(cfg: &Config, src: &Workload, dest: Option<&Workload>, to: SocketAddr) -> Result<(), RouteError> {
     let ours = to.ip().is_loopback()
         || src.ips.contains(&to.ip())
-        || dest.is_some_and(|w| !w.node.is_empty() && w.node == cfg.node_name);
+        || dest.is_some_and(|w| !w.node.is_empty() && *w.node == *cfg.node_name);
     if ours && cfg.illegal_ports().contains(&to.port()) {
         return Err(RouteError::SelfCall(to.port()));
     }
@@ -293,7 +293,7 @@ fn to_waypoint(
         // A waypoint on another network is reached like any remote hop: through its gateway, by service.
         return match &service {
             Some(svc) => through_gateway(state, src, &wp, svc, dst, pick),
-            None => Err(RouteError::RemoteNetwork(wp.workload.uid.clone(), wp.workload.network.clone())),
+            None => Err(RouteError::RemoteNetwork(wp.workload.uid.to_string(), wp.workload.network.to_string())),
         };
     }
     Ok(Request {
@@ -325,7 +325,7 @@ fn through_gateway(
         .workload
         .network_gateway
         .as_ref()
-        .ok_or_else(|| RouteError::RemoteNetwork(hop.workload.uid.clone(), hop.workload.network.clone()))?;
+        .ok_or_else(|| RouteError::RemoteNetwork(hop.workload.uid.to_string(), hop.workload.network.to_string()))?;
     let (gateway, ip) = resolve_gateway(state, src, gw, dst, Resolution::Standard, pick)?;
     // The final destination is whichever endpoint the gateway picks: any of the service's endpoints on that network.
     let mut finals: Vec<Identity> = svc.subject_alt_names.clone();
@@ -347,7 +347,7 @@ fn through_gateway(
         destination: Some(gateway.workload),
         service: Some(svc.clone()),
         authority: Some(format!("{}:{}", svc.key.hostname, dst.port())),
-        inner: Some(Inner { expected: ExpectedIdentities::new(finals), network: src.network.clone() }),
+        inner: Some(Inner { expected: ExpectedIdentities::new(finals), network: src.network.to_string() }),
         resolve: None,
     })
 }
@@ -454,7 +454,7 @@ fn load_balance<'a>(
     svc_target: Option<u16>,
     mode: Resolution,
     pick: &mut dyn FnMut(u64) -> u64,
-) -> Option<(&'a Arc<Workload>, &'a std::collections::HashMap<u16, u16>)> {
+) -> Option<(&'a Arc<Workload>, &'a crate::state::PortMap)> {
     let lb = svc.load_balancer.as_ref();
     let allow_unhealthy = lb.is_some_and(|lb| lb.health_policy == HealthPolicy::AllowAll);
     let endpoints = state.endpoints(&svc.key).filter(|(w, ports)| {
@@ -522,9 +522,9 @@ fn pick_ip(w: &Workload, dialed: SocketAddr, families: Option<IpFamilies>) -> Re
         return Ok(*ip);
     }
     if !w.hostname.is_empty() {
-        return Err(RouteError::HostnameOnly(w.uid.clone()));
+        return Err(RouteError::HostnameOnly(w.uid.to_string()));
     }
-    Err(RouteError::NoAddress(w.uid.clone()))
+    Err(RouteError::NoAddress(w.uid.to_string()))
 }
 
 fn passthrough(dst: SocketAddr) -> Request {

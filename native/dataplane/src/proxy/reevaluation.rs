@@ -94,7 +94,7 @@ impl Scope {
                     && o.authorization_policies == w.authorization_policies
             };
             if !state.workload(&w.uid).is_some_and(|o| relevant(o)) {
-                s.uids.insert(w.uid.clone());
+                s.uids.insert(w.uid.to_string());
             }
         }
         // A removed workload's connections are drained with it; nothing to judge.
@@ -114,9 +114,10 @@ impl Scope {
 
     fn covers(&self, w: &Workload) -> bool {
         self.all
-            || self.uids.contains(&w.uid)
-            || self.namespaces.contains(&w.namespace)
-            || (!self.policies.is_empty() && w.authorization_policies.iter().any(|k| self.policies.contains(k)))
+            || self.uids.contains(w.uid.as_str())
+            || self.namespaces.contains(w.namespace.as_str())
+            || (!self.policies.is_empty()
+                && w.authorization_policies.iter().any(|k| self.policies.contains(k.as_str())))
     }
 }
 

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::intern::Str;
 use super::model::{
     ApplicationTunnel, GatewayAddress, GatewayDestination, LoadBalancer, Locality, NetworkMode, Protocol, Service,
     ServiceKey, Visibility, Workload, WorkloadStatus,
@@ -21,8 +22,8 @@ pub struct GatewayOut {
     hbone_mtls_port: u16,
 }
 
-fn gateway(g: &Option<GatewayAddress>) -> Option<GatewayOut> {
-    g.as_ref().map(gateway_of)
+fn gateway(g: Option<&GatewayAddress>) -> Option<GatewayOut> {
+    g.map(gateway_of)
 }
 
 fn gateway_of(g: &GatewayAddress) -> GatewayOut {
@@ -34,8 +35,8 @@ fn gateway_of(g: &GatewayAddress) -> GatewayOut {
 }
 
 /// A port map with ports as keys in ascending order (JSON object keys are strings).
-fn ports(m: &std::collections::HashMap<u16, u16>) -> BTreeMap<String, u16> {
-    let mut sorted: Vec<_> = m.iter().collect();
+fn ports<'a>(m: impl IntoIterator<Item = (&'a u16, &'a u16)>) -> BTreeMap<String, u16> {
+    let mut sorted: Vec<_> = m.into_iter().collect();
     sorted.sort();
     sorted.into_iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
@@ -63,7 +64,7 @@ pub struct WorkloadOut<'a> {
     node: &'a str,
     native_tunnel: bool,
     application_tunnel: &'a Option<ApplicationTunnel>,
-    authorization_policies: &'a [String],
+    authorization_policies: &'a [Str],
     status: WorkloadStatus,
     cluster_id: &'a str,
     locality: &'a Locality,
@@ -75,8 +76,8 @@ pub fn workload(w: &Workload) -> WorkloadOut<'_> {
     WorkloadOut {
         uid: &w.uid,
         workload_ips: w.ips.iter().map(|ip| ip.to_string()).collect(),
-        waypoint: gateway(&w.waypoint),
-        network_gateway: gateway(&w.network_gateway),
+        waypoint: gateway(w.waypoint.as_deref()),
+        network_gateway: gateway(w.network_gateway.as_deref()),
         protocol: w.protocol,
         network_mode: w.network_mode,
         name: &w.name,
@@ -96,7 +97,7 @@ pub fn workload(w: &Workload) -> WorkloadOut<'_> {
         status: w.status,
         cluster_id: &w.cluster_id,
         locality: &w.locality,
-        services: w.service_ports.iter().map(|(k, m)| (k.to_string(), ports(m))).collect(),
+        services: w.service_ports.iter().map(|(k, m)| (k.to_string(), ports(m.iter()))).collect(),
         capacity: w.capacity,
     }
 }
@@ -139,7 +140,7 @@ pub struct ServiceOut<'a> {
 
 fn endpoints<'a>(st: &'a State, key: &ServiceKey) -> BTreeMap<&'a str, EndpointOut<'a>> {
     st.endpoints(key)
-        .map(|(w, p)| (w.uid.as_str(), EndpointOut { workload_uid: &w.uid, port: ports(p), status: w.status }))
+        .map(|(w, p)| (&*w.uid, EndpointOut { workload_uid: &w.uid, port: ports(p.iter()), status: w.status }))
         .collect()
 }
 
@@ -154,7 +155,7 @@ pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceOut<'a> {
         ports: ports(&s.ports),
         endpoints: st.map(|st| endpoints(st, &s.key)).unwrap_or_default(),
         subject_alt_names: &s.subject_alt_names_given,
-        waypoint: gateway(&s.waypoint),
+        waypoint: gateway(s.waypoint.as_ref()),
         weighted_waypoints: s
             .weighted_waypoints
             .iter()
@@ -208,7 +209,7 @@ pub enum WorkloadView<'a> {
     #[serde(rename_all = "camelCase")]
     Slim {
         node: &'a str,
-        authorization_policies: &'a [String],
+        authorization_policies: &'a [Str],
     },
 }
 

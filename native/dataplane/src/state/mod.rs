@@ -13,19 +13,22 @@
 //! workload's `services` map.
 
 pub mod dump;
+pub mod intern;
 mod model;
 pub mod policy;
 pub mod wds;
 
 pub use model::{
     AppTunnelProtocol, ApplicationTunnel, GatewayAddress, GatewayDestination, HealthPolicy, IpFamilies, LbMode,
-    LbScope, LoadBalancer, Locality, NetworkMode, Protocol, Service, ServiceKey, StateDelta, ValidDelta, Visibility,
-    Workload, WorkloadStatus,
+    LbScope, LoadBalancer, Locality, NetworkMode, PortMap, Protocol, Service, ServiceKey, StateDelta, ValidDelta,
+    Visibility, Workload, WorkloadStatus,
 };
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
+
+use intern::Str;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -65,20 +68,20 @@ pub struct Applied {
 
 #[derive(Default, Debug)]
 pub struct State {
-    workloads: HashMap<String, Arc<Workload>>,
+    workloads: HashMap<Str, Arc<Workload>>,
     /// Every (non host-network) workload with that address, in arrival order; `workload_by_addr` picks the best.
-    workloads_by_addr: HashMap<NetworkAddr, Vec<String>>,
+    workloads_by_addr: HashMap<NetworkAddr, Vec<Str>>,
     /// (namespace, name) → uids: how an in-pod proxy finds its workload from what istio-cni told it.
-    workloads_by_name: HashMap<(String, String), Vec<String>>,
+    workloads_by_name: HashMap<(Str, Str), Vec<Str>>,
     services: HashMap<ServiceKey, Arc<Service>>,
     services_by_vip: HashMap<NetworkAddr, Vec<ServiceKey>>,
     /// hostname → the services of that hostname (one per namespace that has it).
-    services_by_hostname: HashMap<String, Vec<ServiceKey>>,
+    services_by_hostname: HashMap<Str, Vec<ServiceKey>>,
     /// Services addressed by a whole range, longest prefix first.
     services_by_cidr: Vec<(String, policy::Cidr, ServiceKey)>,
     /// service key → endpoint workload uid → (service port → target port). Kept even for services that have not
     /// arrived yet (ztunnel's "staged" endpoints), so arrival order does not matter.
-    endpoints: HashMap<ServiceKey, BTreeMap<String, HashMap<u16, u16>>>,
+    endpoints: HashMap<ServiceKey, BTreeMap<Str, PortMap>>,
     policies: HashMap<String, Arc<policy::Policy>>,
     /// GLOBAL-scope policies, sorted by key.
     global_policies: Vec<Arc<policy::Policy>>,
@@ -89,6 +92,12 @@ pub struct State {
     /// WDS resource name → what it denotes (istiod names workloads by uid and services by namespace/hostname, but a
     /// name may be renamed in place; a removal names the resource, not the key).
     wds_names: HashMap<String, AddrKey>,
+}
+
+/// Pushes onto an index list that usually holds one entry: grown one at a time (a first push would reserve four).
+fn push_one<T>(v: &mut Vec<T>, x: T) {
+    v.reserve_exact(1);
+    v.push(x);
 }
 
 impl State {
@@ -106,7 +115,8 @@ impl State {
         if delta.full {
             delta.full = false;
             let up_w: std::collections::HashSet<&str> = delta.workloads.iter().map(|w| w.uid.as_str()).collect();
-            let gone_w: Vec<String> = self.workloads.keys().filter(|k| !up_w.contains(k.as_str())).cloned().collect();
+            let gone_w: Vec<String> =
+                self.workloads.keys().filter(|k| !up_w.contains(k.as_str())).map(|k| k.to_string()).collect();
             let up_s: std::collections::HashSet<&ServiceKey> = delta.services.iter().map(|s| &s.key).collect();
             let gone_s: Vec<String> =
                 self.services.keys().filter(|k| !up_s.contains(k)).map(|k| k.to_string()).collect();
@@ -137,7 +147,7 @@ impl State {
         let mut i = 0;
         delta.services.retain(|_| (keep_s[i], i += 1).0);
         // A removal of a key that is not held changes nothing.
-        delta.removed_workloads.retain(|uid| self.workloads.contains_key(uid));
+        delta.removed_workloads.retain(|uid| self.workloads.contains_key(uid.as_str()));
     }
 
     pub fn apply_valid(&mut self, delta: ValidDelta) -> Applied {
@@ -172,7 +182,7 @@ impl State {
         }
         let mut after: HashMap<String, Arc<Workload>> = HashMap::new();
         for w in workloads {
-            let uid = w.uid.clone();
+            let uid = w.uid.to_string();
             let (old, new) = self.insert_workload(w);
             before.entry(uid.clone()).or_insert(old);
             after.insert(uid, new);
@@ -246,10 +256,13 @@ impl State {
         let w = Arc::new(w);
         if w.network_mode != model::NetworkMode::HostNetwork {
             for ip in &w.ips {
-                self.workloads_by_addr.entry((w.network.clone(), *ip)).or_default().push(w.uid.clone());
+                push_one(self.workloads_by_addr.entry((w.network.to_string(), *ip)).or_default(), w.uid.clone());
             }
         }
-        self.workloads_by_name.entry((w.namespace.clone(), w.name.clone())).or_default().push(w.uid.clone());
+        push_one(
+            self.workloads_by_name.entry((w.namespace.clone(), Str::from(w.name.as_str()))).or_default(),
+            w.uid.clone(),
+        );
         for (svc, ports) in &w.service_ports {
             self.endpoints.entry(svc.clone()).or_default().insert(w.uid.clone(), ports.clone());
         }
@@ -259,23 +272,23 @@ impl State {
 
     fn remove_workload(&mut self, uid: &str) -> Option<Arc<Workload>> {
         let old = self.workloads.remove(uid)?;
-        let name_key = (old.namespace.clone(), old.name.clone());
+        let name_key = (old.namespace.clone(), Str::from(old.name.as_str()));
         if let Some(uids) = self.workloads_by_name.get_mut(&name_key) {
-            uids.retain(|u| u != uid);
+            uids.retain(|u| &**u != uid);
             if uids.is_empty() {
                 self.workloads_by_name.remove(&name_key);
             }
         }
         for ip in &old.ips {
-            let key = (old.network.clone(), *ip);
+            let key = (old.network.to_string(), *ip);
             if let Some(uids) = self.workloads_by_addr.get_mut(&key) {
-                uids.retain(|u| u != uid);
+                uids.retain(|u| &**u != uid);
                 if uids.is_empty() {
                     self.workloads_by_addr.remove(&key);
                 }
             }
         }
-        for svc in old.service_ports.keys() {
+        for (svc, _) in &old.service_ports {
             if let Some(eps) = self.endpoints.get_mut(svc) {
                 eps.remove(uid);
                 if eps.is_empty() {
@@ -290,9 +303,9 @@ impl State {
         self.remove_service(&s.key);
         let s = Arc::new(s);
         for vip in &s.vips {
-            self.services_by_vip.entry(vip.clone()).or_default().push(s.key.clone());
+            push_one(self.services_by_vip.entry(vip.clone()).or_default(), s.key.clone());
         }
-        self.services_by_hostname.entry(s.key.hostname.clone()).or_default().push(s.key.clone());
+        push_one(self.services_by_hostname.entry(s.key.hostname.clone()).or_default(), s.key.clone());
         for (net, cidr) in &s.cidr_vips {
             let at = self.services_by_cidr.partition_point(|(_, c, _)| c.prefix >= cidr.prefix);
             self.services_by_cidr.insert(at, (net.clone(), *cidr, s.key.clone()));
@@ -395,7 +408,7 @@ impl State {
         service_account: &str,
         node: &str,
     ) -> Option<&Arc<Workload>> {
-        let uids = self.workloads_by_name.get(&(namespace.to_string(), name.to_string()))?;
+        let uids = self.workloads_by_name.get(&(Str::from(namespace), Str::from(name)))?;
         let mut found =
             uids.iter().filter_map(|u| self.workloads.get(u)).filter(|w| w.service_account == service_account);
         let first = found.next()?;
@@ -467,7 +480,7 @@ impl State {
     }
 
     /// `uid`'s port map as an endpoint of the service `key`, if it is one.
-    pub fn endpoint_ports(&self, key: &ServiceKey, uid: &str) -> Option<&HashMap<u16, u16>> {
+    pub fn endpoint_ports(&self, key: &ServiceKey, uid: &str) -> Option<&PortMap> {
         self.endpoints.get(key).and_then(|eps| eps.get(uid))
     }
 
@@ -478,10 +491,7 @@ impl State {
     }
 
     /// Endpoints of a service: (workload, service port → target port map of that endpoint).
-    pub fn endpoints<'a>(
-        &'a self,
-        key: &ServiceKey,
-    ) -> impl Iterator<Item = (&'a Arc<Workload>, &'a HashMap<u16, u16>)> + 'a {
+    pub fn endpoints<'a>(&'a self, key: &ServiceKey) -> impl Iterator<Item = (&'a Arc<Workload>, &'a PortMap)> + 'a {
         self.endpoints
             .get(key)
             .into_iter()

@@ -2,9 +2,11 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::intern::{intern, Str};
 use super::{NetworkAddr, StateError};
 use crate::identity::Identity;
 
@@ -34,17 +36,55 @@ pub struct Locality {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceKey {
-    pub namespace: String,
-    pub hostname: String,
+    pub namespace: Str,
+    pub hostname: Str,
 }
 
 impl ServiceKey {
+    pub fn new(namespace: &str, hostname: &str) -> ServiceKey {
+        ServiceKey { namespace: intern(namespace), hostname: intern(hostname) }
+    }
+
     pub fn parse(s: &str) -> Option<ServiceKey> {
         let (ns, host) = s.split_once('/')?;
         if ns.is_empty() || host.is_empty() {
             return None;
         }
-        Some(ServiceKey { namespace: ns.into(), hostname: host.into() })
+        Some(ServiceKey::new(ns, host))
+    }
+}
+
+/// An endpoint's service port → target port map: sorted pairs, shared by the workload record and the service's
+/// endpoint index (a one- or two-entry map; a HashMap would cost a few hundred bytes each).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PortMap(Arc<[(u16, u16)]>);
+
+impl PortMap {
+    pub fn new(mut pairs: Vec<(u16, u16)>) -> PortMap {
+        pairs.sort_unstable();
+        pairs.dedup_by_key(|p| p.0);
+        PortMap(pairs.into())
+    }
+
+    pub fn get(&self, port: &u16) -> Option<&u16> {
+        self.0.binary_search_by_key(port, |p| p.0).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn contains_key(&self, port: &u16) -> bool {
+        self.get(port).is_some()
+    }
+
+    /// (service port, target port), by service port.
+    pub fn iter(&self) -> impl Iterator<Item = (&u16, &u16)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 
@@ -87,7 +127,7 @@ impl GatewayAddressJson {
         let destination = match rest.parse::<IpAddr>() {
             Ok(ip) => GatewayDestination::Address((head.to_string(), ip)),
             Err(_) if !head.is_empty() && !rest.is_empty() && !rest.contains('/') => {
-                GatewayDestination::Hostname(ServiceKey { namespace: head.into(), hostname: rest.into() })
+                GatewayDestination::Hostname(ServiceKey::new(head, rest))
             }
             Err(_) => {
                 return Err(bad(format!("{:?} is not <network>/<ip> or <namespace>/<hostname>", self.destination)))
@@ -274,30 +314,32 @@ pub struct ValidDelta {
 /// A validated workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workload {
-    pub uid: String,
+    /// Shared by the state's indexes (not interned: unique).
+    pub uid: Str,
     pub name: String,
-    pub namespace: String,
-    pub service_account: String,
-    pub trust_domain: String,
+    pub namespace: Str,
+    pub service_account: Str,
+    pub trust_domain: Str,
     pub ips: Vec<IpAddr>,
-    pub network: String,
+    pub network: Str,
     pub protocol: Protocol,
-    pub node: String,
+    pub node: Str,
     pub status: WorkloadStatus,
     pub capacity: u32,
-    pub canonical_name: String,
-    pub canonical_revision: String,
-    pub workload_name: String,
-    pub workload_type: String,
-    pub cluster_id: String,
+    pub canonical_name: Str,
+    pub canonical_revision: Str,
+    pub workload_name: Str,
+    pub workload_type: Str,
+    pub cluster_id: Str,
     pub locality: Locality,
     /// service → (service port → target port) for this endpoint.
-    pub service_ports: HashMap<ServiceKey, HashMap<u16, u16>>,
-    pub authorization_policies: Vec<String>,
-    pub hostname: String,
+    pub service_ports: Vec<(ServiceKey, PortMap)>,
+    pub authorization_policies: Vec<Str>,
+    pub hostname: Str,
     pub network_mode: NetworkMode,
-    pub waypoint: Option<GatewayAddress>,
-    pub network_gateway: Option<GatewayAddress>,
+    /// Boxed: most workloads have neither, and an inline address costs 64 bytes each.
+    pub waypoint: Option<Box<GatewayAddress>>,
+    pub network_gateway: Option<Box<GatewayAddress>>,
     pub application_tunnel: Option<ApplicationTunnel>,
     pub native_tunnel: bool,
 }
@@ -369,11 +411,11 @@ pub mod defaults {
     pub const HBONE_MTLS_PORT: u16 = crate::config::HBONE_PORT;
 }
 
-fn default_if_empty(s: &str, d: &str) -> String {
+fn default_if_empty<'a>(s: &'a str, d: &'a str) -> &'a str {
     if s.is_empty() {
-        d.to_string()
+        d
     } else {
-        s.to_string()
+        s
     }
 }
 
@@ -398,37 +440,41 @@ impl WorkloadJson {
             .map(|(k, m)| {
                 let key =
                     ServiceKey::parse(k).ok_or_else(|| bad(format!("service key {k:?} is not namespace/hostname")))?;
-                Ok((key, port_map("workload", &self.uid, m)?))
+                Ok((key, PortMap::new(port_map("workload", &self.uid, m)?.into_iter().collect())))
             })
-            .collect::<Result<HashMap<_, _>, StateError>>()?;
+            .collect::<Result<Vec<_>, StateError>>()?;
         Ok(Workload {
-            uid: self.uid.clone(),
+            uid: Str::from(self.uid.as_str()),
             name: self.name.clone(),
-            namespace: self.namespace.clone(),
+            namespace: intern(&self.namespace),
             // Istio's defaults for an empty field.
-            service_account: default_if_empty(&self.service_account, defaults::SERVICE_ACCOUNT),
-            trust_domain: default_if_empty(&self.trust_domain, defaults::TRUST_DOMAIN),
+            service_account: intern(default_if_empty(&self.service_account, defaults::SERVICE_ACCOUNT)),
+            trust_domain: intern(default_if_empty(&self.trust_domain, defaults::TRUST_DOMAIN)),
             ips,
-            network: self.network.clone(),
+            network: intern(&self.network),
             protocol: self.protocol,
-            node: self.node.clone(),
+            node: intern(&self.node),
             status: self.status,
             capacity: self.capacity.unwrap_or(defaults::CAPACITY),
-            canonical_name: self.canonical_name.clone(),
-            canonical_revision: self.canonical_revision.clone(),
-            workload_name: self.workload_name.clone(),
-            workload_type: default_if_empty(&self.workload_type, defaults::WORKLOAD_TYPE),
-            cluster_id: self.cluster_id.clone(),
+            canonical_name: intern(&self.canonical_name),
+            canonical_revision: intern(&self.canonical_revision),
+            workload_name: intern(&self.workload_name),
+            workload_type: intern(default_if_empty(&self.workload_type, defaults::WORKLOAD_TYPE)),
+            cluster_id: intern(&self.cluster_id),
             locality: self.locality.clone(),
             service_ports,
-            authorization_policies: self.authorization_policies.clone(),
-            hostname: self.hostname.clone(),
+            authorization_policies: self.authorization_policies.iter().map(|k| intern(k)).collect(),
+            hostname: intern(&self.hostname),
             network_mode: self.network_mode,
-            waypoint: self.waypoint.as_ref().map(|g| g.validate("workload", &self.uid, "waypoint")).transpose()?,
+            waypoint: self
+                .waypoint
+                .as_ref()
+                .map(|g| g.validate("workload", &self.uid, "waypoint").map(Box::new))
+                .transpose()?,
             network_gateway: self
                 .network_gateway
                 .as_ref()
-                .map(|g| g.validate("workload", &self.uid, "networkGateway"))
+                .map(|g| g.validate("workload", &self.uid, "networkGateway").map(Box::new))
                 .transpose()?,
             application_tunnel: self.application_tunnel.clone(),
             native_tunnel: self.native_tunnel,
