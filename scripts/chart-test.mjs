@@ -331,7 +331,25 @@ const HTTPS_ISTIOD = `https://${ISTIOD}`;
 const HBONE_META = { ISTIO_META_ENABLE_HBONE: 'true' };
 const daemon = (o = {}) => ({ xds: HTTPS_ISTIOD, ca: HTTPS_ISTIOD, clusterId: 'Kubernetes', drainMs: 25_000, ...o });
 
-const multiNetworkValues = join(tmpdir(), `ztn-chart-multinetwork-${process.pid}.yaml`);
+const valuesFile = join(tmpdir(), `ztn-chart-values-${process.pid}.yaml`);
+
+/**
+ * A values file as an operator has it for Istio's chart: `helm show values istio/ztunnel` (Istio's defaults, under
+ * _internal_defaults_do_not_set; the values of its values.yaml @ 8dbacc5236eb), with their own settings on top.
+ */
+const ISTIO_VALUES_FILE = {
+  _internal_defaults_do_not_set: {
+    hub: 'gcr.io/istio-testing', tag: 'latest', variant: '', image: 'ztunnel', network: '', resourceName: '', labels: {},
+    annotations: {}, volumeMounts: [], volumes: [], tolerations: ISTIO.tolerations, podAnnotations: ISTIO.podAnnotations,
+    podLabels: {}, resources: ISTIO.resources, resourceQuotas: { enabled: false, pods: 5000 }, imagePullSecrets: [], env: {},
+    imagePullPolicy: '', multiCluster: { clusterName: '' }, meshConfig: { defaultConfig: { proxyMetadata: {} } },
+    terminationGracePeriodSeconds: 30, revision: '', caAddress: '', xdsAddress: '', istioNamespace: 'istio-system',
+    logLevel: 'info', logAsJson: false, seLinuxOptions: {}, resourceScope: 'ALL', updateStrategy: ISTIO.updateStrategy,
+  },
+  hub: 'docker.io/istio',
+  tag: '1.28.0',
+  logLevel: 'debug',
+};
 
 /**
  * How Istio documents installing its ztunnel chart, and what its chart renders for each. `args` are helm template's
@@ -356,6 +374,16 @@ const CASES = [
     daemon: daemon({ metadata: { ENABLE_HBONE: 'true' } }),
   },
   {
+    label: 'an existing Istio ztunnel values file (helm show values istio/ztunnel, edited)',
+    args: ['--namespace', 'istio-system', '--set', 'profile=ambient', '-f', valuesFile],
+    values: JSON.stringify(ISTIO_VALUES_FILE),
+    kinds: ['DaemonSet', 'ServiceAccount'],
+    // Istio's chart would run docker.io/istio/ztunnel:1.28.0-distroless; this one runs ztunnel-node (documented).
+    image: IMAGE,
+    ds: istioDaemonSet({ env: istioEnv({ ca: ISTIOD, rustLog: 'debug', proxyMetadata: HBONE_META }) }),
+    daemon: daemon(),
+  },
+  {
     label: 'a revision',
     args: ['--namespace', 'istio-system', '--set', 'profile=ambient', '--set', 'revision=1-28'],
     kinds: ['DaemonSet', 'ServiceAccount'],
@@ -366,11 +394,11 @@ const CASES = [
   },
   {
     label: 'multi-network through global.* (a values file shared with istiod)',
-    args: ['--namespace', 'istio-system', '--set', 'profile=ambient', '-f', multiNetworkValues],
+    args: ['--namespace', 'istio-system', '--set', 'profile=ambient', '-f', valuesFile],
     values: 'global:\n  network: network2\n  multiCluster:\n    clusterName: cluster2\n  meshID: mesh1\n  hub: mirror.example.com/istio\n  tag: 1.28.0\n',
     kinds: ['DaemonSet', 'ServiceAccount'],
-    // global.hub is a registry mirror for every image of the mesh; global.tag is Istio's release (documented).
-    image: `mirror.example.com/istio/ztunnel-node:${CHART.appVersion}`,
+    // global.hub and global.tag name Istio's images, not the one this chart runs (documented).
+    image: IMAGE,
     ds: istioDaemonSet({ env: istioEnv({ ca: ISTIOD, network: 'network2', clusterId: 'cluster2', proxyMetadata: HBONE_META }) }),
     daemon: daemon({ network: 'network2', clusterId: 'cluster2' }),
   },
@@ -564,12 +592,12 @@ try {
   });
   for (const c of CASES) {
     step(`helm template, ${c.label}: Istio's DaemonSet field by field; env documented, read and accepted by the daemon`, () => {
-      if (c.values) writeFileSync(multiNetworkValues, c.values);
+      if (c.values) writeFileSync(valuesFile, c.values);
       const file = join(work, `case-${renders.length}.yaml`);
       try {
         writeFileSync(file, run(helm, ['template', 'ztunnel', chart, '--kube-version', k8sVersion, ...c.args]));
       } finally {
-        if (c.values) rmSync(multiNetworkValues, { force: true });
+        if (c.values) rmSync(valuesFile, { force: true });
       }
       const objects = parseAllDocuments(readFileSync(file, 'utf8')).map((d) => d.toJS()).filter(Boolean);
       renders.push({ file, count: objects.length });
@@ -604,10 +632,10 @@ try {
 
   step('the release workflow publishes the image the chart names by default', () => {
     const release = readFileSync(join(root, '.github', 'workflows', 'release.yml'), 'utf8');
-    const hub = /^\s+hub: (\S+)$/m.exec(readFileSync(join(chart, 'values.yaml'), 'utf8'))?.[1];
-    assert.equal(hub, 'ghcr.io/ztunnel-node');
+    const repository = [...readFileSync(join(chart, 'values.yaml'), 'utf8').matchAll(/^\s+repository: (\S+)$/gm)].map((m) => m[1]);
+    assert.deepEqual(repository, ['ghcr.io/ztunnel-node/ztunnel-node'], 'one repository: key (the workflow reads the first)');
     assert.match(release, /image="ghcr\.io\/\$\{GITHUB_REPOSITORY_OWNER,,\}\/ztunnel-node"/);
-    assert.match(release, /chart's default hub/, 'the workflow checks that the chart names the registry it pushes to');
+    assert.match(release, /chart's default image is the one this workflow pushes/, 'the workflow checks the chart names what it pushes');
     assert.match(release, /platform: linux\/amd64/);
     assert.match(release, /platform: linux\/arm64/);
   });

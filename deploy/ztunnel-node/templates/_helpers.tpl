@@ -29,13 +29,10 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
 {{- toYaml $a }}
 {{- end }}
 
-{{/* The image: `image` when it contains "/", else <hub>/<image>:<tag>, the tag defaulting to the appVersion. */}}
+{{/* The image: ztunnel-node's (`ztunnelNode.image`); Istio's hub/image/tag/variant name Istio's ztunnel image. */}}
 {{- define "ztunnel.image" -}}
-{{- if contains "/" .Values.image -}}
-{{ .Values.image }}
-{{- else -}}
-{{ .Values.hub }}/{{ .Values.image | default "ztunnel-node" }}:{{ .Values.tag | default .Chart.AppVersion }}
-{{- end }}
+{{- $image := (.Values.ztunnelNode).image | default dict -}}
+{{ $image.repository | default "ghcr.io/ztunnel-node/ztunnel-node" }}:{{ $image.tag | default .Chart.AppVersion }}
 {{- end }}
 
 {{/* istiod's address as Istio's chart derives it (host:port; the daemon assumes https). */}}
