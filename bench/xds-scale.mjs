@@ -10,7 +10,8 @@
 // the daemon from "response decoded" to "delta returned by the native dataplane" (the `applyMs` of its debug log),
 // and from this process, push -> ACK. Ratios compare the largest scale with the smallest (an O(change) update
 // path keeps the ratio near 1). Writes bench/results/xds-scale.json. Needs the native module (dist/native).
-// Measures; asserts nothing.
+// DAEMON_NODE_ARGS passes Node flags to the daemon (e.g. `--cpu-prof --cpu-prof-dir=/tmp/prof` to see where its
+// main thread spends the first push). Measures; asserts nothing.
 import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -93,7 +94,7 @@ async function run(n) {
     CONNECTION_TERMINATION_DEADLINE: '1s',
   };
   const started = performance.now();
-  const child = spawn(process.execPath, [join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, [...(process.env.DAEMON_NODE_ARGS?.split(' ') ?? []), join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'pipe', 'inherit'] });
   children.add(child);
   const applied = [];
   createInterface({ input: child.stdout }).on('line', (line) => {
