@@ -139,7 +139,8 @@ test('as a server: our daemon\'s CONNECT carries the authority, baggage, forward
   assert.equal(app.stats.accepted, 0, 'the bytes went through the HBONE server, not straight to the app');
 
   const ma = await settled(daemon, 'source');
-  const outbound = ma.filter((x) => x.name === 'istio_tcp_sent_bytes_total' && x.labels.destination_workload === 'peer');
+  // The request direction (client -> server) is istio_tcp_received_bytes_total on both reporters, as in ztunnel.
+  const outbound = ma.filter((x) => x.name === 'istio_tcp_received_bytes_total' && x.labels.destination_workload === 'peer');
   assert.equal(outbound.length, 1);
   assert.equal(outbound[0].labels.destination_principal, PEER_ID);
   assert.equal(outbound[0].labels.connection_security_policy, 'mutual_tls');

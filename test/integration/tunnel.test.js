@@ -27,7 +27,7 @@ const net = block(BLOCKS.tunnel);
 const SLEEP_IP = net.workload(1);
 const ECHO_IP = net.workload(2);
 const SOCKS = { host: SLEEP_IP, port: 15080 };
-const PORT = { echo: 8080, halfClose: 8081, greet: 8082, refused: 8083, report: 8084 };
+const PORT = { echo: 8080, halfClose: 8081, greet: 8082, refused: 8083, report: 8084, service: 8085 };
 const dest = (port) => ({ host: ECHO_IP, port });
 
 const SLEEP_ID = 'spiffe://cluster.local/ns/default/sa/sleep';
@@ -38,11 +38,21 @@ const REPORT_REQUEST = pattern(100_000, 3);
 const REPORT_REPLY = pattern(54_321, 5);
 const GREETING = Buffer.from('hello from the server, goodbye\n');
 
+// echo is the endpoint of one service (VIP port 80 -> PORT.service); the other ports are reached by address only.
+const ECHO_HOST = 'echo.default.svc.cluster.local';
+const VIP = `${ECHO_IP.split('.').slice(0, 2).join('.')}.200.1`;
 const CONFIG = {
   workloads: [
-    workload({ name: 'sleep', ip: SLEEP_IP, node: 'node-a' }),
-    workload({ name: 'echo', ip: ECHO_IP, node: 'node-b' }),
+    workload({ name: 'sleep', ip: SLEEP_IP, node: 'node-a', locality: { region: 'region-a', zone: 'zone-a' } }),
+    workload({
+      name: 'echo',
+      ip: ECHO_IP,
+      node: 'node-b',
+      locality: { region: 'region-b', zone: 'zone-b' },
+      services: { [`default/${ECHO_HOST}`]: { 80: PORT.service } },
+    }),
   ],
+  services: [{ name: 'echo', namespace: 'default', hostname: ECHO_HOST, vips: [`/${VIP}`], ports: { 80: PORT.service } }],
 };
 
 let a;
@@ -62,6 +72,7 @@ before(async () => {
   apps.halfClose = await startSinkServer(ECHO_IP, PORT.halfClose, () => HALF_CLOSE_REPLY);
   apps.greet = await startGreeterServer(ECHO_IP, PORT.greet, GREETING);
   apps.report = await startSinkServer(ECHO_IP, PORT.report, () => REPORT_REPLY);
+  apps.service = await startSinkServer(ECHO_IP, PORT.service, () => REPORT_REPLY);
   [a, b] = await Promise.all([
     startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(1) }),
     startDaemon({ node: 'node-b', config: CONFIG, caDir, adminIp: net.admin(2) }),
@@ -162,6 +173,34 @@ test('upstream refused: SOCKS5 reply 0x05 and a failed connection in node-a metr
   });
 });
 
+test('through a service VIP: ztunnel\'s 27 labels on both reporters, destination_service inferred at the destination', async () => {
+  const labels = {
+    source_workload: 'sleep',
+    destination_workload: 'echo',
+    destination_service: ECHO_HOST,
+    destination_service_namespace: 'default',
+    destination_service_name: 'echo',
+    source_region: 'region-a',
+    source_zone: 'zone-a',
+    destination_region: 'region-b',
+    destination_zone: 'zone-b',
+  };
+  const received = (s, reporter) => sumSamples(s, 'istio_tcp_received_bytes_total', { ...labels, reporter });
+  const [a0, b0] = await Promise.all([settled(a, 'source'), settled(b, 'destination')]);
+  const r = await socksRoundTrip({ socks: SOCKS, dest: { host: VIP, port: 80 }, payload: REPORT_REQUEST });
+  assert.equal(r.sha256, sha256(REPORT_REPLY));
+  const [a1, b1] = await Promise.all([settled(a, 'source'), settled(b, 'destination')]);
+  // The destination knew only echo's address and port: the service is the one of echo's that delivers to it.
+  assert.equal(received(a1, 'source') - received(a0, 'source'), REPORT_REQUEST.length);
+  assert.equal(received(b1, 'destination') - received(b0, 'destination'), REPORT_REQUEST.length);
+  const sample = b1.find((s) => s.name === 'istio_tcp_received_bytes_total' && s.labels.destination_service === ECHO_HOST);
+  assert.equal(Object.keys(sample.labels).length, 27);
+  // A port no service of echo delivers to has none (address-only traffic stays unknown).
+  const direct = b1.filter((s) => s.name === 'istio_tcp_connections_opened_total' && s.labels.destination_workload === 'echo'
+    && s.labels.reporter === 'destination' && s.labels.destination_service === 'unknown');
+  assert.ok(direct.length > 0, 'the earlier address-only connections are counted without a service');
+});
+
 test('metrics and access logs of both nodes match a known transfer, from each reporter\'s perspective', async () => {
   const labels = {
     source_workload: 'sleep',
@@ -187,9 +226,8 @@ test('metrics and access logs of both nodes match a known transfer, from each re
 
   const [a1, b1] = await Promise.all([settled(a, 'source'), settled(b, 'destination')]);
   const diff = (x, y) => Object.fromEntries(Object.keys(x).map((k) => [k, y[k] - x[k]]));
-  // node-a reports as the source: sent = client -> server.
-  assert.deepEqual(diff(read(a0, A), read(a1, A)), { opened: 1, closed: 1, sent: REPORT_REQUEST.length, received: REPORT_REPLY.length });
-  // node-b reports as the destination: received = client -> server.
+  // Both reporters, as Istio's ztunnel: received = the request direction (client -> server), sent = the response.
+  assert.deepEqual(diff(read(a0, A), read(a1, A)), { opened: 1, closed: 1, sent: REPORT_REPLY.length, received: REPORT_REQUEST.length });
   assert.deepEqual(diff(read(b0, B), read(b1, B)), { opened: 1, closed: 1, sent: REPORT_REPLY.length, received: REPORT_REQUEST.length });
   const sample = a1.find((s) => s.name === 'istio_tcp_sent_bytes_total' && s.labels.reporter === 'source' && s.labels.source_workload === 'sleep');
   assert.equal(sample.labels.request_protocol, 'tcp');

@@ -126,6 +126,7 @@ function workloadYaml(pod, protocol = 'HBONE') {
   name: ${pod.name}
   namespace: ${pod.namespace ?? 'default'}
   serviceAccount: ${pod.name}
+  workloadName: ${pod.name}
   workloadIps: ["${pod.ip}"]
   protocol: ${protocol}
   node: node-${pod.node}
@@ -195,7 +196,8 @@ test('captured pod → captured pod across nodes: intact data, real client IP, m
     destination_principal: 'spiffe://cluster.local/ns/default/sa/b1',
   });
   assert.ok(opened >= 1, `node-b counted the mTLS connection (${opened})`);
-  const outbound = await metric('a', 'istio_tcp_sent_bytes_total', { reporter: 'source', source_workload: 'a1', destination_workload: 'b1' });
+  // The upload is the request direction: istio_tcp_received_bytes_total on both reporters, as in ztunnel.
+  const outbound = await metric('a', 'istio_tcp_received_bytes_total', { reporter: 'source', source_workload: 'a1', destination_workload: 'b1' });
   assert.equal(outbound, 1024 * 1024);
 });
 

@@ -101,13 +101,19 @@ test('OpenMetrics when the Accept header asks for it, and Prometheus text still 
 
 test('labels the snapshot has beyond the traffic labels are ignored, not an error', async () => {
   const m = new Metrics({
-    snapshot: () => snap([{ ...OUTBOUND, labels: { ...OUTBOUND.labels, source_zone: 'z1' } }]),
+    snapshot: () => snap([{ ...OUTBOUND, labels: { ...OUTBOUND.labels, source_zone: 'z1', source_subzone: 's1' } }]),
     istioVersion: null,
     defaultMetrics: false,
   });
   const s = parsePrometheusText((await m.render()).body).find((x) => x.name === 'istio_tcp_connections_opened_total');
   assert.equal(s.value, 7);
-  assert.equal('source_zone' in s.labels, false);
+  assert.equal(s.labels.source_zone, 'z1', 'a traffic label (ztunnel has the zones)');
+  assert.equal('source_subzone' in s.labels, false);
+});
+
+test('the traffic labels are ztunnel\'s 27, in its order, the four locality labels last', () => {
+  assert.equal(TRAFFIC_LABELS.length, 27);
+  assert.deepEqual(TRAFFIC_LABELS.slice(-5), ['connection_security_policy', 'source_region', 'source_zone', 'destination_region', 'destination_zone']);
 });
 
 test('the HBONE tunnel counters render per direction, and as 0 when the snapshot has none', async () => {

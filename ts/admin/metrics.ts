@@ -38,6 +38,11 @@ export const TRAFFIC_LABELS = [
   'request_protocol',
   'response_flags',
   'connection_security_policy',
+  // ztunnel's last four: the locality of each end.
+  'source_region',
+  'source_zone',
+  'destination_region',
+  'destination_zone',
 ] as const;
 
 type TrafficLabel = (typeof TRAFFIC_LABELS)[number];

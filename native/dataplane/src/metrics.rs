@@ -45,6 +45,10 @@ pub struct TrafficLabels {
     pub request_protocol: String,
     pub response_flags: String,
     pub connection_security_policy: String,
+    pub source_region: String,
+    pub source_zone: String,
+    pub destination_region: String,
+    pub destination_zone: String,
 }
 
 /// What is known about one connection when it opens.
@@ -79,6 +83,8 @@ impl TrafficLabels {
             l.source_app = w.canonical_name.to_string();
             l.source_version = w.canonical_revision.to_string();
             l.source_cluster = w.cluster_id.to_string();
+            l.source_region = w.locality.region.clone();
+            l.source_zone = w.locality.zone.clone();
         }
         if let Some(id) = info.source_identity {
             l.source_principal = id.to_string();
@@ -91,6 +97,8 @@ impl TrafficLabels {
             l.destination_app = w.canonical_name.to_string();
             l.destination_version = w.canonical_revision.to_string();
             l.destination_cluster = w.cluster_id.to_string();
+            l.destination_region = w.locality.region.clone();
+            l.destination_zone = w.locality.zone.clone();
         }
         if let Some(id) = info.destination_identity {
             l.destination_principal = id.to_string();
@@ -104,12 +112,10 @@ impl TrafficLabels {
     }
 }
 
+/// The workload's name as Istio's labels say it: its workloadName, empty (rendered `unknown`) when istiod sent none,
+/// as ztunnel does; not the pod's name.
 fn workload_name(w: &Workload) -> String {
-    if w.workload_name.is_empty() {
-        w.name.clone()
-    } else {
-        w.workload_name.to_string()
-    }
+    w.workload_name.to_string()
 }
 
 #[derive(Default, Debug)]

@@ -96,6 +96,22 @@ impl Authority {
     }
 }
 
+/// The first service (by key) of which `w` is an endpoint and that delivers to `port` on it: a service port mapped
+/// to `port` by the endpoint's own map, else by the service's, else the service port itself.
+pub fn service_for_port(st: &State, w: &Workload, port: u16) -> Option<Arc<Service>> {
+    let mut keys: Vec<_> = w.service_ports.iter().collect();
+    keys.sort_by(|a, b| a.0.cmp(&b.0));
+    keys.into_iter().find_map(|(key, endpoint_ports)| {
+        let svc = st.service(key)?;
+        let delivers = svc.ports.iter().any(|(sp, tp)| {
+            let target =
+                endpoint_ports.get(sp).copied().filter(|t| *t != 0).or(Some(*tp).filter(|t| *t != 0)).unwrap_or(*sp);
+            target == port
+        }) || endpoint_ports.iter().any(|(_, tp)| *tp == port);
+        delivers.then(|| svc.clone())
+    })
+}
+
 /// Where an accepted CONNECT stream goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InboundTarget {
@@ -411,6 +427,12 @@ async fn establish_stream(
         }
         rbac::authorize(&st, current, &conn)
     };
+    // destination_service: the service the authority named, else (an address authority) the destination workload's
+    // service that delivers to this port, as ztunnel infers it, so service dashboards see inbound traffic too.
+    let service = service.or_else(|| {
+        let st = pi.state.read().expect("state lock");
+        service_for_port(&st, &local, target.port())
+    });
     let mut guard = pi.metrics.open(TrafficLabels::new(&ConnectionInfo {
         reporter: Reporter::Destination,
         source: source.as_deref(),

@@ -120,14 +120,20 @@ async fn establish(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr) -> Opt
         let st = pi.state.read().expect("state lock");
         rbac::authorize(&st, &local, &conn)
     };
-    let source = pi.state.read().expect("state lock").workload_by_addr(&local.network, peer.ip()).cloned();
+    let (source, service) = {
+        let st = pi.state.read().expect("state lock");
+        (
+            st.workload_by_addr(&local.network, peer.ip()).cloned(),
+            super::inbound::service_for_port(&st, &local, dst.port()),
+        )
+    };
     let mut guard = pi.metrics.open(TrafficLabels::new(&ConnectionInfo {
         reporter: Reporter::Destination,
         source: source.as_deref(),
         source_identity: None,
         destination: Some(&local),
         destination_identity: Some(&local.identity()),
-        destination_service: None,
+        destination_service: service.as_deref(),
         mutual_tls: false,
     }));
     if !decision.allowed {

@@ -808,8 +808,11 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
         },
     );
     let counters = guard.counters.clone();
+    // Istio's byte metrics have one meaning on both reporters: `received` is the request direction (client to
+    // server), `sent` the response. The access log's bytes_sent/bytes_recv are this side's: sent to the upstream,
+    // received from it.
     let (sent, recv) =
-        (crate::copy::Tally::new(Some(&counters.sent)), crate::copy::Tally::new(Some(&counters.received)));
+        (crate::copy::Tally::new(Some(&counters.received)), crate::copy::Tally::new(Some(&counters.sent)));
     // The stream's lease on its HBONE connection is held until the copy ends.
     let (copy, _lease) = match upstream {
         Upstream::Tcp(up) => (Either::Left(crate::copy::tcp_bidirectional(client, up, &sent, &recv)), None),
