@@ -17,7 +17,7 @@ export function spiffeSans(peerCert) {
  * certificate). `expectServerId`: the server's single SPIFFE SAN must be this identity (DNS names are ignored, as
  * in ztunnel). Resolves the ClientHttp2Session once the TLS handshake and the h2 preface are done, or rejects.
  */
-export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId, maxVersion = 'TLSv1.3', minVersion = 'TLSv1.3', timeoutMs = 10_000 }) {
+export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId, maxVersion = 'TLSv1.3', minVersion = 'TLSv1.3', timeoutMs = 10_000, alpn = ['h2'] }) {
   return new Promise((resolve, reject) => {
     let tlsSocket;
     const session = http2Connect(`https://${host}:${port}`, {
@@ -27,7 +27,7 @@ export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId
           port,
           ...(cert ? { cert, key } : {}),
           ca,
-          ALPNProtocols: ['h2'],
+          ...(alpn === null ? {} : { ALPNProtocols: alpn }),
           minVersion,
           maxVersion,
           checkServerIdentity: (_name, peer) => {

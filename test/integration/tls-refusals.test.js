@@ -118,6 +118,17 @@ test('inbound: a built-in CA certificate with two SPIFFE SANs', async () => {
   await assertRefused({ cert: leaf.certPem, key: leaf.keyPem }, 'two SPIFFE SANs', /alert (certificate unknown|bad certificate)/);
 });
 
+test('inbound: a valid certificate without ALPN h2 is closed before any HTTP/2', async () => {
+  const leaf = builtinLeaf(certDir, caDir, [spiffe('default', 'sleep')], 'no-alpn');
+  const failures0 = await handshakeFailures('inbound');
+  const outcome = await attempt({ cert: leaf.certPem, key: leaf.keyPem, expectServerId: ECHO_ID, alpn: null });
+  assert.match(outcome, /^refused: /, outcome);
+  await waitFor(async () => (await handshakeFailures('inbound')) > failures0, { message: 'the refusal counted as an inbound handshake failure' });
+  const log = await daemon.waitForLog((l) => l.target === 'access' && l.error === 'the client did not negotiate ALPN h2', { message: 'the refusal logged' });
+  assert.equal(log.direction, 'inbound');
+  assert.equal(app.stats.accepted, 0, 'a connection reached the app');
+});
+
 test('outbound: a server with a built-in CA certificate but the wrong identity gets no CONNECT, and nothing falls back to plaintext', async () => {
   const realApp = await startCountingServer(IMPOSTOR_IP, APP_PORT);
   closers.push(realApp.close);

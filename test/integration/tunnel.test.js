@@ -158,6 +158,14 @@ test('200 concurrent connections all succeed over at most two pooled HBONE conne
   await Promise.all([settled(a, 'source'), settled(b, 'destination')]);
 });
 
+test('the daemon\'s own admin, stats and readiness ports are no tunnel destination: SOCKS5 reply 0x02', async () => {
+  for (const port of [15000, 15020, 15021]) {
+    const r = await socks5Request({ socks: SOCKS, dest: { host: net.admin(1), port } });
+    r.socket?.destroy();
+    assert.equal(r.code, 0x02, `node-a's own ${port} (error: ${r.error?.message})`);
+  }
+});
+
 test('upstream refused: SOCKS5 reply 0x05 and a failed connection in node-a metrics', async () => {
   const failedA0 = await a.metric('istio_tcp_connections_failed_total', { reporter: 'source' });
   const failedB0 = await b.metric('istio_tcp_connections_failed_total', { reporter: 'destination' });

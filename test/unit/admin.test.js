@@ -1,4 +1,5 @@
 // The admin server's routes and answers (spec §7.1), against fake handlers.
+import { request } from 'node:http';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createAdminServer } from '../../dist/admin/admin-server.js';
@@ -20,7 +21,7 @@ async function start(t, overrides = {}) {
     const res = await fetch(`http://127.0.0.1:${addr.port}${path}`, { method });
     return { status: res.status, body: await res.text(), type: res.headers.get('content-type') };
   };
-  return { req, quits, logs };
+  return { req, quits, logs, port: addr.port };
 }
 
 test('/quitquitquit: POST starts the shutdown and says so; other methods 405', async (t) => {
@@ -29,6 +30,42 @@ test('/quitquitquit: POST starts the shutdown and says so; other methods 405', a
   assert.deepEqual(quits, []);
   const r = await req('/quitquitquit', 'POST');
   assert.deepEqual([r.status, r.body], [200, 'shutdown now\n']);
+  assert.deepEqual(quits, ['admin /quitquitquit']);
+});
+
+/** A raw request with the headers a browser (or a DNS-rebinding page) would send. */
+function rawPost(port, path, headers) {
+  return new Promise((resolve, reject) => {
+    const r = request({ host: '127.0.0.1', port, path, method: 'POST', headers, agent: false }, (res) => {
+      let body = '';
+      res.on('data', (c) => (body += c));
+      res.on('end', () => resolve({ status: res.statusCode, body }));
+    });
+    r.on('error', reject);
+    r.end();
+  });
+}
+
+test('mutating endpoints refuse what a web page can send: cross-origin, cross-site, a DNS name in Host', async (t) => {
+  const { quits, logs, port } = await start(t);
+  const ok = `127.0.0.1:${port}`;
+  for (const [headers, why] of [
+    [{ host: ok, origin: 'http://evil.example' }, /cross-origin request \(Origin http:\/\/evil.example\)/],
+    [{ host: ok, 'sec-fetch-site': 'cross-site' }, /a cross-site request/],
+    [{ host: `evil.example:${port}` }, /Host "evil.example:\d+" is not an IP address or localhost/],
+  ]) {
+    for (const path of ['/quitquitquit', '/logging?level=debug']) {
+      const r = await rawPost(port, path, headers);
+      assert.equal(r.status, 403, `${path} ${JSON.stringify(headers)}`);
+      assert.match(r.body, why);
+    }
+  }
+  assert.deepEqual(quits, [], 'no shutdown');
+  assert.equal(logs.levelOf('ztunnel'), 'info', 'the log filter is unchanged');
+  // What operators' tools send: an IP or localhost in Host, the admin's own origin if any.
+  assert.equal((await rawPost(port, '/logging?level=debug', { host: `localhost:${port}` })).status, 200);
+  assert.equal((await rawPost(port, '/logging?reset', { host: ok, origin: `http://${ok}`, 'sec-fetch-site': 'same-origin' })).status, 200);
+  assert.equal((await rawPost(port, '/quitquitquit', { host: `[::1]:${port}` })).status, 200);
   assert.deepEqual(quits, ['admin /quitquitquit']);
 });
 

@@ -1,6 +1,7 @@
 // The admin server (ADMIN_ADDR, default 127.0.0.1:15000; local-only because it can stop the proxy).
 // Routes and answers follow ztunnel (spec §7.1) so istioctl and existing runbooks keep working.
-import { createServer, type Server } from 'node:http';
+import { createServer, type IncomingMessage, type Server } from 'node:http';
+import { isIP } from 'node:net';
 import { formatLogFilter, parseLogFilter } from '../log/filter.js';
 import type { Logs } from '../log/logger.js';
 import type { AuthorizeExplanation, AuthorizeRequest } from '../native/types.js';
@@ -60,11 +61,14 @@ export function createAdminServer(h: AdminHandlers): Server {
             (err: unknown) => reply(res, 500, `config dump failed: ${err instanceof Error ? err.message : String(err)}\n`),
           );
         return;
-      case '/quitquitquit':
+      case '/quitquitquit': {
         if (req.method !== 'POST') return reply(res, 405, 'Invalid HTTP method\n');
+        const refused = notFromAnOperator(req);
+        if (refused !== null) return reply(res, 403, refused);
         reply(res, 200, 'shutdown now\n');
         h.quit('admin /quitquitquit');
         return;
+      }
       case '/debug/authorize': {
         if (req.method !== 'GET') return reply(res, 405, AUTHORIZE_HELP);
         if (h.authorize === undefined) return reply(res, 503, 'authorization is not available\n');
@@ -76,8 +80,11 @@ export function createAdminServer(h: AdminHandlers): Server {
           return reply(res, 400, `${err instanceof Error ? err.message : String(err)}\n`);
         }
       }
-      case '/logging':
+      case '/logging': {
+        const refused = req.method === 'POST' ? notFromAnOperator(req) : null;
+        if (refused !== null) return reply(res, 403, refused);
         return logging(h.logs, req.method, queryOf(req), (status, body) => reply(res, status, body));
+      }
       default:
         return reply(res, 404, 'Not found\n');
     }
@@ -85,6 +92,23 @@ export function createAdminServer(h: AdminHandlers): Server {
   server.headersTimeout = ADMIN_HEADERS_TIMEOUT_MS;
   server.requestTimeout = 10 * ADMIN_HEADERS_TIMEOUT_MS;
   return server;
+}
+
+/**
+ * Why a mutating request (POST /quitquitquit, /logging) is refused, or null. The admin port has no credentials, so
+ * a web page must not be able to drive it: a browser marks its cross-site requests (Origin other than the admin's
+ * own, Sec-Fetch-Site other than same-origin/none), and a DNS-rebinding page reaches it with its own host name in
+ * Host, where operators' tools (curl, istioctl, kubectl port-forward) send an IP address or localhost.
+ */
+export function notFromAnOperator(req: IncomingMessage): string | null {
+  const host = req.headers.host ?? '';
+  const hostname = host.startsWith('[') ? host.slice(1, host.indexOf(']')) : host.replace(/:\d+$/, '');
+  if (hostname !== 'localhost' && isIP(hostname) === 0) return `refused: Host ${JSON.stringify(host)} is not an IP address or localhost\n`;
+  const origin = req.headers.origin;
+  if (origin !== undefined && origin !== `http://${host}`) return `refused: a cross-origin request (Origin ${origin})\n`;
+  const site = req.headers['sec-fetch-site'];
+  if (site !== undefined && site !== 'same-origin' && site !== 'none') return `refused: a ${site} request\n`;
+  return null;
 }
 
 function logging(logs: Logs, method: string | undefined, query: URLSearchParams, send: (status: number, body: string) => void): void {

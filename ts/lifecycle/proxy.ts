@@ -145,6 +145,7 @@ export function dataplaneConfig(config: Config): DataplaneConfig {
     enableResponseBaggage: config.enableResponseBaggage,
     socks5Enabled: config.socks5Enabled,
     bindSourceIp: config.proxyMode === 'local',
+    ownPorts: [config.adminAddr.port, config.statsAddr.port, config.readinessAddr.port].filter((p) => p !== 0),
   };
 }
 
@@ -481,7 +482,9 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     // The built-in CA serves any mode when LOCAL_CA_DIR is set and no remote CA is (e.g. the namespace tests).
     if (ca === null && config.localCaDir !== null) ca = deps.openLocalCa(config.localCaDir, config.trustDomain);
 
-    const plane = deps.openDataplane(dataplaneConfig(config));
+    // The ports the servers are bound to (an address with port 0 got one from the OS).
+    const bound = [addresses.admin.port, addresses.stats.port, addresses.readiness.port];
+    const plane = deps.openDataplane({ ...dataplaneConfig(config), ownPorts: bound });
     dp = plane;
     // Revocation lists before any listener or certificate: no handshake happens without them.
     if (config.crlPath !== null) crlWatch = await followCrls(config.crlPath, plane, logs.forTarget('ca'));

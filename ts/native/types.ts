@@ -26,6 +26,8 @@ export interface DataplaneConfig {
   socks5Enabled: boolean;
   /** Bind outbound sockets to the source workload's IP (local mode: peers then see the workload's address). */
   bindSourceIp: boolean;
+  /** The control side's listening ports (admin, stats, readiness): refused as tunnel destinations like the dataplane's. */
+  ownPorts: number[];
 }
 
 export type WorkloadProtocol = 'HBONE' | 'TCP';

@@ -59,6 +59,8 @@ pub struct Config {
     pub localhost_app_tunnel: bool,
     /// The 200 of an inbound CONNECT carries the destination's baggage (ENABLE_RESPONSE_BAGGAGE).
     pub enable_response_baggage: bool,
+    /// The control side's own listening ports (admin, stats, readiness): never a tunnel destination either.
+    pub own_ports: Vec<u16>,
 }
 
 impl Default for Config {
@@ -81,6 +83,7 @@ impl Default for Config {
             missing_policy_grace_ms: 1_000,
             localhost_app_tunnel: true,
             enable_response_baggage: true,
+            own_ports: Vec::new(),
         }
     }
 }
@@ -134,11 +137,42 @@ impl Config {
     }
 
     /// Ports a proxied connection may never target: they are our own listeners.
-    pub fn illegal_ports(&self) -> &'static [u16] {
-        if self.socks5_enabled {
-            &[OUTBOUND_CAPTURE_PORT, INBOUND_PLAINTEXT_PORT, HBONE_PORT, SOCKS5_PORT]
-        } else {
-            &[OUTBOUND_CAPTURE_PORT, INBOUND_PLAINTEXT_PORT, HBONE_PORT]
+    /// The daemon's own ports, which no tunnel may reach on this node: the dataplane's listeners and the control
+    /// side's servers (in every mode: in local mode they share the workloads' loopback).
+    pub fn illegal_ports(&self) -> PortSet {
+        let mut set = PortSet::default();
+        for p in [OUTBOUND_CAPTURE_PORT, INBOUND_PLAINTEXT_PORT, HBONE_PORT] {
+            set.insert(p);
         }
+        if self.socks5_enabled {
+            set.insert(SOCKS5_PORT);
+        }
+        for p in &self.own_ports {
+            set.insert(*p);
+        }
+        set
+    }
+}
+
+/// A few ports, on the stack (built per connection: no allocation).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PortSet {
+    ports: [u16; 8],
+    len: usize,
+}
+
+impl PortSet {
+    fn insert(&mut self, p: u16) {
+        if p != 0 && !self.ports[..self.len].contains(&p) && self.len < self.ports.len() {
+            self.ports[self.len] = p;
+            self.len += 1;
+        }
+    }
+}
+
+impl std::ops::Deref for PortSet {
+    type Target = [u16];
+    fn deref(&self) -> &[u16] {
+        &self.ports[..self.len]
     }
 }

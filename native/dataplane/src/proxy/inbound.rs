@@ -83,12 +83,13 @@ pub enum Authority {
 }
 
 impl Authority {
+    /// `ip:port` or `host:port`; port 0 is no port (nothing listens there; dialing it is refused, not tried).
     pub fn parse(s: &str) -> Option<Authority> {
         if let Ok(a) = s.parse::<SocketAddr>() {
-            return Some(Authority::Addr(a));
+            return (a.port() != 0).then_some(Authority::Addr(a));
         }
         let (host, port) = s.rsplit_once(':')?;
-        let port = port.parse::<u16>().ok()?;
+        let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
         let valid = !host.is_empty()
             && host.len() <= 253
             && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
@@ -264,6 +265,12 @@ async fn serve_connection(
             return warn("TLS handshake failed", "timed out".into());
         }
     };
+    // HBONE is HTTP/2 over TLS: a client that did not negotiate `h2` (no ALPN at all: rustls lets that through)
+    // speaks something else, and is closed before any HTTP/2 is read.
+    if tls.get_ref().1.alpn_protocol() != Some(crate::tls::ALPN_H2) {
+        pi.metrics.tls_handshake_failures_inbound.fetch_add(1, Ordering::Relaxed);
+        return warn("TLS handshake failed", "the client did not negotiate ALPN h2".into());
+    }
     tls.get_mut().1.set_buffer_limit(Some(crate::tls::TLS_SEND_BUFFER));
     // The verifier accepted exactly one SPIFFE SAN in our trust domain; read that same SAN back.
     let peer_id = match tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| spiffe_identity(c)) {
@@ -387,7 +394,7 @@ async fn establish_stream(
             .and_then(|l| st.workload_by_addr(&l.network, peer.ip()))
             .filter(|w| &w.identity() == peer_id)
             .cloned();
-        let resolved = resolve_connect(&req, local.as_deref(), ctx.dst_ip, &st, pi.cfg.illegal_ports());
+        let resolved = resolve_connect(&req, local.as_deref(), ctx.dst_ip, &st, &pi.cfg.illegal_ports());
         (local, source, resolved)
     };
     let InboundTarget { upstream: target, tunnel, service } = match resolved {
@@ -603,6 +610,22 @@ mod tests {
                 echo.as_deref(),
                 "127.0.2.10",
                 Ok("127.0.2.10:8080"),
+            ),
+            (
+                "port 0 is no port",
+                Method::CONNECT,
+                "127.0.2.10:0",
+                echo.as_deref(),
+                "127.0.2.10",
+                Err(StatusCode::BAD_REQUEST),
+            ),
+            (
+                "a hostname with port 0 neither",
+                Method::CONNECT,
+                "echo.default.svc.cluster.local:0",
+                echo.as_deref(),
+                "127.0.2.10",
+                Err(StatusCode::BAD_REQUEST),
             ),
             (
                 "GET is refused",

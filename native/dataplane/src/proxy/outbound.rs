@@ -1002,7 +1002,8 @@ mod tests {
     #[test]
     fn routing_decision_table() {
         let st = state(WORLD);
-        let cfg = Config::default();
+        // The control side's servers (admin, stats, readiness) on their default ports.
+        let cfg = Config { own_ports: vec![15000, 15020, 15021], ..Config::default() };
         let src = st.workload("src").unwrap().clone();
         type Row = (&'static str, u64, Result<(Protocol, &'static str, &'static str, Vec<Identity>), RouteError>);
         let rows: Vec<Row> = vec![
@@ -1064,6 +1065,10 @@ mod tests {
             ("127.0.0.1:15001", 0, Err(RouteError::SelfCall(15001))),
             ("10.0.0.1:15006", 0, Err(RouteError::SelfCall(15006))),
             ("10.0.0.1:15080", 0, Err(RouteError::SelfCall(15080))),
+            // ...the control side's too: admin, stats, readiness (in local mode they share the workloads' loopback).
+            ("127.0.0.1:15000", 0, Err(RouteError::SelfCall(15000))),
+            ("127.0.0.1:15020", 0, Err(RouteError::SelfCall(15020))),
+            ("10.0.0.1:15021", 0, Err(RouteError::SelfCall(15021))),
             // A service whose only endpoint is on another network with no gateway.
             ("10.96.0.40:80", 0, Err(RouteError::RemoteNetwork("far".into(), "remote".into()))),
             // The same workload's IP is not indexed on our network: it is an unknown destination.

@@ -40,6 +40,8 @@ pub enum Socks5Error {
     Command(u8),
     #[error("address type {0} is not supported (IPv4 and IPv6 literals only)")]
     AddressType(u8),
+    #[error("port 0 is no destination")]
+    PortZero,
     #[error("I/O: {0}")]
     Io(String),
 }
@@ -112,7 +114,10 @@ pub async fn handshake<S: AsyncReadExt + AsyncWriteExt + Unpin>(
     };
     let mut port = [0u8; 2];
     s.read_exact(&mut port).await.map_err(io)?;
-    Ok(SocketAddr::new(ip, u16::from_be_bytes(port)))
+    match u16::from_be_bytes(port) {
+        0 => Err((Socks5Error::PortZero, Some(reply::NOT_ALLOWED))),
+        port => Ok(SocketAddr::new(ip, port)),
+    }
 }
 
 pub async fn send_reply<S: AsyncWriteExt + Unpin>(s: &mut S, code: u8) -> std::io::Result<()> {
@@ -161,5 +166,32 @@ async fn establish(
             outbound::record_failure(pi, &l.local, peer, dst, routed.as_ref(), &err);
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The client's side of a handshake to `ip:port` (no auth, CONNECT, IPv4), then what the server answered.
+    async fn run(port: u16) -> (Result<SocketAddr, (Socks5Error, Option<u8>)>, Vec<u8>) {
+        let (mut client, mut server) = tokio::io::duplex(256);
+        let mut req = vec![5, 1, 0, 5, 1, 0, 1, 10, 0, 0, 1];
+        req.extend_from_slice(&port.to_be_bytes());
+        client.write_all(&req).await.unwrap();
+        let out = handshake(&mut server).await;
+        drop(server);
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).await.unwrap();
+        (out, answer)
+    }
+
+    #[tokio::test]
+    async fn a_connect_to_port_zero_is_not_allowed() {
+        let (out, answer) = run(0).await;
+        assert_eq!(answer, [5, 0], "method selection only");
+        assert!(matches!(out, Err((Socks5Error::PortZero, Some(reply::NOT_ALLOWED)))));
+        let (out, _) = run(8080).await;
+        assert_eq!(out.unwrap(), "10.0.0.1:8080".parse::<SocketAddr>().unwrap());
     }
 }
