@@ -68,3 +68,10 @@ test('an unparseable environment variable value names the variable and the value
   await assertConfigError({ LOCAL_XDS_PATH: path, POOL_MAX_STREAMS_PER_CONNECTION: 'abc' }, 'POOL_MAX_STREAMS_PER_CONNECTION', '"abc"');
   await assertConfigError({ LOCAL_XDS_PATH: path, CONNECTION_TERMINATION_DEADLINE: 'soon' }, 'CONNECTION_TERMINATION_DEADLINE', '"soon"');
 });
+
+test('(e) what the dataplane would refuse is a configuration error naming the variable, before anything starts', async () => {
+  const frame = await assertConfigError({ HTTP2_FRAME_SIZE: '1000' }, 'HTTP2_FRAME_SIZE', '16384');
+  assert.doesNotMatch(frame.stderr, /http2\.frameSize/, 'not the dataplane\'s internal field name');
+  const threads = await assertConfigError({ ZTUNNEL_WORKER_THREADS: '5000' }, 'ZTUNNEL_WORKER_THREADS', 'at most 1024');
+  assert.doesNotMatch(threads.stderr, /workerThreads/);
+});

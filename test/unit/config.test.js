@@ -132,6 +132,7 @@ test('worker threads: explicit count, percent, 0 = all, CPU limits, default floo
   assert.equal(wt({}, 1), 2);
   assert.equal(wt({ ZTUNNEL_WORKER_THREADS: '3' }, 16), 3);
   assert.equal(wt({ ZTUNNEL_WORKER_THREADS: '0' }, 16), 16);
+  assert.equal(wt({ ZTUNNEL_WORKER_THREADS: '0' }, 4096), 1024, 'all cores of a huge machine: the dataplane\'s limit');
   assert.equal(wt({ ZTUNNEL_WORKER_THREADS: '50%' }, 6), 3);
   assert.equal(wt({ ZTUNNEL_WORKER_THREADS: '10%' }, 4), 1); // ceil, at least 1
   assert.equal(wt({ ZTUNNEL_CPU_LIMIT: '8' }, 64), 2);
@@ -154,6 +155,9 @@ test('bad values are errors naming the variable or flag and the problem', () => 
     assert.fail('expected a ConfigError');
   };
   assert.match(err({ env: { ZTUNNEL_WORKER_THREADS: 'lots' } }), /ZTUNNEL_WORKER_THREADS: "lots" is not a thread count/);
+  // What the dataplane would refuse is refused here, naming the variable (not the dataplane's internal field).
+  assert.match(err({ env: { ZTUNNEL_WORKER_THREADS: '5000' } }), /ZTUNNEL_WORKER_THREADS: "5000": at most 1024 threads/);
+  assert.match(err({ env: { HTTP2_FRAME_SIZE: '1000' } }), /HTTP2_FRAME_SIZE: "1000" is not an integer between 16384 and 16777215/);
   assert.match(err({ env: {}, args: ['--ztunnel-worker-threads=150%'] }), /--ztunnel-worker-threads: "150%": a percentage/);
   assert.match(err({ env: { CONNECTION_TIMEOUT: '10' } }), /CONNECTION_TIMEOUT: "10" is not a duration/);
   assert.match(err({ env: { PROXY_MODE: 'sidecar' } }), /PROXY_MODE: "sidecar" is not one of shared\|dedicated\|local/);

@@ -10,6 +10,7 @@ import { formatDurationMs } from './duration.js';
 import { parseFlags } from './flags.js';
 import {
   CONFIG_KEYS,
+  MAX_WORKER_THREADS,
   EMPTY_IS_VALUE,
   configSchema,
   flagFor,
@@ -264,7 +265,8 @@ export function workerThreads(
       ? Math.max(Math.ceil(raw.ZTUNNEL_RESOURCE_CPU_LIMIT), request)
       : Math.max(Math.ceil(cores * D.DEFAULT_WORKER_CORE_FRACTION), request, D.MIN_DEFAULT_WORKER_THREADS);
   }
-  return Math.max(1, n);
+  // "0" or a percentage on a very large machine: the dataplane's limit, not an error.
+  return Math.min(MAX_WORKER_THREADS, Math.max(1, n));
 }
 
 /** The `config` key of /config_dump: the whole runtime config, camelCase, with durations and addresses rendered. */

@@ -22,11 +22,11 @@ const text = () => z.string();
 const nonEmpty = () =>
   z.string().transform((s, ctx) => (s.trim() === '' ? fail(ctx, s, 'must not be empty') : s.trim()));
 
-const positiveInt = (max = Number.MAX_SAFE_INTEGER) =>
+const positiveInt = (max = Number.MAX_SAFE_INTEGER, min = 1) =>
   z.string().transform((s, ctx) => {
     const n = /^\d+$/.test(s.trim()) ? Number(s) : NaN;
-    if (!Number.isSafeInteger(n) || n < 1 || n > max) {
-      return fail(ctx, s, `"${s}" is not an integer between 1 and ${max}`);
+    if (!Number.isSafeInteger(n) || n < min || n > max) {
+      return fail(ctx, s, `"${s}" is not an integer between ${min} and ${max}`);
     }
     return n;
   });
@@ -76,6 +76,9 @@ const oneOf = <const T extends readonly [string, ...string[]]>(values: T) =>
 /** "N" threads, "N%" of the cores, or "0" for all cores (ztunnel's ZTUNNEL_WORKER_THREADS). */
 export type WorkerThreadsSetting = { kind: 'count'; count: number } | { kind: 'percent'; percent: number };
 
+/** The dataplane's limit (native/dataplane/src/config.rs). */
+export const MAX_WORKER_THREADS = 1024;
+
 const workerThreads = () =>
   z.string().transform((s, ctx): WorkerThreadsSetting => {
     const v = s.trim();
@@ -85,7 +88,10 @@ const workerThreads = () =>
       if (percent > 0 && percent <= 100) return { kind: 'percent', percent };
       return fail(ctx, s, `"${s}": a percentage must be in (0, 100]`);
     }
-    if (/^\d+$/.test(v) && Number.isSafeInteger(Number(v))) return { kind: 'count', count: Number(v) };
+    if (/^\d+$/.test(v) && Number.isSafeInteger(Number(v))) {
+      if (Number(v) > MAX_WORKER_THREADS) return fail(ctx, s, `"${s}": at most ${MAX_WORKER_THREADS} threads`);
+      return { kind: 'count', count: Number(v) };
+    }
     return fail(ctx, s, `"${s}" is not a thread count, "N%" of the cores, or 0 (all cores)`);
   });
 
@@ -143,7 +149,8 @@ const fields = {
   POOL_UNUSED_RELEASE_TIMEOUT: duration().optional().describe('idle pooled connection eviction (5m)'),
   HTTP2_STREAM_WINDOW_SIZE: positiveInt(2 ** 31 - 1).optional().describe('HTTP/2 stream window bytes (4194304)'),
   HTTP2_CONNECTION_WINDOW_SIZE: positiveInt(2 ** 31 - 1).optional().describe('HTTP/2 connection window bytes (16777216)'),
-  HTTP2_FRAME_SIZE: positiveInt(2 ** 24 - 1).optional().describe('HTTP/2 max frame size bytes (1048576)'),
+  // RFC 9113 §6.5.2: 2^14 to 2^24-1 (the dataplane would refuse anything else, naming its own field).
+  HTTP2_FRAME_SIZE: positiveInt(2 ** 24 - 1, 2 ** 14).optional().describe('HTTP/2 max frame size bytes (1048576)'),
   CONNECTION_TIMEOUT: duration().optional().describe('upstream connect timeout (10s)'),
   MISSING_POLICY_GRACE: duration().optional().describe('how long live connections wait for a named policy that has not arrived (1s)'),
   CONNECTION_TERMINATION_DEADLINE: duration().optional().describe('drain deadline (default from TERMINATION_GRACE_PERIOD_SECONDS, else 5s)'),
