@@ -110,6 +110,15 @@ test('an invalid file is refused with file and path named; the last good config 
   assert.equal((await socks5Request({ socks, dest })).code, 0);
 });
 
+test('an empty file on reload (a truncated write) is refused; the last good config keeps serving', async () => {
+  await apply(config({ policies: [denySleep] }));
+  rewrite('');
+  await b.waitForLog((l) => l.message === 'local config is invalid; keeping the last good config' && l.err === `${b.configPath}: the file is empty (an empty file is an empty config only at startup)`);
+  assert.equal((await socks5Request({ socks, dest })).code, 2, 'the workloads and the DENY of the last good config still apply');
+  await apply(config());
+  assert.equal((await socks5Request({ socks, dest })).code, 0);
+});
+
 test('a named WORKLOAD_SELECTOR policy that has not arrived denies (fail closed); its arrival allows', async () => {
   await apply(config({ echoPolicies: ['default/not-yet'] }));
   assert.equal((await socks5Request({ socks, dest })).code, 2);

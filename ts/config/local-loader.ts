@@ -43,6 +43,7 @@ export class LocalConfigLoader {
   private inFlight: InFlight | null = null;
   private queue: Promise<unknown> = Promise.resolve();
   private dead: Error | null = null;
+  private loads = 0;
 
   /** Starts the worker; null when neither LOCAL_XDS nor LOCAL_XDS_PATH is set. */
   static open(cfg: { localXdsPath: string | null; localXds: string | null }): LocalConfigLoader | null {
@@ -58,7 +59,10 @@ export class LocalConfigLoader {
     this.worker.on('exit', (code) => this.fail(new Error(`the local config worker exited (code ${code})`)));
   }
 
-  /** Reads and validates the document off the main thread; resolves the change to apply, or rejects. */
+  /**
+   * Reads and validates the document off the main thread; resolves the change to apply, or rejects. Every load
+   * after the first is a reload: an empty file is then refused (a truncated write), not applied as "no workloads".
+   */
   load(): Promise<LocalLoad> {
     const next = this.queue.then(
       () =>
@@ -66,7 +70,7 @@ export class LocalConfigLoader {
           if (this.dead !== null) return reject(this.dead);
           this.inFlight = { chunks: [], resolve, reject };
           this.worker.ref();
-          this.send({ op: 'load' });
+          this.send({ op: 'load', reload: this.loads++ > 0 });
         }),
     );
     this.queue = next.catch(() => undefined);

@@ -17,7 +17,7 @@
 //   document crosses as a buffer too.
 //
 // Protocol, one load at a time:
-//   main → worker  { op: 'load' }
+//   main → worker  { op: 'load', reload }  (reload: an empty file is refused, not an empty config)
 //   worker → main  { op: 'chunk', json } (one or more, in apply order), then { op: 'loaded', source, counts, raw,
 //                   policies }
 //              or  { op: 'invalid', message }   (a LocalConfigError: file, path, problem)
@@ -37,7 +37,7 @@ export interface LocalWorkerData {
   localXds: string | null;
 }
 
-export type ToWorker = { op: 'load' } | { op: 'commit' } | { op: 'discard' };
+export type ToWorker = { op: 'load'; reload: boolean } | { op: 'commit' } | { op: 'discard' };
 
 export interface LoadedCounts {
   workloads: number;
@@ -62,7 +62,7 @@ if (parentPort !== null) {
   port.on('message', (m: ToWorker) => {
     switch (m.op) {
       case 'load':
-        void load();
+        void load(m.reload);
         return;
       case 'commit':
         if (pending !== null) committed = pending;
@@ -74,9 +74,9 @@ if (parentPort !== null) {
     }
   });
 
-  async function load(): Promise<void> {
+  async function load(reload: boolean): Promise<void> {
     try {
-      const next = await loadLocalConfig(source);
+      const next = await loadLocalConfig(source, { reload });
       if (next === null) throw new Error('no local config is configured');
       const { change, kept } = diffKept(committed, next);
       for (const chunk of splitChange(change)) {

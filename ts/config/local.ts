@@ -289,8 +289,14 @@ export function parseLocalConfig(text: string, source: string): LocalConfig {
   return { ...parsed.data, raw, source };
 }
 
-/** Loads LOCAL_XDS_PATH or LOCAL_XDS; null when neither is set. */
-export async function loadLocalConfig(cfg: { localXdsPath: string | null; localXds: string | null }): Promise<LocalConfig | null> {
+/**
+ * Loads LOCAL_XDS_PATH or LOCAL_XDS; null when neither is set. `reload`: an empty file is refused instead of read as
+ * an empty config (a writer that truncates, then writes, is seen empty: applying that would remove every workload).
+ */
+export async function loadLocalConfig(
+  cfg: { localXdsPath: string | null; localXds: string | null },
+  { reload = false }: { reload?: boolean } = {},
+): Promise<LocalConfig | null> {
   if (cfg.localXds !== null) return parseLocalConfig(cfg.localXds, 'LOCAL_XDS');
   if (cfg.localXdsPath === null) return null;
   let text: string;
@@ -300,6 +306,9 @@ export async function loadLocalConfig(cfg: { localXdsPath: string | null; localX
     const code = (err as NodeJS.ErrnoException).code;
     const problem = code === 'ENOENT' ? 'no such file' : code === 'EACCES' ? 'permission denied' : String(err);
     throw new LocalConfigError(`${cfg.localXdsPath}: cannot read the local config: ${problem}`, { cause: err });
+  }
+  if (reload && text.trim() === '') {
+    throw new LocalConfigError(`${cfg.localXdsPath}: the file is empty (an empty file is an empty config only at startup)`);
   }
   return parseLocalConfig(text, cfg.localXdsPath);
 }
