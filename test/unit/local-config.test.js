@@ -29,6 +29,16 @@ async function loadError(path) {
   assert.fail(`${path} should not load`);
 }
 
+/** The message parsing `text` (as x.yaml) fails with. */
+function msg(text) {
+  try {
+    parseLocalConfig(text, 'x.yaml');
+  } catch (err) {
+    return err.message;
+  }
+  assert.fail('should not parse');
+}
+
 const GOOD_WORKLOAD = `
 - uid: c1//v1/Pod/default/a
   name: a
@@ -89,14 +99,6 @@ test('YAML syntax errors carry a position', async () => {
 });
 
 test('type errors, enums, missing required fields, bad keys', () => {
-  const msg = (text) => {
-    try {
-      parseLocalConfig(text, 'x.yaml');
-    } catch (err) {
-      return err.message;
-    }
-    assert.fail('should not parse');
-  };
   assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, capacity: "two"}]'), 'x.yaml: workloads[0].capacity: expected number, got string "two"');
   assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, protocol: UDP}]'), 'x.yaml: workloads[0].protocol: "UDP" is not one of HBONE|TCP');
   assert.equal(msg('workloads: [{uid: a, namespace: n}]'), 'x.yaml: workloads[0].name: missing required field');
@@ -108,6 +110,16 @@ test('type errors, enums, missing required fields, bad keys', () => {
   assert.equal(msg('policies: [{name: p, scope: Namespace, action: Audit}]'), 'x.yaml: policies[0].action: "Audit" is not one of Allow|Deny');
   // Every problem in the document is reported, one per line.
   assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, workloadIps: ["x", "y"]}]').split('\n').length, 2);
+});
+
+test('values that end up in headers: a forged baggage key or a control character is refused with its path', () => {
+  assert.equal(
+    msg('workloads: [{uid: a, name: a, namespace: n, canonicalName: "app,k8s.namespace.name=kube-system"}]'),
+    'x.yaml: workloads[0].canonicalName: "app,k8s.namespace.name=kube-system" has the character ",", which cannot go into a header',
+  );
+  assert.match(msg('workloads: [{uid: a, name: a, namespace: "n\\a"}]'), /^x\.yaml: workloads\[0\]\.namespace: .*cannot go into a header/);
+  assert.match(msg('services: [{name: s, namespace: n, hostname: "s n"}]'), /^x\.yaml: services\[0\]\.hostname: "s n" has the character " "/);
+  assert.equal(parseLocalConfig('workloads: [{uid: a, name: a, namespace: n, canonicalRevision: v1.2_rc-3}]', 'x.yaml').workloads.length, 1);
 });
 
 test('inline LOCAL_XDS is named LOCAL_XDS in errors', async () => {

@@ -80,6 +80,18 @@ const gatewayAddress = () =>
     hboneMtlsPort: port().default(15008),
   });
 
+/**
+ * A value that ends up in a header (baggage, forwarded) or a SPIFFE identity: printable ASCII without spaces and without
+ * `, ; = " \` (the dataplane refuses the same; see header_safe in native/dataplane/src/state/model.rs).
+ */
+const headerText = () =>
+  z.string().superRefine((s, ctx) => {
+    const bad = [...s].find((c) => c < '!' || c > '~' || ',;="\\'.includes(c));
+    if (bad !== undefined) {
+      ctx.addIssue({ code: 'custom', input: s, message: `${JSON.stringify(s)} has the character ${JSON.stringify(bad)}, which cannot go into a header` });
+    }
+  });
+
 const lowerEnum = <const T extends readonly [string, ...string[]]>(values: T) =>
   z.string().transform((s, ctx): T[number] => {
     const v = s.toLowerCase();
@@ -116,24 +128,24 @@ const serviceAccountMatch = () => z.strictObject({ namespace: z.string(), servic
 const workloadSchema = z.strictObject({
   uid: z.string().min(1, { error: 'must not be empty' }),
   name: z.string().min(1, { error: 'must not be empty' }),
-  namespace: z.string().min(1, { error: 'must not be empty' }),
-  serviceAccount: z.string().default('default'),
-  trustDomain: z.string().default('cluster.local'),
+  namespace: headerText().min(1, { error: 'must not be empty' }),
+  serviceAccount: headerText().default('default'),
+  trustDomain: headerText().default('cluster.local'),
   workloadIps: z.array(ip()).default([]),
-  network: z.string().default(''),
+  network: headerText().default(''),
   protocol: z.enum(['HBONE', 'TCP']).default('TCP'),
   networkMode: z.enum(['Standard', 'HostNetwork']).default('Standard'),
   node: z.string().default(''),
   hostname: z.string().default(''),
   status: z.enum(['Healthy', 'Unhealthy']).default('Healthy'),
   capacity: z.number().int().min(0).default(1),
-  canonicalName: z.string().default(''),
-  canonicalRevision: z.string().default(''),
-  workloadName: z.string().default(''),
+  canonicalName: headerText().default(''),
+  canonicalRevision: headerText().default(''),
+  workloadName: headerText().default(''),
   workloadType: lowerEnum(['deployment', 'cronjob', 'pod', 'job']).default('deployment'),
-  clusterId: z.string().default(''),
+  clusterId: headerText().default(''),
   locality: z
-    .strictObject({ region: z.string().default(''), zone: z.string().default(''), subzone: z.string().default('') })
+    .strictObject({ region: headerText().default(''), zone: headerText().default(''), subzone: headerText().default('') })
     .default({ region: '', zone: '', subzone: '' }),
   services: z.record(namespacedHost(), portMap()).default({}),
   authorizationPolicies: z.array(z.string()).default([]),
@@ -148,8 +160,8 @@ const workloadSchema = z.strictObject({
 
 const serviceSchema = z.strictObject({
   name: z.string().min(1, { error: 'must not be empty' }),
-  namespace: z.string().min(1, { error: 'must not be empty' }),
-  hostname: z.string().min(1, { error: 'must not be empty' }),
+  namespace: headerText().min(1, { error: 'must not be empty' }),
+  hostname: headerText().min(1, { error: 'must not be empty' }),
   vips: z.array(networkAddress()).default([]),
   cidrVips: z.array(networkCidr()).default([]),
   ports: portMap().default({}),

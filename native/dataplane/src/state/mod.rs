@@ -536,6 +536,31 @@ mod tests {
     }
 
     #[test]
+    fn values_that_end_up_in_headers_are_refused_when_the_record_is_accepted() {
+        use serde_json::json;
+        let refused = |delta: serde_json::Value| {
+            let mut st = State::default();
+            st.apply(serde_json::from_value::<StateDelta>(delta).unwrap()).unwrap_err().to_string()
+        };
+        let w = |field: &str, value: &str| {
+            let mut w = json!({"uid": "w1", "name": "w1", "namespace": "ns", "workloadIps": ["10.0.0.1"]});
+            w[field] = json!(value);
+            json!({"workloads": [w]})
+        };
+        // A forged baggage key, a control character, a space.
+        let e = refused(w("canonicalName", "app,k8s.namespace.name=kube-system"));
+        assert!(e.contains(r#"workload "w1": canonicalName"#) && e.contains("cannot go into a header"), "{e}");
+        assert!(refused(w("namespace", "ns\u{7}")).contains("namespace"));
+        assert!(refused(w("workloadName", "my app")).contains("workloadName"));
+        assert!(refused(w("clusterId", "c\"1")).contains("clusterId"));
+        let svc = json!({"services": [{"name": "s", "namespace": "ns", "hostname": "s.ns;host=evil"}]});
+        assert!(refused(svc).contains("hostname"));
+        // What Kubernetes names and label values look like is fine.
+        let mut st = State::default();
+        st.apply(serde_json::from_value::<StateDelta>(w("canonicalRevision", "v1.2_rc-3")).unwrap()).unwrap();
+    }
+
+    #[test]
     fn endpoints_arriving_before_their_service_are_kept() {
         let mut st = State::default();
         st.apply(delta(r#"{"workloads":[{"uid":"w1","name":"a","namespace":"ns","workloadIps":["10.0.0.1"],"services":{"ns/svc.example":{"80":8080}}}]}"#)).unwrap();

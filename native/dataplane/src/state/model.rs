@@ -419,6 +419,17 @@ fn default_if_empty<'a>(s: &'a str, d: &'a str) -> &'a str {
     }
 }
 
+/// A value that ends up in an HTTP header (baggage, forwarded, x-forwarded-network) or in a SPIFFE identity:
+/// printable ASCII without spaces and without the separators of those formats (`,` `;` `=` `"` `\\`). Kubernetes
+/// names and label values always are; anything else would break the header (or, with `,k8s.namespace.name=...`,
+/// forge another baggage key at the peer), so it is refused when the record is accepted, not met on a connection.
+pub fn header_safe(field: &str, v: &str) -> Result<(), String> {
+    match v.bytes().find(|b| !(0x21..=0x7e).contains(b) || b",;=\"\\".contains(b)) {
+        None => Ok(()),
+        Some(b) => Err(format!("{field} {v:?} has the character {:?}, which cannot go into a header", b as char)),
+    }
+}
+
 impl WorkloadJson {
     pub fn validate(&self) -> Result<Workload, StateError> {
         let bad = |problem: String| StateError::Invalid { what: "workload", name: self.uid.clone(), problem };
@@ -428,6 +439,22 @@ impl WorkloadJson {
                 name: self.name.clone(),
                 problem: "uid is empty".into(),
             });
+        }
+        for (field, v) in [
+            ("namespace", &self.namespace),
+            ("serviceAccount", &self.service_account),
+            ("trustDomain", &self.trust_domain),
+            ("network", &self.network),
+            ("workloadName", &self.workload_name),
+            ("workloadType", &self.workload_type),
+            ("canonicalName", &self.canonical_name),
+            ("canonicalRevision", &self.canonical_revision),
+            ("clusterId", &self.cluster_id),
+            ("locality.region", &self.locality.region),
+            ("locality.zone", &self.locality.zone),
+            ("locality.subzone", &self.locality.subzone),
+        ] {
+            header_safe(field, v).map_err(bad)?;
         }
         let ips = self
             .workload_ips
@@ -487,6 +514,8 @@ impl ServiceJson {
         let name = format!("{}/{}", self.namespace, self.hostname);
         let bad = |problem: String| StateError::Invalid { what: "service", name: name.clone(), problem };
         let key = ServiceKey::parse(&name).ok_or_else(|| bad("namespace and hostname are required".into()))?;
+        header_safe("hostname", &self.hostname).map_err(bad)?;
+        header_safe("namespace", &self.namespace).map_err(bad)?;
         let vips = self
             .vips
             .iter()
