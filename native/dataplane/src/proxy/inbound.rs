@@ -492,7 +492,7 @@ async fn establish_stream(
     };
     // ENABLE_RESPONSE_BAGGAGE (Istio's default): the 200 carries the destination's baggage for the client's metrics.
     let mut ok = Response::builder().status(StatusCode::OK);
-    let dst_baggage = super::outbound::baggage(&pi.cfg.cluster_id, &local);
+    let dst_baggage = super::outbound::baggage(&local);
     if pi.cfg.enable_response_baggage && !dst_baggage.is_empty() {
         ok = ok.header("baggage", dst_baggage);
     }

@@ -542,12 +542,12 @@ fn passthrough(dst: SocketAddr) -> Request {
     }
 }
 
-/// `baggage` of the source workload, in Istio's key order, skipping empty values.
-pub fn baggage(cluster_id: &str, w: &Workload) -> String {
+/// `baggage` of a workload, in Istio's key order, skipping empty values: the cluster is the workload's own
+/// clusterId only (ztunnel omits it when istiod sent none, rather than saying the daemon's).
+pub fn baggage(w: &Workload) -> String {
     let wtype = if w.workload_type.is_empty() { "deployment" } else { w.workload_type.as_str() };
-    let cluster = if w.cluster_id.is_empty() { cluster_id } else { w.cluster_id.as_str() };
     let kvs = [
-        ("k8s.cluster.name".to_string(), cluster),
+        ("k8s.cluster.name".to_string(), w.cluster_id.as_str()),
         ("k8s.namespace.name".to_string(), w.namespace.as_str()),
         (format!("k8s.{wtype}.name"), w.workload_name.as_str()),
         ("service.name".to_string(), w.canonical_name.as_str()),
@@ -664,7 +664,7 @@ pub async fn connect(
                 src: src_ip,
             };
             let headers = ConnectHeaders {
-                baggage: baggage(&pi.cfg.cluster_id, &source),
+                baggage: baggage(&source),
                 forwarded: forwarded(client, routed.request.service.as_deref()),
                 traceparent: new_traceparent(),
             };
@@ -1105,10 +1105,13 @@ mod tests {
             "locality":{"region":"eu","zone":"eu-1"}}]}"#,
         );
         let w = st.workload("w").unwrap();
+        // No clusterId from istiod: no k8s.cluster.name (not the daemon's own cluster id), as ztunnel.
         assert_eq!(
-            baggage("Kubernetes", w),
-            "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,k8s.deployment.name=sleep,service.name=sleep,service.version=v1,cloud.region=eu,cloud.availability_zone=eu-1"
+            baggage(w),
+            "k8s.namespace.name=default,k8s.deployment.name=sleep,service.name=sleep,service.version=v1,cloud.region=eu,cloud.availability_zone=eu-1"
         );
+        let with_cluster = Workload { cluster_id: crate::state::intern::intern("east"), ..(**w).clone() };
+        assert!(baggage(&with_cluster).starts_with("k8s.cluster.name=east,k8s.namespace.name=default,"));
         assert_eq!(forwarded(addr("10.0.0.1:4242"), None), "for=\"10.0.0.1:4242\"");
         assert_eq!(forwarded(addr("[fd00::1]:4242"), None), "for=\"[fd00::1]:4242\"");
         let tp = new_traceparent();
