@@ -76,29 +76,24 @@ impl TrafficLabels {
             ..Default::default()
         };
         if let Some(w) = info.source {
-            l.source_workload = workload_name(w);
-            l.source_canonical_service = w.canonical_name.to_string();
-            l.source_canonical_revision = w.canonical_revision.to_string();
-            l.source_workload_namespace = w.namespace.to_string();
-            l.source_app = w.canonical_name.to_string();
-            l.source_version = w.canonical_revision.to_string();
-            l.source_cluster = w.cluster_id.to_string();
-            l.source_region = w.locality.region.clone();
-            l.source_zone = w.locality.zone.clone();
+            let side = Side::of(w);
+            (l.source_app, l.source_version) = (side.canonical_service.clone(), side.canonical_revision.clone());
+            (l.source_workload, l.source_canonical_service, l.source_canonical_revision) =
+                (side.workload, side.canonical_service, side.canonical_revision);
+            (l.source_workload_namespace, l.source_cluster) = (side.namespace, side.cluster);
+            (l.source_region, l.source_zone) = (side.region, side.zone);
         }
         if let Some(id) = info.source_identity {
             l.source_principal = id.to_string();
         }
         if let Some(w) = info.destination {
-            l.destination_workload = workload_name(w);
-            l.destination_canonical_service = w.canonical_name.to_string();
-            l.destination_canonical_revision = w.canonical_revision.to_string();
-            l.destination_workload_namespace = w.namespace.to_string();
-            l.destination_app = w.canonical_name.to_string();
-            l.destination_version = w.canonical_revision.to_string();
-            l.destination_cluster = w.cluster_id.to_string();
-            l.destination_region = w.locality.region.clone();
-            l.destination_zone = w.locality.zone.clone();
+            let side = Side::of(w);
+            (l.destination_app, l.destination_version) =
+                (side.canonical_service.clone(), side.canonical_revision.clone());
+            (l.destination_workload, l.destination_canonical_service, l.destination_canonical_revision) =
+                (side.workload, side.canonical_service, side.canonical_revision);
+            (l.destination_workload_namespace, l.destination_cluster) = (side.namespace, side.cluster);
+            (l.destination_region, l.destination_zone) = (side.region, side.zone);
         }
         if let Some(id) = info.destination_identity {
             l.destination_principal = id.to_string();
@@ -112,10 +107,31 @@ impl TrafficLabels {
     }
 }
 
-/// The workload's name as Istio's labels say it: its workloadName, empty (rendered `unknown`) when istiod sent none,
-/// as ztunnel does; not the pod's name.
-fn workload_name(w: &Workload) -> String {
-    w.workload_name.to_string()
+/// One end's labels as ztunnel's `with_source`/`with_destination` take them from a workload (src/proxy/metrics.rs):
+/// the workload is its workloadName (empty, so `unknown`, when istiod sent none; never the pod's name); app and
+/// version repeat the canonical service and revision.
+struct Side {
+    workload: String,
+    canonical_service: String,
+    canonical_revision: String,
+    namespace: String,
+    cluster: String,
+    region: String,
+    zone: String,
+}
+
+impl Side {
+    fn of(w: &Workload) -> Side {
+        Side {
+            workload: w.workload_name.to_string(),
+            canonical_service: w.canonical_name.to_string(),
+            canonical_revision: w.canonical_revision.to_string(),
+            namespace: w.namespace.to_string(),
+            cluster: w.cluster_id.to_string(),
+            region: w.locality.region.clone(),
+            zone: w.locality.zone.clone(),
+        }
+    }
 }
 
 #[derive(Default, Debug)]

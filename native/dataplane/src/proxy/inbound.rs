@@ -100,17 +100,19 @@ impl Authority {
 /// The first service (by key) of which `w` is an endpoint and that delivers to `port` on it: a service port mapped
 /// to `port` by the endpoint's own map, else by the service's, else the service port itself.
 pub fn service_for_port(st: &State, w: &Workload, port: u16) -> Option<Arc<Service>> {
-    let mut keys: Vec<_> = w.service_ports.iter().collect();
-    keys.sort_by(|a, b| a.0.cmp(&b.0));
-    keys.into_iter().find_map(|(key, endpoint_ports)| {
-        let svc = st.service(key)?;
-        let delivers = svc.ports.iter().any(|(sp, tp)| {
+    // Per inbound connection: one pass over this endpoint's few services, no allocation.
+    let delivers = |svc: &Service, endpoint_ports: &crate::state::PortMap| {
+        svc.ports.iter().any(|(sp, tp)| {
             let target =
                 endpoint_ports.get(sp).copied().filter(|t| *t != 0).or(Some(*tp).filter(|t| *t != 0)).unwrap_or(*sp);
             target == port
-        }) || endpoint_ports.iter().any(|(_, tp)| *tp == port);
-        delivers.then(|| svc.clone())
-    })
+        }) || endpoint_ports.iter().any(|(_, tp)| *tp == port)
+    };
+    w.service_ports
+        .iter()
+        .filter_map(|(key, endpoint_ports)| st.service(key).filter(|svc| delivers(svc, endpoint_ports)))
+        .min_by(|a, b| a.key.cmp(&b.key))
+        .cloned()
 }
 
 /// Where an accepted CONNECT stream goes.
