@@ -26,6 +26,8 @@
 //                                              and 127.0.0.1:15088, its PROXY application tunnel (loopback by design)
 //   66  test/integration/double-hbone.test.js  workloads 127.66.{1,2,4}.10, Envoy E/W gateway 127.66.3.10, VIPs
 //                                              127.66.100.x, admin 127.66.255.{1,2} (daemons), 127.66.255.3 (Envoy)
+//   67  test/integration/dns.test.js          client workloads 127.67.1.{10,11} (their DNS proxies on :15053),
+//                                              remote endpoints 127.67.2.x, VIPs 127.67.100.x, admin 127.67.255.1
 //
 // Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
 // node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
@@ -50,6 +52,7 @@ export const BLOCKS = Object.freeze({
   'waypoint-envoy': 64,
   'inbound-tunnel': 65,
   'double-hbone': 66,
+  dns: 67,
 });
 
 /** Addresses of one file's block. */

@@ -121,6 +121,9 @@ test('`ztunnel-node demo --no-wait` exits 0 and prints both identities', async (
     assert.match(r.stdout, /destination identity\s+spiffe:\/\/cluster\.local\/ns\/default\/sa\/echo\n/);
     assert.match(r.stdout, /mTLS\s+yes/);
     assert.match(r.stdout, /messages echoed\s+3\/3/);
+    // The name was resolved through sleep's DNS proxy, and the connection went to the answer (the service VIP).
+    assert.match(r.stdout, /DNS\s+echo\.default\.svc\.cluster\.local -> 127\.10\.0\.10 \(sleep's DNS proxy 127\.0\.1\.10:15053/);
+    assert.match(r.stdout, /connected to\s+127\.10\.0\.10:80, the service VIP/);
   } finally {
     removeTempDir(caDir);
   }

@@ -24,6 +24,14 @@ let pods;
 let cni;
 let daemons;
 let cfgPath;
+let upstream;
+// The daemons' resolver file: the DNS proxies forward what the mesh does not answer to the upstream in node-a.
+const resolvConf = join(tmp, 'resolv.conf');
+const UPSTREAM_DNS = () => cluster.nodeIp('a');
+/** A cluster DNS address nothing listens on: the pods' questions to it only get answers through DNS capture. */
+const KUBE_DNS = '10.96.0.10';
+const B1_VIP = '10.96.41.1';
+const DNS_QUERY = join(root, 'test', 'helpers', 'dns_query.py');
 
 function add(pod) {
   return { op: 'add', uid: `uid-${pod.name}`, netns: pod.netnsPath, name: pod.name, namespace: pod.namespace ?? 'default', serviceAccount: pod.name };
@@ -39,6 +47,7 @@ function startDaemon(node, cfgPath, sock, extraEnv = {}) {
     XDS_ADDRESS: '',
     CA_ADDRESS: '',
     INPOD_UDS: sock,
+    DNS_RESOLV_CONF: resolvConf,
     LOG_FORMAT: 'json',
     RUST_LOG: 'info',
     ...extraEnv,
@@ -51,10 +60,10 @@ function startDaemon(node, cfgPath, sock, extraEnv = {}) {
   return { child, logs, node };
 }
 
-/** Run a one-shot program in a namespace and parse its last JSON line. */
-function runIn(ns, args, timeoutMs = 30_000) {
+/** Run a one-shot program (node, unless `cmd` says otherwise) in a namespace and parse its last JSON line. */
+function runIn(ns, args, timeoutMs = 30_000, cmd = process.execPath) {
   return new Promise((resolve, reject) => {
-    const child = cluster.spawn(ns, process.execPath, args);
+    const child = cluster.spawn(ns, cmd, args);
     let out = '';
     let err = '';
     child.stdout.on('data', (d) => (out += d));
@@ -121,7 +130,7 @@ async function serveIn(pod, port) {
   return conns;
 }
 
-function workloadYaml(pod, protocol = 'HBONE') {
+function workloadYaml(pod, protocol = 'HBONE', extra = '') {
   return `- uid: Kubernetes//Pod/${pod.namespace ?? 'default'}/${pod.name}
   name: ${pod.name}
   namespace: ${pod.namespace ?? 'default'}
@@ -130,7 +139,7 @@ function workloadYaml(pod, protocol = 'HBONE') {
   workloadIps: ["${pod.ip}"]
   protocol: ${protocol}
   node: node-${pod.node}
-`;
+${extra}`;
 }
 
 before(async () => {
@@ -152,13 +161,22 @@ before(async () => {
   writeFileSync(
     cfg,
     'workloads:\n' +
-      ['a1', 'a2', 'a3', 'b1', 'b3', 'd1'].map((p) => workloadYaml(pods[p])).join('') +
+      ['a1', 'a2', 'a3', 'b3', 'd1'].map((p) => workloadYaml(pods[p])).join('') +
+      workloadYaml(pods.b1, 'HBONE', '  services: {"default/b1.default.svc.cluster.local": {80: 8090}}\n') +
       workloadYaml(pods.b2, 'TCP') +
+      // b1 backs a service (VIP port 80 -> 8090) that the DNS tests resolve and call.
+      'services:\n- name: b1\n  namespace: default\n  hostname: b1.default.svc.cluster.local\n' +
+      `  vips: ["/${B1_VIP}"]\n  ports: {80: 8090}\n` +
       // Istio's STRICT PeerAuthentication, as istiod translates it, for namespace "strict".
       'policies:\n- name: istio_converted_static_strict\n  namespace: strict\n  scope: Namespace\n  action: Deny\n' +
       '  rules:\n  - - - notPrincipals: [{Presence: []}]\n',
   );
   cfgPath = cfg;
+  writeFileSync(resolvConf, `nameserver ${UPSTREAM_DNS()}\nsearch example.internal\n`);
+  upstream = { child: cluster.spawn(cluster.nodeNs('a'), 'python3', [join(root, 'test', 'helpers', 'dns_upstream.py'), UPSTREAM_DNS(), '53', pods.b1.ip]), events: [] };
+  children.push(upstream.child);
+  lines(upstream.child, (e) => upstream.events.push(e));
+  await waitForEvent(upstream.events, (e) => e.event === 'listening', 'the upstream DNS server');
   cni = { a: startCniAgent(join(tmp, 'a.sock'), children), b: startCniAgent(join(tmp, 'b.sock'), children) };
   await Promise.all([cni.a.next((e) => e.event === 'listening', 'listening'), cni.b.next((e) => e.event === 'listening', 'listening')]);
   daemons = { a: startDaemon('a', cfg, join(tmp, 'a.sock')), b: startDaemon('b', cfg, join(tmp, 'b.sock')) };
@@ -212,6 +230,77 @@ test('captured pod → captured pod on the same node', { skip }, async () => {
     source_principal: 'spiffe://cluster.local/ns/default/sa/a1',
   });
   assert.ok(opened >= 1);
+});
+
+/** Ask DNS questions from inside a pod with dnspython (test/helpers/dns_query.py); resolves its JSON answers. */
+const dnsIn = (pod, questions) => runIn(pod.ns, [DNS_QUERY, JSON.stringify(questions)], 30_000, 'python3');
+
+const ask = (name, extra = {}) => ({ server: KUBE_DNS, port: 53, name, type: 'A', timeout: 8, ...extra });
+
+test('DNS capture: a pod resolves a mesh service through its DNS proxy (UDP and TCP), then connects to the answer through the mesh', { skip }, async () => {
+  const conns = await serveIn(pods.b1, 8090);
+  const [udp, tcp, searched] = await dnsIn(pods.a1, [
+    ask('b1.default.svc.cluster.local.'),
+    ask('b1.default.svc.cluster.local.', { tcp: true }),
+    // What a pod's resolver sends for "b1" with Kubernetes' search list.
+    ask('b1.default.svc.cluster.local.'.replace('b1.', 'b1.default.'), { tcp: false }),
+  ]);
+  for (const r of [udp, tcp]) {
+    assert.equal(r.rcode, 'NOERROR', JSON.stringify(r));
+    assert.deepEqual(r.answers.map((a) => [a.type, a.data, a.ttl]), [['A', B1_VIP, 30]]);
+  }
+  assert.deepEqual(searched.answers.map((a) => a.type), ['CNAME', 'A'], JSON.stringify(searched));
+  assert.ok(!upstream.events.some((e) => e.name === 'b1.default.svc.cluster.local.'), 'a mesh name never reaches the upstream');
+  const r = await runIn(pods.a1.ns, [APP, 'send', udp.answers[0].data, '80', '20000']);
+  assert.deepEqual([r.ok, r.same], [true, true], JSON.stringify(r));
+  assert.equal(conns[0].split(':')[0], pods.a1.ip);
+  assert.ok((await metric('a', 'istio_dns_requests_total', { request_query_type: 'a', request_protocol: 'tcp', source_canonical_service: 'unknown' })) >= 1);
+});
+
+test('DNS capture: an external name is forwarded to the upstream from the pod (marked, not captured again) and used', { skip }, async () => {
+  const conns = await serveIn(pods.b1, 8091);
+  const [ext, nx] = await dnsIn(pods.a1, [ask('external.test.'), ask('missing.test.')]);
+  assert.deepEqual(ext.answers.map((a) => [a.type, a.data]), [['A', pods.b1.ip]], JSON.stringify(ext));
+  assert.equal(ext.aa, true, "the upstream's flags pass through");
+  assert.equal(nx.rcode, 'NXDOMAIN');
+  assert.ok(upstream.events.some((e) => e.name === 'external.test.' && e.transport === 'udp'));
+  const r = await runIn(pods.a1.ns, [APP, 'send', ext.answers[0].data, '8091', '5000']);
+  assert.deepEqual([r.ok, r.same], [true, true], JSON.stringify(r));
+  assert.ok(conns.length >= 1);
+  assert.ok((await metric('a', 'istio_dns_upstream_requests_total', { request_query_type: 'a', request_protocol: 'udp' })) >= 2);
+});
+
+test('DNS capture: a truncated upstream answer is asked again over TCP; the pod gets TC over UDP and the whole answer over TCP', { skip }, async () => {
+  const [udp, tcp] = await dnsIn(pods.a1, [ask('big.test.', { type: 'TXT' }), ask('big.test.', { type: 'TXT', tcp: true })]);
+  assert.equal(udp.tc, true, JSON.stringify(udp));
+  assert.equal(tcp.tc, false);
+  assert.equal(tcp.answers.length, 40);
+  const asked = upstream.events.filter((e) => e.name === 'big.test.').map((e) => e.transport);
+  assert.ok(asked.includes('udp') && asked.includes('tcp'), `upstream saw ${asked.join(',')}`);
+});
+
+test('DNS capture: an upstream that never answers gives SERVFAIL within the forward deadline; a flood of them stays bounded', { skip }, async () => {
+  const failures = await metric('a', 'istio_dns_upstream_failures_total', { request_query_type: 'a' });
+  const t0 = Date.now();
+  const [slow] = await dnsIn(pods.a1, [ask('slow.test.')]);
+  assert.equal(slow.rcode, 'SERVFAIL', JSON.stringify(slow));
+  assert.ok(Date.now() - t0 < 7_000, `SERVFAIL after ${Date.now() - t0} ms`);
+  assert.equal(await metric('a', 'istio_dns_upstream_failures_total', { request_query_type: 'a' }), failures + 1);
+  // 3000 unanswerable questions at once: at most 256 are in flight per pod, the rest dropped; then it still answers.
+  const flood = await runIn(pods.a1.ns, [
+    '-e',
+    `const s = require('node:dgram').createSocket('udp4');
+     const q = Buffer.from('00010100000100000000000004736c6f7704746573740000010001', 'hex');
+     let n = 0; const send = () => { if (n++ >= 3000) { s.close(); console.log(JSON.stringify({ sent: n - 1 })); return; } s.send(q, 53, '${KUBE_DNS}', send); }; send();`,
+  ]);
+  assert.equal(flood.sent, 3000);
+  // The flood's forwards hold their slots until their UDP attempt times out (2 s).
+  await new Promise((r) => setTimeout(r, 2500));
+  const [after] = await dnsIn(pods.a1, [ask('b1.default.svc.cluster.local.')]);
+  assert.deepEqual(after.answers.map((a) => a.data), [B1_VIP]);
+  const { body } = await http('a', '/metrics');
+  const rss = Number(/^process_resident_memory_bytes (\S+)$/m.exec(body)?.[1]);
+  assert.ok(rss < 400 * 1024 * 1024, `daemon RSS ${(rss / 2 ** 20).toFixed(0)} MiB`);
 });
 
 test('captured → uncaptured TCP destination: plain passthrough', { skip }, async () => {

@@ -208,3 +208,21 @@ test('in-pod settings: PACKET_MARK must fit SO_MARK (u32), ENABLE_ORIG_SRC maps 
   assert.equal(loadConfig({ env: { ENABLE_ORIG_SRC: 'true' }, args: [] }).inpod.origSrc, 'required');
   assert.equal(loadConfig({ env: { ENABLE_ORIG_SRC: 'false', INPOD_PORT_REUSE: 'false' }, args: [] }).inpod.origSrc, 'never');
 });
+
+test('DNS proxy settings: on by default; ISTIO_META_DNS_CAPTURE other than "true" turns it off; the address and its precedence', () => {
+  const d = loadConfig({ env: {} }).dns;
+  assert.deepEqual(d, { enabled: true, addr: { host: 'localhost', port: 15053 }, ipv6Enabled: true, preferedServiceNamespace: null, resolvConf: '/etc/resolv.conf' });
+  assert.equal(loadConfig({ env: { ISTIO_META_DNS_CAPTURE: 'true' } }).dns.enabled, true);
+  for (const off of ['false', 'False', '0', 'no']) assert.equal(loadConfig({ env: { ISTIO_META_DNS_CAPTURE: off } }).dns.enabled, false, off);
+  assert.deepEqual(loadConfig({ env: { DNS_PROXY_ADDR: '127.0.0.1:5353' } }).dns.addr, { host: '127.0.0.1', port: 5353 });
+  assert.deepEqual(
+    loadConfig({ env: { DNS_PROXY_ADDR: '127.0.0.1:5353', ISTIO_META_DNS_PROXY_ADDR: '[::1]:15054' } }).dns.addr,
+    { host: '::1', port: 15054 },
+    'the proxy metadata wins',
+  );
+  assert.throws(() => loadConfig({ env: { DNS_PROXY_ADDR: 'nowhere' } }), (e) => e instanceof ConfigError && /DNS_PROXY_ADDR: "nowhere" is not host:port/.test(e.message));
+  assert.throws(() => loadConfig({ env: { IPV6_ENABLED: 'maybe' } }), (e) => e instanceof ConfigError && /IPV6_ENABLED/.test(e.message));
+  const c = loadConfig({ env: { IPV6_ENABLED: 'false', PREFERED_SERVICE_NAMESPACE: 'prod', DNS_RESOLV_CONF: '/tmp/r.conf' } }).dns;
+  assert.deepEqual([c.ipv6Enabled, c.preferedServiceNamespace, c.resolvConf], [false, 'prod', '/tmp/r.conf']);
+  assert.equal(configForDump(loadConfig({ env: {} })).dns.addr, 'localhost:15053');
+});

@@ -38,7 +38,7 @@ function fakeDataplane({ bindFails = false } = {}) {
     addLocalWorkload: async (spec) => {
       dp.log.push(['addLocalWorkload', spec]);
       if (bindFails) throw new ZtunnelError('BIND_FAILED', `${spec.hboneAddr}: address in use`);
-      return { hboneAddr: spec.hboneAddr, socksAddr: spec.socksAddr };
+      return { hboneAddr: spec.hboneAddr, socksAddr: spec.socksAddr, dnsAddr: spec.dnsAddr };
     },
     metrics: () => ({ connections: [{ labels: { reporter: 'destination' }, opened: 4, closed: 4, failed: 0, sent: 1, received: 2 }], socketsOpen: { source: 0, destination: 0 } }),
     drainEvents: () => {
@@ -47,8 +47,8 @@ function fakeDataplane({ bindFails = false } = {}) {
       return e;
     },
     levels: [],
-    setEventLevels(access, dataplane) {
-      this.levels.push([access, dataplane]);
+    setEventLevels(access, dataplane, dns) {
+      this.levels.push([access, dataplane, dns]);
     },
     drain: async (ms) => (dp.log.push(['drain', ms]), true),
   });
@@ -89,8 +89,11 @@ test('local mode: certificates, then listeners, then ready; dumps and metrics; q
   assert.deepEqual(dp.log.filter(([op]) => op === 'createCsr').map(([, id]) => id), ['spiffe://cluster.local/ns/default/sa/sleep']);
   assert.ok(ops.indexOf('installCertificate') < ops.indexOf('addLocalWorkload'));
   assert.deepEqual(dp.log.filter(([op]) => op === 'addLocalWorkload').map(([, s]) => s), [
-    { uid: 'u-sleep', hboneAddr: '127.0.1.10:15008', socksAddr: '127.0.1.10:15080' },
+    // The DNS proxy is on by default (ISTIO_META_DNS_CAPTURE unset), on the workload's IP.
+    { uid: 'u-sleep', hboneAddr: '127.0.1.10:15008', socksAddr: '127.0.1.10:15080', dnsAddr: '127.0.1.10:15053' },
   ]);
+  assert.equal(dp.log[0][1].dns.enabled, true);
+  assert.equal(dp.log[0][1].dns.addr, 'localhost:15053');
 
   const dump = JSON.parse((await get(proxy.addresses.admin, '/config_dump')).body);
   assert.deepEqual(dump.workloads.map((w) => w.uid), ['u-echo', 'u-sleep']);
@@ -119,12 +122,12 @@ test('local mode: certificates, then listeners, then ready; dumps and metrics; q
 test('the dataplane builds only the events the log filter passes, and follows /logging changes', { skip }, async () => {
   const { dp, logs, config, deps } = setup();
   const proxy = await runProxy(config, logs, { deps, handleSignals: false });
-  assert.deepEqual(dp.levels, [['info', 'info']], 'set once at start, from RUST_LOG');
-  const r = await get(proxy.addresses.admin, '/logging?level=warn,access=off', { method: 'POST' });
+  assert.deepEqual(dp.levels, [['info', 'info', 'info']], 'set once at start, from RUST_LOG');
+  const r = await get(proxy.addresses.admin, '/logging?level=warn,access=off,dns=debug', { method: 'POST' });
   assert.equal(r.status, 200);
-  assert.deepEqual(dp.levels.at(-1), ['off', 'warn']);
+  assert.deepEqual(dp.levels.at(-1), ['off', 'warn', 'debug']);
   await get(proxy.addresses.admin, '/logging?reset', { method: 'POST' });
-  assert.deepEqual(dp.levels.at(-1), ['info', 'info']);
+  assert.deepEqual(dp.levels.at(-1), ['info', 'info', 'info']);
   await get(proxy.addresses.admin, '/quitquitquit', { method: 'POST' });
   assert.equal(await proxy.closed, 0);
   const after = dp.levels.length;

@@ -10,7 +10,7 @@
 //   handshake failures) are ztunnel-node's own, so they carry the `ztunnel_node_` prefix, not `istio_`. A snapshot
 //   without `tunnels` renders them as 0.
 import { Counter, Gauge, Registry, collectDefaultMetrics, type RegistryContentType } from 'prom-client';
-import type { MetricsSnapshot } from '../native/types.js';
+import type { DnsCounters, MetricsSnapshot } from '../native/types.js';
 import type { XdsCounters } from '../xds/metrics.js';
 
 /** ztunnel's CommonTrafficLabels, in its order. */
@@ -150,6 +150,60 @@ export interface MetricsOptions {
 
 type ContentType = RegistryContentType;
 
+const DNS_LABELS = ['request_query_type', 'request_protocol', 'source_canonical_service', 'source_canonical_revision'] as const;
+/** ztunnel's buckets for the upstream duration histogram (seconds). */
+export const DNS_DURATION_BUCKETS = [0.0005, 0.001, 0.01, 0.1, 1, 5] as const;
+const DNS_COUNTERS = [
+  { name: 'istio_dns_requests_total', help: 'Total number of DNS requests.', field: 'requests' },
+  { name: 'istio_dns_upstream_requests_total', help: 'Total number of DNS requests forwarded to upstream.', field: 'upstreamRequests' },
+  { name: 'istio_dns_upstream_failures_total', help: 'Total number of DNS failures forwarding upstream.', field: 'upstreamFailures' },
+] as const;
+
+function dnsLabels(l: Record<(typeof DNS_LABELS)[number], string>): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const k of DNS_LABELS) out[k] = l[k] === '' ? 'unknown' : l[k];
+  return out;
+}
+
+/**
+ * The DNS proxy's metrics (ztunnel's names and labels). The histogram's buckets are counted in Rust, so it is a
+ * metric object of our own that renders them as they are (prom-client's Histogram can only observe values).
+ */
+function registerDnsMetrics(reg: Registry<ContentType>, dns: () => DnsCounters | undefined): void {
+  for (const c of DNS_COUNTERS) {
+    new Counter({
+      name: c.name,
+      help: c.help,
+      labelNames: DNS_LABELS,
+      registers: [reg],
+      collect() {
+        this.reset();
+        for (const row of dns()?.rows ?? []) this.inc(dnsLabels(row.labels), row[c.field]);
+      },
+    });
+  }
+  const name = 'istio_dns_upstream_request_duration_seconds';
+  reg.registerMetric({
+    name,
+    help: 'Total time in seconds istio takes to get DNS response from upstream.',
+    type: 'histogram',
+    get: () => {
+      const values: Array<{ metricName: string; labels: Record<string, string | number>; value: number }> = [];
+      for (const row of dns()?.rows ?? []) {
+        if (row.durationCount === 0) continue;
+        const labels = dnsLabels(row.labels);
+        DNS_DURATION_BUCKETS.forEach((le, i) => {
+          values.push({ metricName: `${name}_bucket`, labels: { ...labels, le }, value: row.durationBuckets[i] ?? 0 });
+        });
+        values.push({ metricName: `${name}_bucket`, labels: { ...labels, le: '+Inf' }, value: row.durationCount });
+        values.push({ metricName: `${name}_sum`, labels, value: row.durationSum });
+        values.push({ metricName: `${name}_count`, labels, value: row.durationCount });
+      }
+      return Promise.resolve({ name, help: 'Total time in seconds istio takes to get DNS response from upstream.', type: 'histogram', values, aggregator: 'sum' });
+    },
+  } as unknown as Parameters<Registry<ContentType>['registerMetric']>[0]);
+}
+
 export class Metrics {
   private current: ScrapeSnapshot = { connections: [], socketsOpen: { source: 0, destination: 0 } };
   // prom-client renames counters in place when rendering OpenMetrics, so each format gets its own registry
@@ -264,6 +318,7 @@ export class Metrics {
         },
       });
     }
+    registerDnsMetrics(reg, () => current().dns);
     const missing = this.opts.missingPolicies;
     if (missing !== undefined) {
       new Gauge({

@@ -3,11 +3,13 @@
 // Two daemons run as child processes, each playing one Kubernetes node in PROXY_MODE=local (node-a hosts the
 // `sleep` workload at 127.0.1.10, node-b hosts `echo` at 127.0.2.10; examples/demo.yaml). They share a
 // built-in CA directory, so their workloads trust each other. The demo process plays both applications: it runs
-// the echo server on 127.0.2.10:8080 and, as `sleep`, connects through node-a's SOCKS5 listener
-// (127.0.1.10:15080). node-a carries the bytes over HBONE (mTLS + HTTP/2 CONNECT) to node-b's 127.0.2.10:15008,
+// the echo server on 127.0.2.10:8080 and, as `sleep`, resolves echo's service name through sleep's DNS proxy
+// (127.0.1.10:15053, answered by node-a from the mesh state) and connects to the answer, the service VIP, through
+// node-a's SOCKS5 listener (127.0.1.10:15080). node-a carries the bytes over HBONE (mTLS + HTTP/2 CONNECT) to node-b's 127.0.2.10:15008,
 // which delivers them to the echo server. The table printed afterwards comes from what an operator would look
 // at: both nodes' /metrics.
 import { spawn, type ChildProcess } from 'node:child_process';
+import { Resolver } from 'node:dns/promises';
 import { copyFile, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -38,6 +40,9 @@ const SLEEP_IP = '127.0.1.10';
 const ECHO_IP = '127.0.2.10';
 const ECHO_PORT = 8080;
 const SOCKS5_PORT = 15080;
+const DNS_PORT = 15053;
+const ECHO_HOST = 'echo.default.svc.cluster.local';
+const ECHO_SERVICE_PORT = 80;
 const SLEEP_ID = 'spiffe://cluster.local/ns/default/sa/sleep';
 const ECHO_ID = 'spiffe://cluster.local/ns/default/sa/echo';
 
@@ -337,8 +342,15 @@ export async function runDemo(args: readonly string[], env: Readonly<Record<stri
     await Promise.all(nodes.map(waitReady));
     const [a, b] = nodes as [RunningNode, RunningNode];
 
+    // As a captured pod's resolver would: ask sleep's DNS proxy (node-a answers from the mesh: the service VIP).
+    const resolver = new Resolver({ timeout: 2_000, tries: 2 });
+    resolver.setServers([`${SLEEP_IP}:${DNS_PORT}`]);
+    const tDns = performance.now();
+    const [echoVip] = await resolver.resolve4(ECHO_HOST);
+    const dnsMs = performance.now() - tDns;
+    if (echoVip === undefined) throw new Error(`${ECHO_HOST} did not resolve through ${SLEEP_IP}:${DNS_PORT}`);
     const t0 = performance.now();
-    const sock = await socks5Connect({ proxyHost: SLEEP_IP, proxyPort: SOCKS5_PORT, destHost: ECHO_IP, destPort: ECHO_PORT });
+    const sock = await socks5Connect({ proxyHost: SLEEP_IP, proxyPort: SOCKS5_PORT, destHost: echoVip, destPort: ECHO_SERVICE_PORT });
     const tConnect = performance.now() - t0;
     const echoed = await exchange(sock, MESSAGES);
     const tTotal = performance.now() - t0;
@@ -360,6 +372,8 @@ export async function runDemo(args: readonly string[], env: Readonly<Record<stri
 ztunnel-node demo: sleep (node-a, ${SLEEP_IP}) -> echo (node-b, ${ECHO_IP}:${ECHO_PORT}) over HBONE
 
 ${table([
+  ['DNS', `${ECHO_HOST} -> ${echoVip} (sleep's DNS proxy ${SLEEP_IP}:${DNS_PORT}, ${dnsMs.toFixed(1)} ms)`],
+  ['connected to', `${echoVip}:${ECHO_SERVICE_PORT}, the service VIP; node-a picked the endpoint ${ECHO_IP}:${ECHO_PORT}`],
   ['source identity', principal(srcId, SLEEP_ID)],
   ['destination identity', principal(dstId, ECHO_ID)],
   ['mTLS', mtls ? 'yes (node-b: connection_security_policy="mutual_tls")' : 'NO (node-b did not report mutual_tls)'],

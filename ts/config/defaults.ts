@@ -18,6 +18,11 @@ export const DEFAULT_ISTIOD_LOCAL = 'https://localhost:15012';
 export const HBONE_PORT = 15008;
 /** SOCKS5 listener port of each local workload (ztunnel's unstable SOCKS5 port). */
 export const SOCKS5_PORT = 15080;
+/** The DNS proxy's port (ztunnel's), and where each pod's server listens: both loopbacks of the pod. */
+export const DNS_PORT = 15053;
+export const DEFAULT_DNS_PROXY_ADDR: SocketAddress = { host: 'localhost', port: DNS_PORT };
+/** Where the DNS proxy learns its upstream servers (ztunnel reads the same file). */
+export const DEFAULT_RESOLV_CONF = '/etc/resolv.conf';
 /** Streams multiplexed on one pooled HBONE connection before a new one is opened (ztunnel's default). */
 export const DEFAULT_POOL_MAX_STREAMS_PER_CONNECTION = 100;
 /** Idle pooled connections are released after 5 minutes (ztunnel's default). */

@@ -57,6 +57,17 @@ export interface Config {
   readonly logFormat: LogFormat;
   readonly socks5Enabled: boolean;
   readonly localCaDir: string | null;
+  /** The DNS proxy (15053). */
+  readonly dns: {
+    /** ISTIO_META_DNS_CAPTURE: on unless set to something other than "true". */
+    readonly enabled: boolean;
+    /** In a pod's namespace: `localhost:<port>` (both loopbacks) or ip:port. Local mode: each workload's IP, this port. */
+    readonly addr: SocketAddress;
+    readonly ipv6Enabled: boolean;
+    readonly preferedServiceNamespace: string | null;
+    /** The resolver file read for upstream servers and the search list. */
+    readonly resolvConf: string;
+  };
   /** CRL_PATH: revocation lists (PEM) the handshakes check peers against; null: none. */
   readonly crlPath: string | null;
   /** Shared (in-pod) mode: the istio-cni ZDS socket, the in-pod mark, SO_REUSEPORT, original source. */
@@ -212,6 +223,13 @@ function resolve(
     socks5Enabled: raw.UNSTABLE_ENABLE_SOCKS5 ?? proxyMode === 'local',
     localCaDir: raw.LOCAL_CA_DIR ?? null,
     crlPath: raw.CRL_PATH ?? null,
+    dns: {
+      enabled: raw.ISTIO_META_DNS_CAPTURE === undefined || raw.ISTIO_META_DNS_CAPTURE === 'true',
+      addr: raw.ISTIO_META_DNS_PROXY_ADDR ?? raw.DNS_PROXY_ADDR ?? D.DEFAULT_DNS_PROXY_ADDR,
+      ipv6Enabled: raw.IPV6_ENABLED ?? true,
+      preferedServiceNamespace: raw.PREFERED_SERVICE_NAMESPACE ?? null,
+      resolvConf: raw.DNS_RESOLV_CONF ?? D.DEFAULT_RESOLV_CONF,
+    },
     inpod: {
       uds: raw.INPOD_UDS ?? D.DEFAULT_INPOD_UDS,
       packetMark: raw.PACKET_MARK ?? D.DEFAULT_PACKET_MARK,
@@ -284,6 +302,7 @@ export function configForDump(cfg: Config): Record<string, unknown> {
     adminAddr: formatSocketAddress(cfg.adminAddr),
     statsAddr: formatSocketAddress(cfg.statsAddr),
     readinessAddr: formatSocketAddress(cfg.readinessAddr),
+    dns: { ...cfg.dns, addr: formatSocketAddress(cfg.dns.addr) },
     hbonePort: D.HBONE_PORT,
     // A token must never reach a dump; say whether one is configured.
     authToken: cfg.authToken === null ? null : '<redacted>',

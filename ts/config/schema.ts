@@ -186,6 +186,12 @@ const fields = {
   POD_NAME: nonEmpty().optional().describe('this ztunnel pod\'s name (XDS node id and NAME metadata)'),
   POD_NAMESPACE: nonEmpty().optional().describe('this ztunnel pod\'s namespace (XDS node id and NAMESPACE metadata)'),
   SERVICE_ACCOUNT: nonEmpty().optional().describe('this ztunnel pod\'s service account'),
+  ISTIO_META_DNS_CAPTURE: text().optional().describe('DNS proxy on :15053 per workload: on unless set to something other than "true"'),
+  ISTIO_META_DNS_PROXY_ADDR: address().optional().describe('where each pod\'s DNS proxy listens (localhost:15053); wins over DNS_PROXY_ADDR'),
+  DNS_PROXY_ADDR: address().optional().describe('where each pod\'s DNS proxy listens (localhost:15053: 127.0.0.1, and ::1 when the pod has it)'),
+  IPV6_ENABLED: bool().optional().describe('AAAA questions answered from the mesh (true)'),
+  PREFERED_SERVICE_NAMESPACE: nonEmpty().optional().describe('DNS proxy tie-breaker among services with the same hostname (sic, as ztunnel)'),
+  DNS_RESOLV_CONF: nonEmpty().optional().describe('resolver file whose nameservers get the questions the mesh does not answer (/etc/resolv.conf)'),
 };
 
 /**
@@ -230,6 +236,7 @@ export const BOOLEAN_KEYS: ReadonlySet<ConfigKey> = new Set<ConfigKey>([
   'ENABLE_ORIG_SRC',
   'LOCALHOST_APP_TUNNEL',
   'ENABLE_RESPONSE_BAGGAGE',
+  'IPV6_ENABLED',
 ]);
 
 /**

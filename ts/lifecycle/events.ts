@@ -1,14 +1,15 @@
 // Native dataplane events -> logs. Access events go to the `access` target (ztunnel's access log target) so they
-// can be filtered separately (RUST_LOG=warn,access=info); other native logs go to `dataplane`.
+// can be filtered separately (RUST_LOG=warn,access=info); the DNS proxy's records to `dns` (ztunnel's target, at
+// debug: RUST_LOG=dns=debug); other native logs go to `dataplane`.
 import type { Logger } from 'pino';
 import type { NativeEvent } from '../native/types.js';
 
-export function logNativeEvent(ev: NativeEvent, loggers: { access: Logger; dataplane: Logger }): void {
+export function logNativeEvent(ev: NativeEvent, loggers: { access: Logger; dataplane: Logger; dns?: Logger }): void {
   if (ev.kind === 'dropped') {
     loggers.dataplane.warn({ count: ev.count }, 'dataplane event queue overflowed; events dropped');
     return;
   }
-  const logger = ev.kind === 'access' ? loggers.access : loggers.dataplane;
+  const logger = ev.kind === 'access' ? loggers.access : ev.kind === 'dns' ? (loggers.dns ?? loggers.dataplane) : loggers.dataplane;
   switch (ev.level) {
     case 'error':
       return logger.error(ev.fields, ev.message);

@@ -25,6 +25,8 @@ export interface LocalWorkloadsOptions {
   /** Bind per-workload listeners (local mode); false: certificates only (prefetch, shared mode). */
   listeners: {
     socks5: boolean;
+    /** The DNS proxy's port on each workload's IP; null: none. Optional (none) for callers without DNS. */
+    dnsPort?: number | null;
     add(spec: LocalWorkloadSpec): Promise<BoundListeners>;
     remove(uid: string): Promise<void>;
   } | null;
@@ -137,6 +139,7 @@ export class LocalWorkloads {
       uid,
       ...(want.protocol === 'HBONE' ? { hboneAddr: joinHostPort(ip, HBONE_PORT) } : {}),
       ...(listeners.socks5 ? { socksAddr: joinHostPort(ip, SOCKS5_PORT) } : {}),
+      ...(listeners.dnsPort != null ? { dnsAddr: joinHostPort(ip, listeners.dnsPort) } : {}),
     };
     const bound = await listeners.add(spec);
     served.spec = spec;

@@ -27,6 +27,7 @@ import { HBONE_PORT } from '../config/defaults.js';
 import { formatSocketAddress, type SocketAddress } from '../config/address.js';
 import { LocalConfigLoader, parseJson, type LocalLoad } from '../config/local-loader.js';
 import { followCrls } from '../ca/crl.js';
+import { readResolvConf, type ResolvConf } from '../config/resolv-conf.js';
 import { createAdminServer } from '../admin/admin-server.js';
 import { closeServer, listen } from '../admin/http.js';
 import { Metrics } from '../admin/metrics.js';
@@ -126,8 +127,8 @@ export interface ProxyHandle {
   applyStateChange(source: StateSource, change: StateChange): AppliedChange;
 }
 
-/** The native dataplane's config, derived from the daemon's Config. */
-export function dataplaneConfig(config: Config): DataplaneConfig {
+/** The native dataplane's config, derived from the daemon's Config (and the resolver file it names). */
+export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameservers: [], search: [] }): DataplaneConfig {
   return {
     nodeName: config.nodeName ?? '',
     clusterId: config.clusterId,
@@ -146,6 +147,15 @@ export function dataplaneConfig(config: Config): DataplaneConfig {
     socks5Enabled: config.socks5Enabled,
     bindSourceIp: config.proxyMode === 'local',
     ownPorts: [config.adminAddr.port, config.statsAddr.port, config.readinessAddr.port].filter((p) => p !== 0),
+    dns: {
+      enabled: config.dns.enabled,
+      addr: formatSocketAddress(config.dns.addr),
+      clusterDomain: config.clusterDomain,
+      ipv6Enabled: config.dns.ipv6Enabled,
+      upstreams: resolv.nameservers,
+      searchDomains: resolv.search,
+      preferedServiceNamespace: config.dns.preferedServiceNamespace ?? '',
+    },
   };
 }
 
@@ -175,7 +185,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const drain = new Drain(config.terminationDeadlineMs, log);
   const store = new StateStore(config.nodeName);
   const xdsMetrics = new XdsMetrics();
-  const loggers = { access: logs.forTarget('access'), dataplane: logs.forTarget('dataplane') };
+  const loggers = { access: logs.forTarget('access'), dataplane: logs.forTarget('dataplane'), dns: logs.forTarget('dns') };
 
   // Opened once the local config is valid (a bad file must create nothing); the servers bind before, and see null.
   let dp: DataplanePort | null = null;
@@ -484,12 +494,20 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
 
     // The ports the servers are bound to (an address with port 0 got one from the OS).
     const bound = [addresses.admin.port, addresses.stats.port, addresses.readiness.port];
-    const plane = deps.openDataplane({ ...dataplaneConfig(config), ownPorts: bound });
+    let resolv: ResolvConf = { nameservers: [], search: [] };
+    if (config.dns.enabled) {
+      const read = readResolvConf(config.dns.resolvConf);
+      if (read.error !== null) log.warn({ error: read.error }, 'DNS proxy: no upstream resolvers; questions the mesh does not answer get SERVFAIL');
+      else log.info({ upstreams: read.nameservers, search: read.search }, 'DNS proxy upstream resolvers');
+      resolv = read;
+    }
+    const plane = deps.openDataplane({ ...dataplaneConfig(config, resolv), ownPorts: bound });
     dp = plane;
     // Revocation lists before any listener or certificate: no handshake happens without them.
     if (config.crlPath !== null) crlWatch = await followCrls(config.crlPath, plane, logs.forTarget('ca'));
     // The dataplane builds only the events the log filter lets through, and follows its changes (admin /logging).
-    const syncEventLevels = () => plane.setEventLevels(logs.levelOf('access'), logs.levelOf('dataplane'));
+    const syncEventLevels = () =>
+      plane.setEventLevels(logs.levelOf('access'), logs.levelOf('dataplane'), logs.levelOf('dns'));
     syncEventLevels();
     stopEventLevels = logs.onChange(syncEventLevels);
     if (ca !== null) {
@@ -508,7 +526,12 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         certs,
         listeners:
           config.proxyMode === 'local'
-            ? { socks5: config.socks5Enabled, add: (spec) => plane.addLocalWorkload(spec), remove: (uid) => plane.removeLocalWorkload(uid) }
+            ? {
+                socks5: config.socks5Enabled,
+                dnsPort: config.dns.enabled ? config.dns.addr.port : null,
+                add: (spec) => plane.addLocalWorkload(spec),
+                remove: (uid) => plane.removeLocalWorkload(uid),
+              }
             : null,
         logger: log,
         onError: (uid, err) => {

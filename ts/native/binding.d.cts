@@ -52,8 +52,11 @@ export declare class Dataplane {
    */
   inpodState(connections?: boolean | undefined | null): string
   metrics(): string
-  /** Log filter levels ("trace".."error", "off") for access events and the dataplane's other events. */
-  setEventLevels(access: string, dataplane: string): void
+  /**
+   * Log filter levels ("trace".."error", "off") for access events, the DNS proxy's records and the dataplane's
+   * other events.
+   */
+  setEventLevels(access: string, dataplane: string, dns: string): void
   drainEvents(): string
   certificates(): string
   listeners(): string

@@ -273,8 +273,8 @@ export class Dataplane {
    * The log levels in force for access events and the dataplane's other events: events below them are not built
    * (a filtered-out access log costs a connection nothing).
    */
-  setEventLevels(access: LogLevel, dataplane: LogLevel): void {
-    call(() => this.inner.setEventLevels(access, dataplane));
+  setEventLevels(access: LogLevel, dataplane: LogLevel, dns: LogLevel = dataplane): void {
+    call(() => this.inner.setEventLevels(access, dataplane, dns));
   }
 
   /** Events queued since the last call, oldest first. */

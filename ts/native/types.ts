@@ -28,6 +28,23 @@ export interface DataplaneConfig {
   bindSourceIp: boolean;
   /** The control side's listening ports (admin, stats, readiness): refused as tunnel destinations like the dataplane's. */
   ownPorts: number[];
+  /** The DNS proxy (15053). */
+  dns: DnsConfig;
+}
+
+export interface DnsConfig {
+  /** A server per local workload. */
+  enabled: boolean;
+  /** Where each pod's server listens in its namespace: "localhost:<port>" (127.0.0.1 and ::1) or "ip:port". */
+  addr: string;
+  clusterDomain: string;
+  /** AAAA questions answered from the mesh. */
+  ipv6Enabled: boolean;
+  /** Upstream resolvers, "ip:port". */
+  upstreams: string[];
+  /** The daemon's search list (dedicated mode strips it). */
+  searchDomains: string[];
+  preferedServiceNamespace: string;
 }
 
 export type WorkloadProtocol = 'HBONE' | 'TCP';
@@ -178,6 +195,28 @@ export interface ConnectionCounters {
 export interface MetricsSnapshot {
   connections: ConnectionCounters[];
   socketsOpen: { source: number; destination: number };
+  /** The DNS proxy's counters (dns/metrics.rs). */
+  dns?: DnsCounters;
+}
+
+export interface DnsCounters {
+  rows: Array<{
+    labels: {
+      request_query_type: string;
+      request_protocol: string;
+      source_canonical_service: string;
+      source_canonical_revision: string;
+    };
+    requests: number;
+    upstreamRequests: number;
+    upstreamFailures: number;
+    /** Cumulative counts for the buckets 0.0005, 0.001, 0.01, 0.1, 1, 5 s. */
+    durationBuckets: number[];
+    durationSum: number;
+    durationCount: number;
+  }>;
+  /** Questions dropped, or TCP connections refused, at a server's cap. */
+  dropped: number;
 }
 
 export type EventLevel = 'info' | 'error' | 'debug' | 'warn';
@@ -185,6 +224,7 @@ export type EventLevel = 'info' | 'error' | 'debug' | 'warn';
 export type NativeEvent =
   | { kind: 'access'; level: EventLevel; message: string; fields: Record<string, string | number> }
   | { kind: 'log'; level: EventLevel; message: string; fields: Record<string, string | number> }
+  | { kind: 'dns'; level: EventLevel; message: string; fields: Record<string, string | number> }
   | { kind: 'dropped'; count: number };
 
 export interface LocalWorkloadSpec {
@@ -193,12 +233,15 @@ export interface LocalWorkloadSpec {
   hboneAddr?: string;
   /** SOCKS5 entry for the workload's outbound traffic. */
   socksAddr?: string;
+  /** The workload's DNS proxy (UDP and TCP). */
+  dnsAddr?: string;
 }
 
 export interface BoundListeners {
   uid: string;
   hboneAddr?: string;
   socksAddr?: string;
+  dnsAddr?: string;
 }
 
 export type ListenerInfo = BoundListeners;

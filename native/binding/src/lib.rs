@@ -158,10 +158,11 @@ impl Dataplane {
         self.inner.metrics_json()
     }
 
-    /// Log filter levels ("trace".."error", "off") for access events and the dataplane's other events.
+    /// Log filter levels ("trace".."error", "off") for access events, the DNS proxy's records and the dataplane's
+    /// other events.
     #[napi]
-    pub fn set_event_levels(&self, access: String, dataplane: String) -> Result<()> {
-        self.inner.set_event_levels(&access, &dataplane).map_err(err)
+    pub fn set_event_levels(&self, access: String, dataplane: String, dns: String) -> Result<()> {
+        self.inner.set_event_levels(&access, &dataplane, &dns).map_err(err)
     }
 
     #[napi]

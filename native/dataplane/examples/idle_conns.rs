@@ -78,6 +78,7 @@ fn main() {
             uid: "sleep".into(),
             hbone_addr: None,
             socks_addr: Some(socks),
+            dns_addr: None,
         }))
         .unwrap();
     let hbone = format!("{ECHO}:15008").parse().unwrap();
@@ -86,6 +87,7 @@ fn main() {
             uid: "echo".into(),
             hbone_addr: Some(hbone),
             socks_addr: None,
+            dns_addr: None,
         }))
         .unwrap();
 

@@ -9,6 +9,61 @@ pub const HBONE_PORT: u16 = 15008;
 pub const OUTBOUND_CAPTURE_PORT: u16 = 15001;
 pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
 pub const SOCKS5_PORT: u16 = 15080;
+pub const DNS_PORT: u16 = 15053;
+
+/// The DNS proxy (15053).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DnsConfig {
+    /// ISTIO_META_DNS_CAPTURE: a server per local workload.
+    pub enabled: bool,
+    /// Where each pod's server listens inside its namespace (ISTIO_META_DNS_PROXY_ADDR / DNS_PROXY_ADDR):
+    /// `localhost:<port>` (127.0.0.1, and ::1 when the pod has it) or an `ip:port`.
+    pub addr: String,
+    /// CLUSTER_DOMAIN
+    pub cluster_domain: String,
+    /// IPV6_ENABLED: AAAA questions are answered from the mesh (else they get no records).
+    pub ipv6_enabled: bool,
+    /// The daemon's resolv.conf nameservers, port 53 unless given.
+    pub upstreams: Vec<std::net::SocketAddr>,
+    /// The daemon's resolv.conf search list (dedicated mode strips these; shared mode uses each pod's
+    /// Kubernetes defaults).
+    pub search_domains: Vec<String>,
+    /// PREFERED_SERVICE_NAMESPACE (sic, as ztunnel): the tie-breaker among same-hostname services.
+    pub prefered_service_namespace: String,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        DnsConfig {
+            enabled: false,
+            addr: format!("localhost:{DNS_PORT}"),
+            cluster_domain: "cluster.local".into(),
+            ipv6_enabled: true,
+            upstreams: Vec::new(),
+            search_domains: Vec::new(),
+            prefered_service_namespace: String::new(),
+        }
+    }
+}
+
+impl DnsConfig {
+    /// The addresses `addr` names: `localhost:<port>` is both loopbacks (the caller skips ::1 where it cannot bind).
+    pub fn listen_addrs(&self) -> Result<Vec<std::net::SocketAddr>, String> {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+        if let Some(port) = self.addr.strip_prefix("localhost:") {
+            let port: u16 = port.parse().map_err(|_| format!("dns.addr {:?}: bad port", self.addr))?;
+            return Ok(vec![
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), port),
+            ]);
+        }
+        self.addr
+            .parse::<SocketAddr>()
+            .map(|a| vec![a])
+            .map_err(|_| format!("dns.addr {:?}: want localhost:<port> or <ip>:<port>", self.addr))
+    }
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -61,6 +116,7 @@ pub struct Config {
     pub enable_response_baggage: bool,
     /// The control side's own listening ports (admin, stats, readiness): never a tunnel destination either.
     pub own_ports: Vec<u16>,
+    pub dns: DnsConfig,
 }
 
 impl Default for Config {
@@ -84,6 +140,7 @@ impl Default for Config {
             localhost_app_tunnel: true,
             enable_response_baggage: true,
             own_ports: Vec::new(),
+            dns: DnsConfig::default(),
         }
     }
 }
@@ -121,6 +178,14 @@ impl Config {
         if self.http2.connection_window_size == 0 || self.http2.connection_window_size > i32::MAX as u32 {
             return range("http2.connectionWindowSize", "must be in 1..=2^31-1".into());
         }
+        if let Err(problem) = self.dns.listen_addrs() {
+            return range("dns.addr", problem);
+        }
+        if let Err(problem) =
+            crate::dns::Domains::new(&self.dns.cluster_domain, Some(&self.dns.search_domains), "", true)
+        {
+            return range("dns.clusterDomain", problem);
+        }
         Ok(())
     }
 
@@ -146,6 +211,9 @@ impl Config {
         }
         if self.socks5_enabled {
             set.insert(SOCKS5_PORT);
+        }
+        if self.dns.enabled {
+            set.insert(DNS_PORT);
         }
         for p in &self.own_ports {
             set.insert(*p);

@@ -53,6 +53,7 @@ pub struct Events {
     inner: Mutex<(VecDeque<Event>, u64)>,
     min_access: AtomicU8,
     min_log: AtomicU8,
+    min_dns: AtomicU8,
 }
 
 impl Events {
@@ -62,9 +63,18 @@ impl Events {
         self.min_log.store(log, Ordering::Relaxed);
     }
 
+    /// The filter level of the DNS proxy's records (kind `dns`).
+    pub fn set_dns_level(&self, dns: u8) {
+        self.min_dns.store(dns, Ordering::Relaxed);
+    }
+
     /// Whether an event of this kind and level would be reported: check before building one on a hot path.
     pub fn enabled(&self, kind: &str, level: Level) -> bool {
-        let min = if kind == "access" { &self.min_access } else { &self.min_log };
+        let min = match kind {
+            "access" => &self.min_access,
+            "dns" => &self.min_dns,
+            _ => &self.min_log,
+        };
         level as u8 >= min.load(Ordering::Relaxed)
     }
 

@@ -8,6 +8,7 @@ pub mod alloc;
 pub mod ca;
 pub mod config;
 pub mod copy;
+pub mod dns;
 pub mod drain;
 pub mod events;
 pub mod identity;
@@ -84,6 +85,9 @@ pub struct LocalWorkloadSpec {
     pub uid: String,
     pub hbone_addr: Option<SocketAddr>,
     pub socks_addr: Option<SocketAddr>,
+    /// The DNS proxy (UDP and TCP) for the workload.
+    #[serde(default)]
+    pub dns_addr: Option<SocketAddr>,
 }
 
 #[derive(Debug, Serialize, Clone)]
@@ -94,6 +98,8 @@ pub struct BoundListeners {
     pub hbone_addr: Option<SocketAddr>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub socks_addr: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dns_addr: Option<SocketAddr>,
 }
 
 /// What `startDedicated` takes: PROXY_WORKLOAD_INFO plus the socket settings.
@@ -346,7 +352,7 @@ impl Dataplane {
         self.remove_local_workload(&spec.uid).await;
         let drain = self.drain.child();
         let uid: Arc<str> = Arc::from(spec.uid.as_str());
-        let mut bound = BoundListeners { uid: spec.uid.clone(), hbone_addr: None, socks_addr: None };
+        let mut bound = BoundListeners { uid: spec.uid.clone(), hbone_addr: None, socks_addr: None, dns_addr: None };
         if let Some(addr) = spec.hbone_addr {
             let identity = workload.identity();
             let tls = Arc::new(tls::server_config(self.pi.certs.clone(), identity.clone())?);
@@ -370,6 +376,21 @@ impl Dataplane {
             };
             bound.socks_addr = Some(l.local_addr().map_err(|e| DataplaneError::Bind(addr, e))?);
             self.handle.spawn(proxy::socks5::serve(l, self.pi.clone(), LocalRef::Uid(uid.clone()), drain.clone()));
+        }
+        if let Some(addr) = spec.dns_addr {
+            let sockets: Arc<dyn socket::SocketFactory> = Arc::new(socket::DefaultSockets);
+            let started = dns::Server::new(self.pi.clone(), LocalRef::Uid(uid.clone()), sockets.clone(), false)
+                .and_then(|s| {
+                    let _rt = self.handle.enter();
+                    s.start(&*sockets, &[addr], socket::ListenOptions::default(), &drain)
+                });
+            match started {
+                Ok(b) => bound.dns_addr = b.first().copied(),
+                Err(e) => {
+                    drain.drain_now().await;
+                    return Err(DataplaneError::Spec(e));
+                }
+            }
         }
         self.local.lock().expect("local lock").insert(spec.uid.clone(), LocalWorkload { bound: bound.clone(), drain });
         Ok(bound)
@@ -404,8 +425,13 @@ impl Dataplane {
 
     /// Dedicated mode: capture listeners for one workload in the daemon's own namespace.
     pub async fn start_dedicated(&self, spec: DedicatedSpec) -> Result<(), DataplaneError> {
-        let cfg =
-            inpod::InPodConfig { uds: Default::default(), mark: spec.mark, reuse_port: true, orig_src: spec.orig_src };
+        let cfg = inpod::InPodConfig {
+            uds: Default::default(),
+            mark: spec.mark,
+            reuse_port: true,
+            orig_src: spec.orig_src,
+            dedicated: true,
+        };
         let m = inpod::WorkloadManager::new(self.pi.clone(), cfg, self.drain.clone());
         *self.inpod.lock().expect("inpod lock") = Some(m.clone());
         let info = inpod::zds::WorkloadInfo {
@@ -464,13 +490,14 @@ impl Dataplane {
         self.pi.metrics.snapshot_json()
     }
 
-    /// The log filter levels of access events and of the dataplane's other events ("trace".."error", "off");
-    /// events below them are not even built.
-    pub fn set_event_levels(&self, access: &str, dataplane: &str) -> Result<(), DataplaneError> {
+    /// The log filter levels of access events, of the DNS proxy's records (target `dns`) and of the dataplane's
+    /// other events ("trace".."error", "off"); events below them are not even built.
+    pub fn set_event_levels(&self, access: &str, dataplane: &str, dns: &str) -> Result<(), DataplaneError> {
         let parse = |s: &str| {
             events::parse_min_level(s).ok_or_else(|| DataplaneError::Spec(format!("unknown log level {s:?}")))
         };
         self.pi.events.set_min_levels(parse(access)?, parse(dataplane)?);
+        self.pi.events.set_dns_level(parse(dns)?);
         Ok(())
     }
 

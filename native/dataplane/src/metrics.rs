@@ -158,6 +158,8 @@ pub struct Metrics {
     pub authz_denied: AtomicU64,
     /// Live inbound connections closed because a state change denied them.
     pub authz_closed_by_policy: AtomicU64,
+    /// The DNS proxy's counters.
+    pub dns: crate::dns::metrics::DnsMetrics,
 }
 
 #[derive(Serialize)]
@@ -231,7 +233,8 @@ impl Metrics {
             "authorization": {
                 "denied": self.authz_denied.load(Ordering::Relaxed),
                 "closedByPolicyChange": self.authz_closed_by_policy.load(Ordering::Relaxed),
-            }
+            },
+            "dns": self.dns.snapshot(),
         })
         .to_string()
     }

@@ -17,6 +17,8 @@ const BACKLOG: i32 = 128;
 pub trait SocketFactory: Send + Sync + 'static {
     /// A new TCP socket, in the right network namespace, with the right mark.
     fn tcp(&self, domain: Domain) -> io::Result<Socket>;
+    /// A new UDP socket, likewise (the DNS proxy's listeners and upstream queries).
+    fn udp(&self, domain: Domain) -> io::Result<Socket>;
 }
 
 /// Sockets of the daemon's own network namespace, unmarked.
@@ -26,6 +28,9 @@ pub struct DefaultSockets;
 impl SocketFactory for DefaultSockets {
     fn tcp(&self, domain: Domain) -> io::Result<Socket> {
         Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
+    }
+    fn udp(&self, domain: Domain) -> io::Result<Socket> {
+        Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
     }
 }
 
@@ -54,6 +59,20 @@ pub fn listen_with(f: &dyn SocketFactory, addr: SocketAddr, opts: ListenOptions)
     sock.bind(&addr.into())?;
     sock.listen(BACKLOG)?;
     TcpListener::from_std(sock.into())
+}
+
+/// Bind a UDP socket (the DNS proxy). Must be called inside the runtime context.
+pub fn bind_udp(f: &dyn SocketFactory, addr: SocketAddr, opts: ListenOptions) -> io::Result<tokio::net::UdpSocket> {
+    let sock = f.udp(Domain::for_address(addr))?;
+    if opts.reuse_port {
+        sock.set_reuse_port(true)?;
+    }
+    sock.set_nonblocking(true)?;
+    if addr.is_ipv6() {
+        sock.set_only_v6(false)?;
+    }
+    sock.bind(&addr.into())?;
+    tokio::net::UdpSocket::from_std(sock.into())
 }
 
 pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {

@@ -64,6 +64,9 @@ pub struct InPodConfig {
     /// ENABLE_ORIG_SRC
     #[serde(default)]
     pub orig_src: OrigSrc,
+    /// Dedicated mode: the one workload is the daemon's own (the DNS proxy then strips the daemon's search list).
+    #[serde(default)]
+    pub dedicated: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -477,6 +480,23 @@ impl WorkloadManager {
         tokio::spawn(crate::proxy::inbound::serve(hbone, pi.clone(), local.clone(), (tls, identity), drain.clone()));
         if let Some(l) = socks {
             tokio::spawn(crate::proxy::socks5::serve(l, pi.clone(), local.clone(), drain.clone()));
+        }
+        if base.cfg.dns.enabled {
+            let dns = crate::dns::Server::new(pi.clone(), local.clone(), sockets.clone(), self.cfg.dedicated)?;
+            let dns_opts = ListenOptions { reuse_port: self.cfg.reuse_port, transparent: false };
+            let addrs = base.cfg.dns.listen_addrs()?;
+            let localhost = addrs.len() == 2;
+            for (i, addr) in addrs.iter().enumerate() {
+                match dns.start(&*sockets, std::slice::from_ref(addr), dns_opts, &drain) {
+                    Ok(_) => {}
+                    // localhost's ::1 only where the pod has IPv6 on lo (ztunnel's `maybe_downgrade_ipv6`).
+                    Err(_) if localhost && i == 1 => {}
+                    Err(e) => {
+                        drain.drain_now().await;
+                        return Err(format!("{uid}: {e}"));
+                    }
+                }
+            }
         }
         Ok((drain, pi))
     }

@@ -61,7 +61,16 @@ pub struct InPodSockets {
 
 impl SocketFactory for InPodSockets {
     fn tcp(&self, domain: Domain) -> io::Result<Socket> {
-        let sock = self.netns.run(|| Socket::new(domain, Type::STREAM, Some(Protocol::TCP)))??;
+        self.marked(domain, Type::STREAM, Protocol::TCP)
+    }
+    fn udp(&self, domain: Domain) -> io::Result<Socket> {
+        self.marked(domain, Type::DGRAM, Protocol::UDP)
+    }
+}
+
+impl InPodSockets {
+    fn marked(&self, domain: Domain, ty: Type, proto: Protocol) -> io::Result<Socket> {
+        let sock = self.netns.run(|| Socket::new(domain, ty, Some(proto)))??;
         if self.mark != 0 {
             sock.set_mark(self.mark)?;
         }

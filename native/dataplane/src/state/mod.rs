@@ -479,6 +479,11 @@ impl State {
         keys.iter().find(|k| k.namespace == prefer_ns).or_else(|| keys.first()).and_then(|k| self.services.get(k))
     }
 
+    /// Every service with this hostname (the DNS proxy chooses among them).
+    pub fn services_by_host<'a>(&'a self, hostname: &str) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
+        self.services_by_hostname.get(hostname).into_iter().flatten().filter_map(|k| self.services.get(k))
+    }
+
     /// `uid`'s port map as an endpoint of the service `key`, if it is one.
     pub fn endpoint_ports(&self, key: &ServiceKey, uid: &str) -> Option<&PortMap> {
         self.endpoints.get(key).and_then(|eps| eps.get(uid))

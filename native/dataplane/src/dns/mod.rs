@@ -1,0 +1,347 @@
+//! The DNS proxy (15053): ztunnel's ambient DNS, one server per local workload (a pod's namespace in shared mode,
+//! the daemon's in dedicated mode, the workload's address in local mode), UDP and TCP.
+//!
+//! Invariants:
+//! - The client is the workload the server belongs to (`LocalRef`), never looked up from the packet's source.
+//! - A and AAAA questions for mesh names are answered from the state (`lookup`), authoritatively, TTL 30 s; every
+//!   other question is forwarded (`forward`) and a failed forward is SERVFAIL.
+//! - hickory-proto decodes and encodes every message; this module only decides. An undecodable query with a readable
+//!   header gets FORMERR; shorter garbage is dropped. Opcodes other than QUERY get NOTIMP; more or fewer than one
+//!   question FORMERR; an EDNS version above 0 BADVERS (RFC 6891 §6.1.3).
+//! - Answers over UDP fit the client's size: 512 bytes without EDNS, else its advertised payload (at least 512, at
+//!   most ours); a larger answer goes out as the question alone with TC set, so the client asks again over TCP. A
+//!   query with EDNS gets an OPT record back carrying our payload size (RFC 6891 §6.1.1).
+//! - Bounded: UDP questions in flight per server and TCP connections per server are capped (excess UDP is dropped,
+//!   excess TCP closed); a TCP connection that sends no complete question for 5 s is closed; a forward gives up after
+//!   its deadline.
+
+pub mod forward;
+pub mod lookup;
+pub mod metrics;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::{A, AAAA, CNAME};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::Semaphore;
+
+use crate::drain::Drain;
+use crate::events::Level;
+use crate::fields;
+use crate::proxy::{LocalRef, ProxyInputs};
+use crate::socket::{self, ListenOptions, SocketFactory};
+
+pub use forward::Forwarder;
+pub use lookup::Domains;
+
+pub const TTL: u32 = 30;
+/// ztunnel's TCP request timeout.
+const TCP_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The UDP payload we advertise and accept (DNS flag day 2020's 1232 avoids IP fragmentation).
+const OUR_UDP_PAYLOAD: u16 = 1232;
+const MAX_UDP_IN_FLIGHT: usize = 256;
+const MAX_TCP_CONNECTIONS: usize = 128;
+/// A whole forward, all upstreams and the TCP retry included.
+const FORWARD_DEADLINE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Udp,
+    Tcp,
+}
+
+impl Transport {
+    fn label(self) -> &'static str {
+        match self {
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+/// One DNS server: whose it is, how it names things, where it forwards.
+pub struct Server {
+    pi: Arc<ProxyInputs>,
+    client: LocalRef,
+    domains: Domains,
+    forwarder: Forwarder,
+}
+
+impl Server {
+    /// `dedicated`: the search domains are the daemon's resolv.conf's (ztunnel's dedicated mode), not the per-pod
+    /// Kubernetes defaults.
+    pub fn new(
+        pi: Arc<ProxyInputs>,
+        client: LocalRef,
+        sockets: Arc<dyn SocketFactory>,
+        dedicated: bool,
+    ) -> Result<Arc<Server>, String> {
+        let c = &pi.cfg.dns;
+        let search = dedicated.then_some(c.search_domains.as_slice());
+        let domains = Domains::new(&c.cluster_domain, search, &c.prefered_service_namespace, c.ipv6_enabled)?;
+        let forwarder = Forwarder { upstreams: c.upstreams.clone().into(), sockets, deadline: FORWARD_DEADLINE };
+        Ok(Arc::new(Server { pi, client, domains, forwarder }))
+    }
+
+    /// Bind UDP and TCP on each address and serve them until `drain`. Returns the bound addresses (UDP and TCP share
+    /// the port; with port 0 the TCP port follows the UDP one).
+    pub fn start(
+        self: &Arc<Self>,
+        sockets: &dyn SocketFactory,
+        addrs: &[SocketAddr],
+        opts: ListenOptions,
+        drain: &Drain,
+    ) -> Result<Vec<SocketAddr>, String> {
+        let me = self;
+        let mut bound = Vec::new();
+        let mut servers = Vec::new();
+        for addr in addrs {
+            let udp = socket::bind_udp(sockets, *addr, opts).map_err(|e| format!("DNS UDP {addr}: {e}"))?;
+            let local = udp.local_addr().map_err(|e| e.to_string())?;
+            let tcp = socket::listen_with(sockets, local, opts).map_err(|e| format!("DNS TCP {local}: {e}"))?;
+            bound.push(local);
+            servers.push((udp, tcp));
+        }
+        for (udp, tcp) in servers {
+            drain.tasks.spawn(me.clone().serve_udp(udp, drain.clone()));
+            drain.tasks.spawn(me.clone().serve_tcp(tcp, drain.clone()));
+        }
+        Ok(bound)
+    }
+
+    async fn serve_udp(self: Arc<Self>, sock: UdpSocket, drain: Drain) {
+        let sock = Arc::new(sock);
+        let in_flight = Arc::new(Semaphore::new(MAX_UDP_IN_FLIGHT));
+        let mut buf = vec![0u8; 65_535];
+        loop {
+            let (n, peer) = tokio::select! {
+                r = sock.recv_from(&mut buf) => match r {
+                    Ok(x) => x,
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                },
+                _ = drain.graceful.cancelled() => return,
+            };
+            let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                self.pi.metrics.dns.dropped();
+                continue;
+            };
+            let query = buf[..n].to_vec();
+            let (me, sock) = (self.clone(), sock.clone());
+            tokio::spawn(async move {
+                if let Some(answer) = me.answer(&query, Transport::Udp).await {
+                    let _ = sock.send_to(&answer, peer).await;
+                }
+                drop(permit);
+            });
+        }
+    }
+
+    async fn serve_tcp(self: Arc<Self>, listener: TcpListener, drain: Drain) {
+        let conns = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
+        loop {
+            let stream = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = drain.graceful.cancelled() => return,
+            };
+            let Ok(permit) = conns.clone().try_acquire_owned() else {
+                self.pi.metrics.dns.dropped();
+                continue;
+            };
+            let (me, force) = (self.clone(), drain.force.clone());
+            drain.tasks.spawn(async move {
+                tokio::select! {
+                    _ = me.serve_connection(stream) => {}
+                    _ = force.cancelled() => {}
+                }
+                drop(permit);
+            });
+        }
+    }
+
+    /// Length-prefixed questions (RFC 1035 §4.2.2), answered in order, until the client closes or idles out.
+    async fn serve_connection(&self, mut stream: TcpStream) {
+        loop {
+            let read = async {
+                let len = stream.read_u16().await? as usize;
+                let mut buf = vec![0u8; len];
+                stream.read_exact(&mut buf).await?;
+                Ok::<_, std::io::Error>(buf)
+            };
+            let query = match tokio::time::timeout(TCP_REQUEST_TIMEOUT, read).await {
+                Ok(Ok(q)) => q,
+                _ => return,
+            };
+            let Some(answer) = self.answer(&query, Transport::Tcp).await else { return };
+            let Ok(len) = u16::try_from(answer.len()) else { return };
+            let mut framed = Vec::with_capacity(answer.len() + 2);
+            framed.extend_from_slice(&len.to_be_bytes());
+            framed.extend_from_slice(&answer);
+            if stream.write_all(&framed).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The encoded answer to one query, or nothing (not a query at all).
+    pub async fn answer(&self, bytes: &[u8], transport: Transport) -> Option<Vec<u8>> {
+        let request = match Message::from_vec(bytes) {
+            Ok(m) => m,
+            Err(_) => return format_error(bytes),
+        };
+        if request.metadata.message_type != MessageType::Query {
+            return None;
+        }
+        let limit = match transport {
+            Transport::Tcp => u16::MAX as usize,
+            Transport::Udp => match &request.edns {
+                Some(e) => e.max_payload().clamp(512, OUR_UDP_PAYLOAD) as usize,
+                None => 512,
+            },
+        };
+        let response = self.respond(&request, transport).await;
+        encode(response, &request, limit)
+    }
+
+    async fn respond(&self, request: &Message, transport: Transport) -> Message {
+        let mut response = Message::response(request.metadata.id, request.metadata.op_code);
+        response.metadata.recursion_desired = request.metadata.recursion_desired;
+        response.metadata.checking_disabled = request.metadata.checking_disabled;
+        response.metadata.recursion_available = true;
+        response.queries = request.queries.clone();
+        if request.edns.as_ref().is_some_and(|e| e.version() > 0) {
+            response.metadata.response_code = ResponseCode::BADVERS;
+            return response;
+        }
+        if request.metadata.op_code != OpCode::Query {
+            response.metadata.response_code = ResponseCode::NotImp;
+            return response;
+        }
+        if request.queries.len() != 1 {
+            response.metadata.response_code = ResponseCode::FormErr;
+            return response;
+        }
+        let query = &request.queries[0];
+        let qtype = query.query_type();
+        let client = self.client.resolve(&self.pi.state.read().expect("state lock"));
+        let labels = metrics::Labels::new(qtype, transport, client.as_deref());
+        let metrics = &self.pi.metrics.dns;
+        let Some(client) = client else {
+            // ztunnel answers SERVFAIL while it does not know the pod's own workload.
+            metrics.request(&labels);
+            self.log(None, query.name(), qtype, "unknown source", 0);
+            response.metadata.response_code = ResponseCode::ServFail;
+            return response;
+        };
+        let found = if matches!(qtype, RecordType::A | RecordType::AAAA) {
+            let st = self.pi.state.read().expect("state lock");
+            lookup::resolve(&st, &self.domains, &client, query.name(), qtype)
+        } else {
+            lookup::Found::Forward
+        };
+        metrics.request(&labels);
+        match found {
+            lookup::Found::Answer { cname, addresses } => {
+                response.metadata.authoritative = true;
+                let mut owner = query.name().clone();
+                if let Some(target) = cname {
+                    response.answers.push(Record::from_rdata(owner.clone(), TTL, RData::CNAME(CNAME(target.clone()))));
+                    owner = target;
+                }
+                let result = if addresses.is_empty() { "no records" } else { "success" };
+                self.log(Some(&client), query.name(), qtype, result, addresses.len());
+                for ip in addresses {
+                    let rdata = match ip {
+                        std::net::IpAddr::V4(v4) => RData::A(A(v4)),
+                        std::net::IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+                    };
+                    response.answers.push(Record::from_rdata(owner.clone(), TTL, rdata));
+                }
+                response
+            }
+            lookup::Found::Forward => {
+                metrics.upstream_request(&labels);
+                let start = Instant::now();
+                let forwarded = self.forwarder.forward(request).await;
+                metrics.upstream_duration(&labels, start.elapsed());
+                match forwarded {
+                    Ok(mut upstream) => {
+                        self.log(Some(&client), query.name(), qtype, "forwarded", upstream.answers.len());
+                        // The client's own header bits stay; the upstream's answer, flags and code are passed on.
+                        upstream.metadata.recursion_desired = request.metadata.recursion_desired;
+                        upstream
+                    }
+                    Err(e) => {
+                        metrics.upstream_failure(&labels);
+                        self.log(Some(&client), query.name(), qtype, &format!("forwarding failed ({e})"), 0);
+                        response.metadata.response_code = ResponseCode::ServFail;
+                        response
+                    }
+                }
+            }
+        }
+    }
+
+    /// ztunnel's `dns` debug record: who asked, what, and what came of it.
+    fn log(&self, client: Option<&crate::state::Workload>, name: &Name, qtype: RecordType, result: &str, n: usize) {
+        let events = &self.pi.events;
+        if !events.enabled("dns", Level::Debug) {
+            return;
+        }
+        events.push(crate::events::Event {
+            kind: "dns",
+            level: Level::Debug,
+            message: "dns request".into(),
+            fields: fields! {
+                "src.workload" => client.map(|w| w.name.as_str()).unwrap_or("unknown"),
+                "src.namespace" => client.map(|w| &*w.namespace).unwrap_or("unknown"),
+                "query" => qtype.to_string(),
+                "domain" => name.to_string(),
+                "result" => result,
+                "endpoints" => n
+            },
+        });
+    }
+}
+
+/// Encode `response` to fit `limit`: when it does not, the question alone with TC set (RFC 1035 §4.1.1, RFC 6891
+/// §7). An OPT record answers a query that had one.
+fn encode(mut response: Message, request: &Message, limit: usize) -> Option<Vec<u8>> {
+    if request.edns.is_some() {
+        let mut edns = Edns::new();
+        edns.set_max_payload(OUR_UDP_PAYLOAD);
+        edns.set_version(0);
+        edns.set_dnssec_ok(request.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok));
+        response.edns = Some(edns);
+    } else {
+        response.edns = None;
+    }
+    let bytes = response.to_vec().ok()?;
+    if bytes.len() <= limit {
+        return Some(bytes);
+    }
+    response.truncate().to_vec().ok()
+}
+
+/// FORMERR for a query hickory cannot decode, when at least its header can be read (id and opcode echoed).
+fn format_error(bytes: &[u8]) -> Option<Vec<u8>> {
+    if bytes.len() < 12 || bytes[2] & 0x80 != 0 {
+        return None;
+    }
+    let id = u16::from_be_bytes([bytes[0], bytes[1]]);
+    let op = OpCode::from_u8((bytes[2] >> 3) & 0x0f);
+    Message::error_msg(id, op, ResponseCode::FormErr).to_vec().ok()
+}
