@@ -76,7 +76,10 @@ impl Forwarder {
         let sock = UdpSocket::from_std(std::net::UdpSocket::from(sock))?;
         sock.connect(upstream).await?;
         sock.send(bytes).await?;
-        let mut buf = vec![0u8; 65_535];
+        // An answer over UDP is at most what the query advertised (512 bytes without EDNS); one byte more tells a
+        // longer, cut-off datagram from an answer that fits.
+        let room = query.edns.as_ref().map_or(512, |e| e.max_payload().max(512)) as usize + 1;
+        let mut buf = vec![0u8; room];
         loop {
             let n = sock.recv(&mut buf).await?;
             if let Some(m) = matching(&buf[..n], query) {

@@ -64,6 +64,23 @@ impl Transport {
     }
 }
 
+/// What a query needs: nothing (not a query), this reply, or an upstream's answer.
+enum Decision {
+    Drop,
+    Reply(Vec<u8>),
+    Forward(Box<Forward>),
+}
+
+/// A question for the upstreams, with what its reply needs.
+struct Forward {
+    request: Message,
+    /// The SERVFAIL to send if no upstream answers.
+    response: Message,
+    limit: usize,
+    labels: metrics::Labels,
+    client: Arc<crate::state::Workload>,
+}
+
 /// One DNS server: whose it is, how it names things, where it forwards.
 pub struct Server {
     pi: Arc<ProxyInputs>,
@@ -107,16 +124,20 @@ impl Server {
             bound.push(local);
             servers.push((udp, tcp));
         }
+        // Mesh answers are made inline by the receiving loop; one loop per dataplane thread (up to 4) shares the
+        // socket, so they spread over the runtime like spawned tasks would, without a task per question.
+        let loops = self.pi.cfg.worker_threads.clamp(1, 4);
         for (udp, tcp) in servers {
-            drain.tasks.spawn(me.clone().serve_udp(udp, drain.clone()));
+            let (udp, in_flight) = (Arc::new(udp), Arc::new(Semaphore::new(MAX_UDP_IN_FLIGHT)));
+            for _ in 0..loops {
+                drain.tasks.spawn(me.clone().serve_udp(udp.clone(), in_flight.clone(), drain.clone()));
+            }
             drain.tasks.spawn(me.clone().serve_tcp(tcp, drain.clone()));
         }
         Ok(bound)
     }
 
-    async fn serve_udp(self: Arc<Self>, sock: UdpSocket, drain: Drain) {
-        let sock = Arc::new(sock);
-        let in_flight = Arc::new(Semaphore::new(MAX_UDP_IN_FLIGHT));
+    async fn serve_udp(self: Arc<Self>, sock: Arc<UdpSocket>, in_flight: Arc<Semaphore>, drain: Drain) {
         let mut buf = vec![0u8; 65_535];
         loop {
             let (n, peer) = tokio::select! {
@@ -129,14 +150,22 @@ impl Server {
                 },
                 _ = drain.graceful.cancelled() => return,
             };
+            let f = match self.decide(&buf[..n], Transport::Udp) {
+                Decision::Drop => continue,
+                Decision::Reply(answer) => {
+                    // A full send buffer drops the answer (the client retries), as a full receive buffer would.
+                    let _ = sock.try_send_to(&answer, peer);
+                    continue;
+                }
+                Decision::Forward(f) => f,
+            };
             let Ok(permit) = in_flight.clone().try_acquire_owned() else {
                 self.pi.metrics.dns.dropped();
                 continue;
             };
-            let query = buf[..n].to_vec();
             let (me, sock) = (self.clone(), sock.clone());
             tokio::spawn(async move {
-                if let Some(answer) = me.answer(&query, Transport::Udp).await {
+                if let Some(answer) = me.forward(*f).await {
                     let _ = sock.send_to(&answer, peer).await;
                 }
                 drop(permit);
@@ -198,12 +227,21 @@ impl Server {
 
     /// The encoded answer to one query, or nothing (not a query at all).
     pub async fn answer(&self, bytes: &[u8], transport: Transport) -> Option<Vec<u8>> {
+        match self.decide(bytes, transport) {
+            Decision::Drop => None,
+            Decision::Reply(bytes) => Some(bytes),
+            Decision::Forward(f) => self.forward(*f).await,
+        }
+    }
+
+    /// Everything but forwarding, without waiting: what the UDP loop does inline (a mesh answer costs no task).
+    fn decide(&self, bytes: &[u8], transport: Transport) -> Decision {
         let request = match Message::from_vec(bytes) {
             Ok(m) => m,
-            Err(_) => return format_error(bytes),
+            Err(_) => return format_error(bytes).map_or(Decision::Drop, Decision::Reply),
         };
         if request.metadata.message_type != MessageType::Query {
-            return None;
+            return Decision::Drop;
         }
         let limit = match transport {
             Transport::Tcp => u16::MAX as usize,
@@ -212,87 +250,91 @@ impl Server {
                 None => 512,
             },
         };
-        let response = self.respond(&request, transport).await;
-        encode(response, &request, limit)
-    }
-
-    async fn respond(&self, request: &Message, transport: Transport) -> Message {
         let mut response = Message::response(request.metadata.id, request.metadata.op_code);
         response.metadata.recursion_desired = request.metadata.recursion_desired;
         response.metadata.checking_disabled = request.metadata.checking_disabled;
         response.metadata.recursion_available = true;
         response.queries = request.queries.clone();
+        let reply = |response: Message| encode(response, &request, limit).map_or(Decision::Drop, Decision::Reply);
         if request.edns.as_ref().is_some_and(|e| e.version() > 0) {
             response.metadata.response_code = ResponseCode::BADVERS;
-            return response;
+            return reply(response);
         }
         if request.metadata.op_code != OpCode::Query {
             response.metadata.response_code = ResponseCode::NotImp;
-            return response;
+            return reply(response);
         }
         if request.queries.len() != 1 {
             response.metadata.response_code = ResponseCode::FormErr;
-            return response;
+            return reply(response);
         }
         let query = &request.queries[0];
         let qtype = query.query_type();
-        let client = self.client.resolve(&self.pi.state.read().expect("state lock"));
+        let (client, found) = {
+            let st = self.pi.state.read().expect("state lock");
+            let client = self.client.resolve(&st);
+            let found = match &client {
+                Some(c) if matches!(qtype, RecordType::A | RecordType::AAAA) => {
+                    Some(lookup::resolve(&st, &self.domains, c, query.name(), qtype))
+                }
+                _ => None,
+            };
+            (client, found)
+        };
         let labels = metrics::Labels::new(qtype, transport, client.as_deref());
         let metrics = &self.pi.metrics.dns;
+        metrics.request(&labels);
         let Some(client) = client else {
             // ztunnel answers SERVFAIL while it does not know the pod's own workload.
-            metrics.request(&labels);
             self.log(None, query.name(), qtype, "unknown source", 0);
             response.metadata.response_code = ResponseCode::ServFail;
-            return response;
+            return reply(response);
         };
-        let found = if matches!(qtype, RecordType::A | RecordType::AAAA) {
-            let st = self.pi.state.read().expect("state lock");
-            lookup::resolve(&st, &self.domains, &client, query.name(), qtype)
-        } else {
-            lookup::Found::Forward
+        let Some(lookup::Found::Answer { cname, addresses }) = found else {
+            return Decision::Forward(Box::new(Forward { request, response, limit, labels, client }));
         };
-        metrics.request(&labels);
-        match found {
-            lookup::Found::Answer { cname, addresses } => {
-                response.metadata.authoritative = true;
-                let mut owner = query.name().clone();
-                if let Some(target) = cname {
-                    response.answers.push(Record::from_rdata(owner.clone(), TTL, RData::CNAME(CNAME(target.clone()))));
-                    owner = target;
-                }
-                let result = if addresses.is_empty() { "no records" } else { "success" };
-                self.log(Some(&client), query.name(), qtype, result, addresses.len());
-                for ip in addresses {
-                    let rdata = match ip {
-                        std::net::IpAddr::V4(v4) => RData::A(A(v4)),
-                        std::net::IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
-                    };
-                    response.answers.push(Record::from_rdata(owner.clone(), TTL, rdata));
-                }
+        response.metadata.authoritative = true;
+        let mut owner = query.name().clone();
+        if let Some(target) = cname {
+            response.answers.push(Record::from_rdata(owner.clone(), TTL, RData::CNAME(CNAME(target.clone()))));
+            owner = target;
+        }
+        let result = if addresses.is_empty() { "no records" } else { "success" };
+        self.log(Some(&client), query.name(), qtype, result, addresses.len());
+        for ip in addresses {
+            let rdata = match ip {
+                std::net::IpAddr::V4(v4) => RData::A(A(v4)),
+                std::net::IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+            };
+            response.answers.push(Record::from_rdata(owner.clone(), TTL, rdata));
+        }
+        reply(response)
+    }
+
+    /// Ask the upstreams; their answer (the client's header bits kept), or SERVFAIL.
+    async fn forward(&self, f: Forward) -> Option<Vec<u8>> {
+        let Forward { request, mut response, limit, labels, client } = f;
+        let metrics = &self.pi.metrics.dns;
+        let query = &request.queries[0];
+        metrics.upstream_request(&labels);
+        let start = Instant::now();
+        let forwarded = self.forwarder.forward(&request).await;
+        metrics.upstream_duration(&labels, start.elapsed());
+        let out = match forwarded {
+            Ok(mut upstream) => {
+                self.log(Some(&client), query.name(), query.query_type(), "forwarded", upstream.answers.len());
+                upstream.metadata.recursion_desired = request.metadata.recursion_desired;
+                upstream
+            }
+            Err(e) => {
+                metrics.upstream_failure(&labels);
+                let result = format!("forwarding failed ({e})");
+                self.log(Some(&client), query.name(), query.query_type(), &result, 0);
+                response.metadata.response_code = ResponseCode::ServFail;
                 response
             }
-            lookup::Found::Forward => {
-                metrics.upstream_request(&labels);
-                let start = Instant::now();
-                let forwarded = self.forwarder.forward(request).await;
-                metrics.upstream_duration(&labels, start.elapsed());
-                match forwarded {
-                    Ok(mut upstream) => {
-                        self.log(Some(&client), query.name(), qtype, "forwarded", upstream.answers.len());
-                        // The client's own header bits stay; the upstream's answer, flags and code are passed on.
-                        upstream.metadata.recursion_desired = request.metadata.recursion_desired;
-                        upstream
-                    }
-                    Err(e) => {
-                        metrics.upstream_failure(&labels);
-                        self.log(Some(&client), query.name(), qtype, &format!("forwarding failed ({e})"), 0);
-                        response.metadata.response_code = ResponseCode::ServFail;
-                        response
-                    }
-                }
-            }
-        }
+        };
+        encode(out, &request, limit)
     }
 
     /// ztunnel's `dns` debug record: who asked, what, and what came of it.
