@@ -28,6 +28,8 @@
 //                                              127.66.100.x, admin 127.66.255.{1,2} (daemons), 127.66.255.3 (Envoy)
 //   67  test/integration/dns.test.js          client workloads 127.67.1.{10,11} (their DNS proxies on :15053),
 //                                              remote endpoints 127.67.2.x, VIPs 127.67.100.x, admin 127.67.255.1
+//   68  test/integration/overload.test.js     workload 127.68.1.10 (echo app :8080, a never-accepting :8081),
+//                                              daemon's admin 127.68.255.1
 //
 // Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
 // node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
@@ -53,6 +55,7 @@ export const BLOCKS = Object.freeze({
   'inbound-tunnel': 65,
   'double-hbone': 66,
   dns: 67,
+  overload: 68,
 });
 
 /** Addresses of one file's block. */

@@ -5,7 +5,7 @@ import { isIP } from 'node:net';
 import { formatLogFilter, parseLogFilter } from '../log/filter.js';
 import type { Logs } from '../log/logger.js';
 import type { AuthorizeExplanation, AuthorizeRequest } from '../native/types.js';
-import { pathOf, queryOf, reply } from './http.js';
+import { pathOf, queryOf, reply, serverOptions } from './http.js';
 
 export interface AdminHandlers {
   /** The whole /config_dump document, keys in output order. */
@@ -16,9 +16,6 @@ export interface AdminHandlers {
   /** Explain an authorization decision with the dataplane's own evaluation (absent: 503). */
   authorize?(req: AuthorizeRequest): AuthorizeExplanation;
 }
-
-/** ztunnel's admin headers timeout: admin requests are tiny, a slow client is a stuck one. */
-export const ADMIN_HEADERS_TIMEOUT_MS = 2_000;
 
 const ENDPOINTS: ReadonlyArray<[string, string]> = [
   ['/config_dump', 'dump the current state: workloads, services, policies, certificates, config, version'],
@@ -48,7 +45,7 @@ function indexHtml(): string {
 }
 
 export function createAdminServer(h: AdminHandlers): Server {
-  const server = createServer((req, res) => {
+  const server = createServer(serverOptions(), (req, res) => {
     const path = pathOf(req);
     switch (path) {
       case '/':
@@ -89,8 +86,6 @@ export function createAdminServer(h: AdminHandlers): Server {
         return reply(res, 404, 'Not found\n');
     }
   });
-  server.headersTimeout = ADMIN_HEADERS_TIMEOUT_MS;
-  server.requestTimeout = 10 * ADMIN_HEADERS_TIMEOUT_MS;
   return server;
 }
 

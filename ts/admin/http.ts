@@ -1,7 +1,37 @@
 // Small helpers shared by the admin, stats and readiness servers (plain node:http; no framework for three routes).
-import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import type { IncomingMessage, Server, ServerOptions, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { formatSocketAddress, type SocketAddress } from '../config/address.js';
+
+/**
+ * What every one of the three servers allows a client (README "Limits and overload"): the request headers within 2 s
+ * (ztunnel's admin header timeout) and the whole request within 10 s, checked every 250 ms (Node checks every 30 s
+ * by default, so a slow client was answered after up to 30 s); an idle keep-alive connection is closed after 5 s.
+ */
+export const HTTP_HEADERS_TIMEOUT_MS = 2_000;
+export const HTTP_REQUEST_TIMEOUT_MS = 10_000;
+export const HTTP_KEEPALIVE_TIMEOUT_MS = 5_000;
+const HTTP_TIMEOUT_CHECK_MS = 250;
+
+/** Connections each server holds at once; more are closed as they arrive and counted. */
+export const MAX_HTTP_CONNECTIONS = { admin: 32, stats: 128, readiness: 128 } as const;
+export type ServerName = keyof typeof MAX_HTTP_CONNECTIONS;
+
+export function serverOptions(): ServerOptions {
+  return {
+    headersTimeout: HTTP_HEADERS_TIMEOUT_MS,
+    requestTimeout: HTTP_REQUEST_TIMEOUT_MS,
+    keepAliveTimeout: HTTP_KEEPALIVE_TIMEOUT_MS,
+    connectionsCheckingInterval: HTTP_TIMEOUT_CHECK_MS,
+  };
+}
+
+/** Caps `server` at its MAX_HTTP_CONNECTIONS; a connection over the cap is closed at once and reported. */
+export function capConnections(server: Server, name: ServerName, onDrop: (name: ServerName) => void): Server {
+  server.maxConnections = MAX_HTTP_CONNECTIONS[name];
+  server.on('drop', () => onDrop(name));
+  return server;
+}
 
 export function reply(res: ServerResponse, status: number, body: string, contentType = 'text/plain; charset=utf-8'): void {
   res.writeHead(status, { 'content-type': contentType, 'content-length': Buffer.byteLength(body) });

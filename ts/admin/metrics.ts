@@ -146,6 +146,10 @@ export interface MetricsOptions {
   missingPolicies?: () => number;
   /** The XDS client's counters (ts/xds/metrics.ts); absent: no XDS metrics are rendered. */
   xds?: () => XdsCounters;
+  /** Connections the admin, stats and readiness servers closed at their connection cap, per server. */
+  httpDropped?: () => Record<string, number>;
+  /** Dataplane log lines suppressed by its per-cause rate limit, by cause. */
+  suppressedLogs?: () => ReadonlyMap<string, number>;
 }
 
 type ContentType = RegistryContentType;
@@ -319,6 +323,32 @@ export class Metrics {
       });
     }
     registerDnsMetrics(reg, () => current().dns);
+    const suppressedLogs = this.opts.suppressedLogs;
+    if (suppressedLogs !== undefined) {
+      new Counter({
+        name: 'ztunnel_node_log_lines_suppressed_total',
+        help: 'Dataplane warnings and errors not logged: more than 100 a second of one cause',
+        labelNames: ['cause'],
+        registers: [reg],
+        collect() {
+          this.reset();
+          for (const [cause, n] of suppressedLogs()) this.inc({ cause }, n);
+        },
+      });
+    }
+    const httpDropped = this.opts.httpDropped;
+    if (httpDropped !== undefined) {
+      new Counter({
+        name: 'ztunnel_node_http_connections_dropped_total',
+        help: 'Connections the admin, stats and readiness servers closed at their connection limit',
+        labelNames: ['server'],
+        registers: [reg],
+        collect() {
+          this.reset();
+          for (const [server, n] of Object.entries(httpDropped())) this.inc({ server }, n);
+        },
+      });
+    }
     const missing = this.opts.missingPolicies;
     if (missing !== undefined) {
       new Gauge({

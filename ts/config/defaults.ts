@@ -62,6 +62,9 @@ export const DEFAULT_ADMIN_ADDR: SocketAddress = { host: '127.0.0.1', port: 1500
 export const DEFAULT_STATS_ADDR: SocketAddress = { host: '0.0.0.0', port: 15020 };
 /** Readiness must be reachable by the kubelet on the pod IP; same IPv4 reasoning as stats. */
 export const DEFAULT_READINESS_ADDR: SocketAddress = { host: '0.0.0.0', port: 15021 };
+/** Local mode has no kubelet or Prometheus on the network: its stats and readiness servers stay on loopback. */
+export const LOCAL_STATS_ADDR: SocketAddress = { host: '127.0.0.1', port: 15020 };
+export const LOCAL_READINESS_ADDR: SocketAddress = { host: '127.0.0.1', port: 15021 };
 /** Where the Istio chart mounts istiod's root certificate (ztunnel's default for XDS_ROOT_CA and CA_ROOT_CA). */
 export const DEFAULT_ROOT_CA_PATH = './var/run/secrets/istio/root-cert.pem';
 /** Where the Istio chart mounts the projected service-account token (audience istio-ca); used if it exists. */

@@ -4,9 +4,25 @@
 import type { Logger } from 'pino';
 import type { NativeEvent } from '../native/types.js';
 
-export function logNativeEvent(ev: NativeEvent, loggers: { access: Logger; dataplane: Logger; dns?: Logger }): void {
+/** Log lines the dataplane's rate limit suppressed, by cause (`<kind>: <message>`): ztunnel_node_log_lines_suppressed_total. */
+export type SuppressedCounts = Map<string, number>;
+
+export function logNativeEvent(
+  ev: NativeEvent,
+  loggers: { access: Logger; dataplane: Logger; dns?: Logger },
+  suppressed?: SuppressedCounts,
+): void {
   if (ev.kind === 'dropped') {
     loggers.dataplane.warn({ count: ev.count }, 'dataplane event queue overflowed; events dropped');
+    return;
+  }
+  if (ev.kind === 'suppressed') {
+    const cause = `${ev.fields.kind}: ${ev.message}`;
+    suppressed?.set(cause, (suppressed.get(cause) ?? 0) + ev.fields.count);
+    (ev.fields.kind === 'access' ? loggers.access : loggers.dataplane).warn(
+      { cause: ev.message, suppressed: ev.fields.count },
+      'log lines suppressed (more than 100 a second of this cause)',
+    );
     return;
   }
   const logger = ev.kind === 'access' ? loggers.access : ev.kind === 'dns' ? (loggers.dns ?? loggers.dataplane) : loggers.dataplane;

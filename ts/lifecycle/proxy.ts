@@ -29,7 +29,7 @@ import { LocalConfigLoader, parseJson, type LocalLoad } from '../config/local-lo
 import { followCrls } from '../ca/crl.js';
 import { readResolvConf, type ResolvConf } from '../config/resolv-conf.js';
 import { createAdminServer } from '../admin/admin-server.js';
-import { closeServer, listen } from '../admin/http.js';
+import { MAX_HTTP_CONNECTIONS, capConnections, closeServer, listen, type ServerName } from '../admin/http.js';
 import { Metrics } from '../admin/metrics.js';
 import { createReadinessServer } from '../admin/readiness-server.js';
 import { createStatsServer } from '../admin/stats-server.js';
@@ -38,6 +38,7 @@ import { IstiodCertificateAuthority } from '../ca/istiod.js';
 import { CertificateManager } from '../ca/manager.js';
 import { ConfigError, LocalConfigError } from '../errors.js';
 import type { Logs } from '../log/logger.js';
+import type { Logger } from 'pino';
 import { Dataplane, nativeVersion } from '../native/index.js';
 import type { AppliedOut, DataplaneConfig, NativeVersion } from '../native/types.js';
 import { policyKey } from '../state/model.js';
@@ -52,7 +53,7 @@ import { watchLocalConfig, type LocalConfigWatch } from '../config/watch.js';
 import { PolicyReferences } from '../policy/references.js';
 import { buildInfo } from '../version.js';
 import { Drain, type DrainMode } from './drain.js';
-import { logNativeEvent } from './events.js';
+import { logNativeEvent, type SuppressedCounts } from './events.js';
 import { Readiness } from './readiness.js';
 
 /** How often native events are drained into the logs: frequent enough to read as live, cheap (one JSON call). */
@@ -159,6 +160,26 @@ export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameserve
   };
 }
 
+/**
+ * Connections the admin, stats and readiness servers closed at their cap, per server; logged at most once per
+ * 10 s per server, with how many went unlogged.
+ */
+class DropCounter {
+  readonly counts: Record<ServerName, number> = { admin: 0, stats: 0, readiness: 0 };
+  private readonly lastLog: Record<ServerName, number> = { admin: 0, stats: 0, readiness: 0 };
+  private readonly unlogged: Record<ServerName, number> = { admin: 0, stats: 0, readiness: 0 };
+  constructor(private readonly log: Logger) {}
+  drop(name: ServerName): void {
+    this.counts[name]++;
+    this.unlogged[name]++;
+    const now = Date.now();
+    if (now - this.lastLog[name] < 10_000) return;
+    this.log.warn({ server: name, dropped: this.unlogged[name], limit: MAX_HTTP_CONNECTIONS[name] }, 'connections refused at the server\'s connection limit');
+    this.lastLog[name] = now;
+    this.unlogged[name] = 0;
+  }
+}
+
 export async function runProxy(config: Config, logs: Logs, options: ProxyOptions = {}): Promise<ProxyHandle> {
   const deps: ProxyDeps = { ...NATIVE_DEPS, ...options.deps };
   const log = logs.root;
@@ -186,6 +207,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const store = new StateStore(config.nodeName);
   const xdsMetrics = new XdsMetrics();
   const loggers = { access: logs.forTarget('access'), dataplane: logs.forTarget('dataplane'), dns: logs.forTarget('dns') };
+  const suppressedLogs: SuppressedCounts = new Map();
 
   // Opened once the local config is valid (a bad file must create nothing); the servers bind before, and see null.
   let dp: DataplanePort | null = null;
@@ -194,7 +216,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const pump = () => {
     if (dp === null) return;
     try {
-      for (const ev of dp.drainEvents()) logNativeEvent(ev, loggers);
+      for (const ev of dp.drainEvents()) logNativeEvent(ev, loggers, suppressedLogs);
     } catch (err) {
       log.error({ err: (err as Error).message }, 'reading dataplane events failed');
     }
@@ -347,7 +369,10 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   let addresses: ProxyHandle['addresses'];
   const version = safeVersion(deps, log);
   try {
+    const httpDrops = new DropCounter(logs.forTarget('admin'));
     const metrics = new Metrics({
+      httpDropped: () => httpDrops.counts,
+      suppressedLogs: () => suppressedLogs,
       snapshot: () => dp?.metrics() ?? { connections: [], socketsOpen: { source: 0, destination: 0 } },
       istioVersion: config.istioVersion,
       xds: () => xdsMetrics.snapshot(),
@@ -379,6 +404,10 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     });
     const stats = createStatsServer(metrics);
     const ready = createReadinessServer(readiness);
+    // Connection caps: a flood of slow clients on a port open to the network cannot take the daemon's descriptors.
+    for (const [server, name] of [[admin, 'admin'], [stats, 'stats'], [ready, 'readiness']] as const) {
+      capConnections(server, name, (n) => httpDrops.drop(n));
+    }
     servers.push(ready, admin, stats);
     addresses = {
       readiness: await listen(ready, config.readinessAddr),

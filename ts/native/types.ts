@@ -225,7 +225,9 @@ export type NativeEvent =
   | { kind: 'access'; level: EventLevel; message: string; fields: Record<string, string | number> }
   | { kind: 'log'; level: EventLevel; message: string; fields: Record<string, string | number> }
   | { kind: 'dns'; level: EventLevel; message: string; fields: Record<string, string | number> }
-  | { kind: 'dropped'; count: number };
+  | { kind: 'dropped'; count: number }
+  /** Warnings/errors of one cause (kind + message) over the dataplane's rate limit, counted instead of logged. */
+  | { kind: 'suppressed'; level: EventLevel; message: string; fields: { kind: string; count: number } };
 
 export interface LocalWorkloadSpec {
   uid: string;

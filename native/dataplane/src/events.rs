@@ -5,15 +5,29 @@
 //! - An event below the level TS set for its kind (the `access` and `dataplane` log targets) is never queued, and
 //!   the per-connection producers check `enabled` first, so a filtered-out access log costs neither the fields nor
 //!   a trip through JSON into JavaScript.
+//! - Warnings and errors are rate limited per cause (kind and message): at most `PER_CAUSE_PER_SECOND` a second
+//!   each; the rest are counted and reported as one `suppressed` event per cause and window, so a flood of refused
+//!   streams cannot flood the log.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 const CAPACITY: usize = 16_384;
+/// Warnings and errors of one cause reported per window; the rest are counted.
+pub const PER_CAUSE_PER_SECOND: u32 = 100;
+const WINDOW: Duration = Duration::from_secs(1);
+
+/// One cause's current window.
+struct Window {
+    start: Instant,
+    count: u32,
+    suppressed: u64,
+}
 
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
@@ -49,8 +63,49 @@ pub struct Event {
 
 /// Every level is reported until TS says otherwise.
 #[derive(Default)]
+struct Queue {
+    events: VecDeque<Event>,
+    dropped: u64,
+    windows: HashMap<(&'static str, String), Window>,
+}
+
+impl Queue {
+    fn enqueue(&mut self, e: Event) {
+        if self.events.len() >= CAPACITY {
+            self.dropped += 1;
+        } else {
+            self.events.push_back(e);
+        }
+    }
+
+    /// Report the suppressed count of every window that has ended (`all`: of every window).
+    fn flush_windows(&mut self, now: Instant, all: bool) {
+        let mut ended = Vec::new();
+        self.windows.retain(|(kind, message), w| {
+            let over = all || now.duration_since(w.start) >= WINDOW;
+            if over && w.suppressed > 0 {
+                ended.push(suppressed_event(kind, message, w.suppressed));
+            }
+            !over
+        });
+        for e in ended {
+            self.enqueue(e);
+        }
+    }
+}
+
+fn suppressed_event(kind: &str, message: &str, count: u64) -> Event {
+    Event {
+        kind: "suppressed",
+        level: Level::Warn,
+        message: message.to_string(),
+        fields: crate::fields! {"kind" => kind, "count" => count},
+    }
+}
+
+#[derive(Default)]
 pub struct Events {
-    inner: Mutex<(VecDeque<Event>, u64)>,
+    inner: Mutex<Queue>,
     min_access: AtomicU8,
     min_log: AtomicU8,
     min_dns: AtomicU8,
@@ -83,11 +138,34 @@ impl Events {
             return;
         }
         let mut g = self.inner.lock().expect("events lock");
-        if g.0.len() >= CAPACITY {
-            g.1 += 1;
-        } else {
-            g.0.push_back(e);
+        if e.level >= Level::Warn {
+            let now = Instant::now();
+            let (report, allowed) = {
+                let w = g.windows.entry((e.kind, e.message.clone())).or_insert(Window {
+                    start: now,
+                    count: 0,
+                    suppressed: 0,
+                });
+                let mut report = 0;
+                if now.duration_since(w.start) >= WINDOW {
+                    report = std::mem::take(&mut w.suppressed);
+                    (w.start, w.count) = (now, 0);
+                }
+                w.count += 1;
+                let allowed = w.count <= PER_CAUSE_PER_SECOND;
+                if !allowed {
+                    w.suppressed += 1;
+                }
+                (report, allowed)
+            };
+            if report > 0 {
+                g.enqueue(suppressed_event(e.kind, &e.message, report));
+            }
+            if !allowed {
+                return;
+            }
         }
+        g.enqueue(e);
     }
 
     pub fn log(&self, level: Level, message: impl Into<String>, fields: Map<String, Value>) {
@@ -97,7 +175,8 @@ impl Events {
     pub fn drain_json(&self) -> String {
         let (events, dropped) = {
             let mut g = self.inner.lock().expect("events lock");
-            (std::mem::take(&mut g.0), std::mem::take(&mut g.1))
+            g.flush_windows(Instant::now(), false);
+            (std::mem::take(&mut g.events), std::mem::take(&mut g.dropped))
         };
         let mut out: Vec<Value> = events.into_iter().map(|e| serde_json::to_value(e).unwrap_or(Value::Null)).collect();
         if dropped > 0 {
@@ -146,5 +225,35 @@ mod tests {
         assert!(!e.enabled("access", Level::Error));
         assert!(e.enabled("log", Level::Debug));
         assert_eq!(parse_min_level("verbose"), None);
+    }
+
+    #[test]
+    fn warnings_of_one_cause_are_rate_limited_and_the_rest_counted() {
+        let e = Events::default();
+        for _ in 0..(PER_CAUSE_PER_SECOND + 50) {
+            e.push(Event {
+                kind: "access",
+                level: Level::Warn,
+                message: "connection failed".into(),
+                fields: Map::new(),
+            });
+        }
+        e.push(Event { kind: "access", level: Level::Warn, message: "connection denied".into(), fields: Map::new() });
+        for _ in 0..500 {
+            e.push(ev("access", Level::Info));
+        }
+        let out: Vec<Value> = serde_json::from_str(&e.drain_json()).unwrap();
+        let count = |m: &str| out.iter().filter(|v| v["message"] == m && v["kind"] == "access").count();
+        assert_eq!(count("connection failed"), PER_CAUSE_PER_SECOND as usize);
+        assert_eq!(count("connection denied"), 1, "another cause has its own allowance");
+        assert_eq!(count("m"), 500, "info events are not limited");
+        // The window has not ended: the count is reported when it does (here: forced).
+        e.inner.lock().unwrap().flush_windows(Instant::now(), true);
+        let out: Vec<Value> = serde_json::from_str(&e.drain_json()).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0]["kind"], "suppressed");
+        assert_eq!(out[0]["message"], "connection failed");
+        assert_eq!(out[0]["fields"]["count"], 50);
+        assert_eq!(out[0]["fields"]["kind"], "access");
     }
 }

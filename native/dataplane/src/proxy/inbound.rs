@@ -9,9 +9,13 @@
 //! - The upstream connection is established before the 200 is sent; no byte reaches the application before the
 //!   answer is decided.
 //! - Handshakes (TLS and the HTTP/2 preface) have a deadline, so a peer cannot hold a socket for free.
+//! - A stream's upstream dial lives only as long as the stream: the peer's RST_STREAM, or the connection's end, drops
+//!   it (and its socket) at once. At most MAX_PENDING_STREAMS streams per connection are being set up at a time
+//!   (more get REFUSED_STREAM), and a peer that resets more than RESET_ALLOWANCE streams beyond twice those it
+//!   completed is sent GOAWAY ENHANCE_YOUR_CALM (HTTP/2 rapid reset).
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,6 +25,7 @@ use h2::RecvStream;
 use http::{Method, Request, Response, StatusCode};
 use rustls::ServerConfig;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -35,6 +40,13 @@ use crate::identity::{spiffe_identity, Identity};
 use crate::metrics::{ConnectionInfo, Reporter, TrafficLabels};
 use crate::rbac;
 use crate::state::{AppTunnelProtocol, GatewayDestination, Service, State, Workload};
+
+/// Streams of one HBONE connection being set up at once (authorization and upstream connect): more are refused with
+/// REFUSED_STREAM, so one connection cannot hold more than this many upstream dials.
+pub const MAX_PENDING_STREAMS: usize = 64;
+/// Streams the peer may reset before they are established, beyond twice the streams it completed, before the
+/// connection is closed with ENHANCE_YOUR_CALM (HTTP/2 rapid reset, CVE-2023-44487).
+pub const RESET_ALLOWANCE: u32 = 100;
 
 /// Why a CONNECT stream was refused, and with which status.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -291,7 +303,18 @@ async fn serve_connection(
             as std::pin::Pin<Box<dyn std::future::Future<Output = &'static str> + Send>>,
         None => Box::pin(std::future::pending()),
     };
-    let ctx = Arc::new(StreamContext { pi: pi.clone(), local, peer_id, peer, dst_ip, force: drain.force.clone() });
+    let ctx = Arc::new(StreamContext {
+        pi: pi.clone(),
+        local,
+        peer_id,
+        peer,
+        dst_ip,
+        force: drain.force.clone(),
+        pending: Arc::new(Semaphore::new(MAX_PENDING_STREAMS)),
+        resets: AtomicU32::new(0),
+        established: AtomicU32::new(0),
+        calm: CancellationToken::new(),
+    });
     let mut going_away = false;
     loop {
         tokio::select! {
@@ -308,6 +331,18 @@ async fn serve_connection(
             }
             _ = &mut ping => {
                 conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                break;
+            }
+            _ = ctx.calm.cancelled() => {
+                conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                pi.events.log(
+                    Level::Warn,
+                    "HBONE connection closed: too many streams reset before they were established",
+                    fields! {"src.addr" => peer.to_string(), "resets" => ctx.resets.load(Ordering::Relaxed)},
+                );
+                // Drive the connection a moment so the GOAWAY goes out; streams still arriving are dropped (reset).
+                let flush = async { while let Some(Ok(_)) = conn.accept().await {} };
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), flush).await;
                 break;
             }
             _ = drain.force.cancelled() => break,
@@ -330,6 +365,22 @@ struct StreamContext {
     /// The address the peer dialed (the local workload's IP).
     dst_ip: IpAddr,
     force: CancellationToken,
+    /// Permits for streams being set up (MAX_PENDING_STREAMS).
+    pending: Arc<Semaphore>,
+    /// Streams the peer reset before they were established, and streams established.
+    resets: AtomicU32,
+    established: AtomicU32,
+    /// Cancelled when the resets exceed the allowance: the connection loop closes the connection.
+    calm: CancellationToken,
+}
+
+impl StreamContext {
+    fn peer_reset(&self) {
+        let resets = self.resets.fetch_add(1, Ordering::Relaxed) + 1;
+        if resets > RESET_ALLOWANCE + 2 * self.established.load(Ordering::Relaxed) {
+            self.calm.cancel();
+        }
+    }
 }
 
 /// A CONNECT stream that was authorized and whose upstream is connected: what it needs for the rest of its life.
@@ -380,6 +431,11 @@ async fn establish_stream(
 ) -> Option<Box<Established>> {
     let (pi, local_ref, peer_id, peer) = (&*ctx.pi, &ctx.local, &*ctx.peer_id, ctx.peer);
     let started = Instant::now();
+    // Held until this returns: the streams being set up at once are bounded per connection.
+    let Ok(_setting_up) = ctx.pending.clone().try_acquire_owned() else {
+        respond.send_reset(h2::Reason::REFUSED_STREAM);
+        return None;
+    };
     // x-forwarded-network naming another network: the peer is a gateway, its IP says nothing of the source.
     let from_gateway = req
         .headers()
@@ -482,7 +538,22 @@ async fn establish_stream(
         };
         (target, opts)
     };
-    let mut upstream = match crate::socket::connect_with(&*pi.sockets, dial, opts, pi.cfg.connect_timeout()).await {
+    // The dial races the peer: a reset of this stream (or the connection's end) drops it, closing its socket at once,
+    // instead of holding a descriptor for the whole connect timeout.
+    let dialed = {
+        let connect = crate::socket::connect_with(&*pi.sockets, dial, opts, pi.cfg.connect_timeout());
+        let reset = std::future::poll_fn(|cx| respond.poll_reset(cx));
+        tokio::select! {
+            r = connect => Some(r),
+            _ = reset => None,
+        }
+    };
+    let Some(dialed) = dialed else {
+        ctx.peer_reset();
+        guard.fail("CONNECT");
+        return None;
+    };
+    let mut upstream = match dialed {
         Ok(s) => s,
         Err(e) => {
             let err = InboundError::Upstream(target, e.to_string());
@@ -518,6 +589,7 @@ async fn establish_stream(
             return None;
         }
     }
+    ctx.established.fetch_add(1, Ordering::Relaxed);
     Some(Box::new(Established { upstream, send, body: req.into_body(), track, guard, local, target, started }))
 }
 

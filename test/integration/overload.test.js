@@ -1,0 +1,188 @@
+// Hostile HBONE peers (issue: hardening), as an outsider with a valid mesh certificate would attack: HTTP/2 rapid
+// reset toward an application that does not accept, and many streams parked on upstream dials. The bounds asserted
+// are the daemon's own: its descriptors (/proc/<pid>/fd), the GOAWAY it sends, the streams it refuses, and a
+// legitimate round trip that keeps working while the attack runs.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { constants as h2c } from 'node:http2';
+import { readdirSync } from 'node:fs';
+import { makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
+import { connectRequest, hboneSession } from '../helpers/hbone.js';
+import { BLOCKS, block, readAll, startEchoServer, waitFor } from '../helpers/net.js';
+import { builtinCa, builtinLeaf, spiffe } from '../helpers/pki.js';
+
+const net = block(BLOCKS.overload);
+const ECHO_IP = net.workload(1);
+const ECHO_PORT = 8080;
+/** A listener that never accepts (backlog 0): dials to it hang in SYN retries until the connect timeout. */
+const BLACKHOLE_PORT = 8081;
+
+let daemon;
+let caDir;
+let certDir;
+let root;
+let client;
+const closers = [];
+
+before(async () => {
+  caDir = makeTempDir('ztn-overload-ca-');
+  certDir = makeTempDir('ztn-overload-certs-');
+  const echo = await startEchoServer(ECHO_IP, ECHO_PORT);
+  closers.push(echo.close);
+  const hole = spawn('python3', ['-c', `import socket, time
+s = socket.socket(); s.bind(("${ECHO_IP}", ${BLACKHOLE_PORT})); s.listen(0); print("listening", flush=True); time.sleep(3600)`], { stdio: ['ignore', 'pipe', 'inherit'] });
+  closers.push(() => hole.kill('SIGKILL'));
+  await new Promise((resolve) => hole.stdout.once('data', resolve));
+  daemon = await startDaemon({
+    node: 'node-a',
+    config: { workloads: [workload({ name: 'echo', ip: ECHO_IP, node: 'node-a' })] },
+    caDir,
+    adminIp: net.admin(1),
+  });
+  root = builtinCa(caDir).certPem;
+  client = builtinLeaf(certDir, caDir, [spiffe('default', 'attacker')], 'attacker');
+});
+
+after(async () => {
+  await Promise.all([daemon?.kill(), ...closers.map((c) => c())]);
+  for (const d of [caDir, certDir]) if (d) removeTempDir(d);
+});
+
+const fds = () => readdirSync(`/proc/${daemon.child.pid}/fd`).length;
+const session = () => hboneSession({ host: ECHO_IP, ca: root, cert: client.chainPem, key: client.keyPem });
+
+/** One legitimate CONNECT round trip through its own session: resolves the milliseconds it took. */
+async function roundTrip() {
+  const t0 = performance.now();
+  const s = await session();
+  try {
+    const r = await connectRequest(s, `${ECHO_IP}:${ECHO_PORT}`);
+    assert.equal(r.status, 200, `legitimate CONNECT: ${r.status} ${r.error?.message ?? ''}`);
+    const got = readAll(r.stream, { keep: true });
+    r.stream.end('ping');
+    assert.equal((await got).data.toString(), 'ping');
+    return performance.now() - t0;
+  } finally {
+    s.destroy();
+  }
+}
+
+test('rapid reset toward an application that does not accept: dials end with their streams, the connection is closed with ENHANCE_YOUR_CALM, descriptors return to baseline', async (t) => {
+  await roundTrip();
+  const baseline = fds();
+  const s = await session();
+  let goaway = null;
+  s.on('goaway', (code) => (goaway = code));
+  s.on('error', () => {});
+  let sent = 0;
+  let peak = 0;
+  const legit = [];
+  // HEADERS, then RST_STREAM 5 ms later, 10 streams every 10 ms, until the daemon closes the connection.
+  while (goaway === null && !s.destroyed && sent < 5_000) {
+    for (let i = 0; i < 10; i++) {
+      let stream;
+      try {
+        stream = s.request({ ':method': 'CONNECT', ':authority': `${ECHO_IP}:${BLACKHOLE_PORT}` }, { endStream: false });
+      } catch {
+        break;
+      }
+      stream.on('error', () => {});
+      setTimeout(() => stream.close(h2c.NGHTTP2_CANCEL), 5);
+      sent++;
+    }
+    await new Promise((r) => setTimeout(r, 10));
+    peak = Math.max(peak, fds());
+    if (sent % 200 === 0) legit.push(await roundTrip());
+  }
+  assert.equal(goaway, h2c.NGHTTP2_ENHANCE_YOUR_CALM, `GOAWAY ENHANCE_YOUR_CALM after ${sent} streams (got ${goaway})`);
+  assert.ok(sent <= 400, `the connection was closed after ${sent} reset streams`);
+  assert.ok(peak - baseline < 40, `descriptors peaked ${peak - baseline} above the baseline ${baseline}`);
+  s.destroy();
+  await waitFor(() => fds() <= baseline + 5, { timeoutMs: 5_000, message: `descriptors back to ${baseline} (now ${fds()})` });
+  legit.push(await roundTrip());
+  assert.ok(Math.max(...legit) < 1_000, `legitimate round trips during the attack: ${legit.map((ms) => ms.toFixed(0)).join(', ')} ms`);
+  await daemon.waitForLog((l) => /too many streams reset/.test(l.message ?? ''));
+  t.diagnostic(`GOAWAY after ${sent} reset streams; descriptors peaked ${peak - baseline} above the baseline; legitimate round trips ${legit.map((ms) => ms.toFixed(0)).join(', ')} ms`);
+});
+
+test('streams parked on dials are bounded per connection (REFUSED_STREAM beyond 64 being set up), and all end when the peer disappears', async () => {
+  const baseline = fds();
+  const s = await session();
+  s.on('error', () => {});
+  const codes = [];
+  for (let i = 0; i < 100; i++) {
+    const stream = s.request({ ':method': 'CONNECT', ':authority': `${ECHO_IP}:${BLACKHOLE_PORT}` }, { endStream: false });
+    stream.on('error', () => {});
+    stream.on('close', () => codes.push(stream.rstCode));
+  }
+  // 64 streams hold a dial; one of the 36 others may get its dial through (the never-accepting listener still
+  // completes one handshake into its backlog) and so is answered 200 rather than refused.
+  await waitFor(() => codes.length >= 35, { timeoutMs: 5_000, message: '35 streams refused' }).catch((e) => {
+    throw new Error(`${e.message}: ${codes.length} closed, ${fds() - baseline} descriptors`);
+  });
+  assert.ok(codes.every((c) => c === h2c.NGHTTP2_REFUSED_STREAM), `refused with REFUSED_STREAM: ${[...new Set(codes)]}`);
+  const parked = fds() - baseline;
+  assert.ok(parked >= 30 && parked <= 64 + 10, `${parked} descriptors for 64 parked dials (plus the connection)`);
+  // The peer disappears: every parked dial is dropped at once, not after the 10 s connect timeout.
+  const gone = performance.now();
+  s.destroy();
+  await waitFor(() => fds() <= baseline + 2, { timeoutMs: 3_000, message: `descriptors back to ${baseline} (now ${fds()})` });
+  assert.ok(performance.now() - gone < 3_000);
+  assert.ok((await roundTrip()) < 1_000);
+});
+
+test('2,000 slow partial requests to stats: capped and timed out, descriptors bounded, tunnels unaffected, drops counted', async () => {
+  const { connect } = await import('node:net');
+  const baseline = fds();
+  const slow = [];
+  const closed = [];
+  for (let i = 0; i < 2_000; i++) {
+    const c = connect(15020, net.admin(1));
+    c.on('error', () => {});
+    c.on('connect', () => c.write('GET /metrics HTTP/1.1\r\nHost: x\r\n'));
+    const t0 = performance.now();
+    c.on('close', () => closed.push(performance.now() - t0));
+    slow.push(c);
+  }
+  const drip = setInterval(() => {
+    for (const c of slow) if (!c.destroyed) c.write('X-Slow: 1\r\n');
+  }, 300);
+  try {
+    await new Promise((r) => setTimeout(r, 1_000));
+    const during = fds() - baseline;
+    assert.ok(during <= 128 + 20, `${during} descriptors above the baseline while 2,000 slow clients knock (cap 128)`);
+    assert.ok((await roundTrip()) < 1_000, 'a tunnel works during the attack');
+    // Every slow client is cut: at the cap at once, the others by the 2 s header timeout.
+    await waitFor(() => closed.length === 2_000, { timeoutMs: 8_000, message: `all slow clients closed (${closed.length})` });
+    assert.ok(Math.max(...closed) < 4_000, `the slowest was closed after ${Math.max(...closed).toFixed(0)} ms`);
+  } finally {
+    clearInterval(drip);
+    for (const c of slow) c.destroy();
+  }
+  await waitFor(() => fds() <= baseline + 5, { timeoutMs: 5_000, message: `descriptors back to ${baseline} (now ${fds()})` });
+  assert.ok((await daemon.metric('ztunnel_node_http_connections_dropped_total', { server: 'stats' })) > 1_000);
+  assert.ok(daemon.logs.some((l) => /connection limit/.test(l.message ?? '') && l.server === 'stats'), 'the refusals are logged');
+});
+
+test('a flood of failing streams: at most 100 error lines a second per cause, the rest counted', async () => {
+  const s = await session();
+  s.on('error', () => {});
+  const before = daemon.logs.filter((l) => l.message === 'connection complete' && l.target === 'access').length;
+  // Port 9 on the workload: nothing listens, every CONNECT fails at once (503) and would log one error line.
+  const results = [];
+  for (let batch = 0; batch < 20; batch++) {
+    results.push(...(await Promise.all(Array.from({ length: 50 }, () => connectRequest(s, `${ECHO_IP}:9`)))));
+  }
+  s.destroy();
+  assert.equal(results.filter((r) => r.status === 503).length, 1_000);
+  await waitFor(async () => (await daemon.metric('ztunnel_node_log_lines_suppressed_total', { cause: 'access: connection complete' })) > 0, {
+    timeoutMs: 5_000,
+    message: 'suppressed lines counted',
+  });
+  const logged = daemon.logs.filter((l) => l.message === 'connection complete' && l.target === 'access').length - before;
+  const suppressed = await daemon.metric('ztunnel_node_log_lines_suppressed_total', { cause: 'access: connection complete' });
+  assert.ok(logged < 1_000 && logged >= 100, `${logged} lines logged of 1,000 failures`);
+  assert.ok(logged + suppressed >= 1_000, `${logged} logged + ${suppressed} suppressed account for every failure`);
+  assert.ok(daemon.logs.some((l) => l.message?.startsWith('log lines suppressed') && l.cause === 'connection complete'));
+});
