@@ -186,3 +186,37 @@ test('a flood of failing streams: at most 100 error lines a second per cause, th
   assert.ok(logged + suppressed >= 1_000, `${logged} logged + ${suppressed} suppressed account for every failure`);
   assert.ok(daemon.logs.some((l) => l.message?.startsWith('log lines suppressed') && l.cause === 'connection complete'));
 });
+
+test('one peer IP holds at most 512 connections to a listener (the rest closed at accept, before TLS); other peers are unaffected', async () => {
+  const { connect } = await import('node:net');
+  const baseline = fds();
+  const held = [];
+  let closed = 0;
+  // Connections that never start TLS, from one attacker address; in batches the listen backlog (128) can take, so
+  // no SYN waits for a retransmission.
+  for (let batch = 0; batch < 530; batch += 100) {
+    const opened = [];
+    for (let i = batch; i < Math.min(batch + 100, 530); i++) {
+      const c = connect({ host: ECHO_IP, port: 15008, localAddress: '127.68.9.1' });
+      c.on('error', () => {});
+      c.on('close', () => closed++);
+      held.push(c);
+      opened.push(new Promise((resolve) => (c.once('connect', resolve), c.once('close', resolve))));
+    }
+    await Promise.all(opened);
+  }
+  try {
+    await waitFor(() => closed >= 18, { timeoutMs: 5_000, message: 'the 18 connections over the limit closed' }).catch(async (e) => {
+      const refused = await daemon.metric('ztunnel_node_hbone_connections_refused_total', { reason: 'peer_limit' });
+      throw new Error(`${e.message}: ${closed} closed, ${fds() - baseline} descriptors, ${refused} refused`);
+    });
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(closed, 18, 'exactly the connections over 512 were closed; the others wait for their handshake deadline');
+    assert.ok(fds() - baseline <= 512 + 10);
+    assert.ok((await roundTrip()) < 1_000, 'another peer (127.0.0.1) is served meanwhile');
+    assert.equal(await daemon.metric('ztunnel_node_hbone_connections_refused_total', { reason: 'peer_limit' }), 18);
+  } finally {
+    for (const c of held) c.destroy();
+  }
+  await waitFor(() => fds() <= baseline + 5, { timeoutMs: 5_000, message: `descriptors back to ${baseline} (now ${fds()})` });
+});

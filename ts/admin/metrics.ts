@@ -64,6 +64,8 @@ export interface TunnelCounters {
   inboundActive: number;
   inboundHandshakeFailures: number;
   outboundHandshakeFailures: number;
+  /** Inbound connections closed at accept: their peer IP held the per-peer limit already. */
+  inboundRefusedPeerLimit: number;
 }
 
 /** What one scrape reads: the native snapshot, whose JSON also carries the tunnel counters. */
@@ -88,6 +90,7 @@ const NO_TUNNELS: TunnelCounters = {
   inboundActive: 0,
   inboundHandshakeFailures: 0,
   outboundHandshakeFailures: 0,
+  inboundRefusedPeerLimit: 0,
 };
 
 /** name, type, help, and which snapshot field each direction reads. */
@@ -323,6 +326,16 @@ export class Metrics {
       });
     }
     registerDnsMetrics(reg, () => current().dns);
+    new Counter({
+      name: 'ztunnel_node_hbone_connections_refused_total',
+      help: 'Inbound HBONE connections closed at accept, by reason (peer_limit: the peer IP held 512 connections to the listener)',
+      labelNames: ['reason'],
+      registers: [reg],
+      collect() {
+        this.reset();
+        this.inc({ reason: 'peer_limit' }, tunnels().inboundRefusedPeerLimit);
+      },
+    });
     const suppressedLogs = this.opts.suppressedLogs;
     if (suppressedLogs !== undefined) {
       new Counter({

@@ -47,6 +47,48 @@ pub const MAX_PENDING_STREAMS: usize = 64;
 /// Streams the peer may reset before they are established, beyond twice the streams it completed, before the
 /// connection is closed with ENHANCE_YOUR_CALM (HTTP/2 rapid reset, CVE-2023-44487).
 pub const RESET_ALLOWANCE: u32 = 100;
+/// Connections one peer IP may hold on one inbound listener (a peer node pools one per source identity, so this is
+/// generous); more are closed at accept, before any TLS work.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 512;
+/// Streams being set up at once across all of one peer IP's connections to one listener.
+pub const MAX_PENDING_STREAMS_PER_PEER: usize = 256;
+
+/// What each peer IP holds on one listener: its connections, and the permits for its streams being set up.
+#[derive(Default)]
+struct Peers {
+    by_ip: std::sync::Mutex<std::collections::HashMap<IpAddr, (usize, Arc<Semaphore>)>>,
+}
+
+/// One admitted connection of a peer; releases its place when dropped.
+struct PeerGuard {
+    peers: Arc<Peers>,
+    ip: IpAddr,
+    pending: Arc<Semaphore>,
+}
+
+impl Peers {
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<PeerGuard> {
+        let mut map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = map.entry(ip).or_insert_with(|| (0, Arc::new(Semaphore::new(MAX_PENDING_STREAMS_PER_PEER))));
+        if entry.0 >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        entry.0 += 1;
+        Some(PeerGuard { peers: self.clone(), ip, pending: entry.1.clone() })
+    }
+}
+
+impl Drop for PeerGuard {
+    fn drop(&mut self) {
+        let mut map = self.peers.by_ip.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = map.get_mut(&self.ip) {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
 
 /// Why a CONNECT stream was refused, and with which status.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -234,13 +276,27 @@ pub async fn serve(
     let acceptor = TlsAcceptor::from(tls);
     let identity = Arc::new(identity);
     let d = drain.clone();
+    let peers = Arc::new(Peers::default());
     super::accept_until_drained(listener, &drain, |tcp, peer| {
         let (pi, local, acceptor, d, id) = (pi.clone(), local.clone(), acceptor.clone(), d.clone(), identity.clone());
-        serve_connection(pi, local, acceptor, id, tcp, peer, d)
+        let admitted = peers.admit(peer.ip());
+        async move {
+            let Some(place) = admitted else {
+                pi.metrics.inbound_refused_peer_limit.fetch_add(1, Ordering::Relaxed);
+                pi.events.log(
+                    Level::Warn,
+                    "inbound HBONE connection refused: the peer holds too many connections",
+                    fields! {"src.addr" => peer.ip().to_string(), "limit" => MAX_CONNECTIONS_PER_PEER},
+                );
+                return;
+            };
+            serve_connection(pi, local, acceptor, id, tcp, peer, d, place).await
+        }
     })
     .await
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     pi: Arc<ProxyInputs>,
     local: LocalRef,
@@ -249,6 +305,7 @@ async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
     drain: Drain,
+    place: PeerGuard,
 ) {
     let hs_deadline = pi.cfg.handshake_timeout();
     let dst_ip = match tcp.local_addr() {
@@ -311,6 +368,7 @@ async fn serve_connection(
         dst_ip,
         force: drain.force.clone(),
         pending: Arc::new(Semaphore::new(MAX_PENDING_STREAMS)),
+        peer_pending: place.pending.clone(),
         resets: AtomicU32::new(0),
         established: AtomicU32::new(0),
         calm: CancellationToken::new(),
@@ -365,8 +423,10 @@ struct StreamContext {
     /// The address the peer dialed (the local workload's IP).
     dst_ip: IpAddr,
     force: CancellationToken,
-    /// Permits for streams being set up (MAX_PENDING_STREAMS).
+    /// Permits for streams being set up: this connection's (MAX_PENDING_STREAMS), its peer's across its connections
+    /// (MAX_PENDING_STREAMS_PER_PEER).
     pending: Arc<Semaphore>,
+    peer_pending: Arc<Semaphore>,
     /// Streams the peer reset before they were established, and streams established.
     resets: AtomicU32,
     established: AtomicU32,
@@ -432,7 +492,9 @@ async fn establish_stream(
     let (pi, local_ref, peer_id, peer) = (&*ctx.pi, &ctx.local, &*ctx.peer_id, ctx.peer);
     let started = Instant::now();
     // Held until this returns: the streams being set up at once are bounded per connection.
-    let Ok(_setting_up) = ctx.pending.clone().try_acquire_owned() else {
+    let permits =
+        ctx.pending.clone().try_acquire_owned().and_then(|c| Ok((c, ctx.peer_pending.clone().try_acquire_owned()?)));
+    let Ok(_setting_up) = permits else {
         respond.send_reset(h2::Reason::REFUSED_STREAM);
         return None;
     };
