@@ -92,6 +92,14 @@ const headerText = () =>
     }
   });
 
+/** One segment of a SPIFFE identity or of a `namespace/hostname` key (the dataplane's `segment_safe`). */
+const segmentText = () =>
+  headerText().superRefine((s, ctx) => {
+    if (s.includes('/')) {
+      ctx.addIssue({ code: 'custom', input: s, message: `${JSON.stringify(s)} has the character "/", which cannot go into an identity or a namespace/hostname key` });
+    }
+  });
+
 const lowerEnum = <const T extends readonly [string, ...string[]]>(values: T) =>
   z.string().transform((s, ctx): T[number] => {
     const v = s.toLowerCase();
@@ -128,9 +136,9 @@ const serviceAccountMatch = () => z.strictObject({ namespace: z.string(), servic
 const workloadSchema = z.strictObject({
   uid: z.string().min(1, { error: 'must not be empty' }),
   name: z.string().min(1, { error: 'must not be empty' }),
-  namespace: headerText().min(1, { error: 'must not be empty' }),
-  serviceAccount: headerText().default('default'),
-  trustDomain: headerText().default('cluster.local'),
+  namespace: segmentText().min(1, { error: 'must not be empty' }),
+  serviceAccount: segmentText().default('default'),
+  trustDomain: segmentText().default('cluster.local'),
   workloadIps: z.array(ip()).default([]),
   network: headerText().default(''),
   protocol: z.enum(['HBONE', 'TCP']).default('TCP'),
@@ -160,7 +168,7 @@ const workloadSchema = z.strictObject({
 
 const serviceSchema = z.strictObject({
   name: z.string().min(1, { error: 'must not be empty' }),
-  namespace: headerText().min(1, { error: 'must not be empty' }),
+  namespace: segmentText().min(1, { error: 'must not be empty' }),
   hostname: headerText().min(1, { error: 'must not be empty' }),
   vips: z.array(networkAddress()).default([]),
   cidrVips: z.array(networkCidr()).default([]),

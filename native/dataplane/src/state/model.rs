@@ -423,6 +423,17 @@ fn default_if_empty<'a>(s: &'a str, d: &'a str) -> &'a str {
 /// printable ASCII without spaces and without the separators of those formats (`,` `;` `=` `"` `\\`). Kubernetes
 /// names and label values always are; anything else would break the header (or, with `,k8s.namespace.name=...`,
 /// forge another baggage key at the peer), so it is refused when the record is accepted, not met on a connection.
+/// A value that becomes one segment of a SPIFFE identity (`spiffe://<td>/ns/<ns>/sa/<sa>`) or of a
+/// `<namespace>/<hostname>` key: a '/' would make it two.
+pub fn segment_safe(field: &str, v: &str) -> Result<(), String> {
+    match v.contains('/') {
+        false => Ok(()),
+        true => Err(format!(
+            "{field} {v:?} has the character '/', which cannot go into an identity or a namespace/hostname key"
+        )),
+    }
+}
+
 pub fn header_safe(field: &str, v: &str) -> Result<(), String> {
     match v.bytes().find(|b| !(0x21..=0x7e).contains(b) || b",;=\"\\".contains(b)) {
         None => Ok(()),
@@ -455,6 +466,13 @@ impl WorkloadJson {
             ("locality.subzone", &self.locality.subzone),
         ] {
             header_safe(field, v).map_err(bad)?;
+        }
+        for (field, v) in [
+            ("namespace", &self.namespace),
+            ("serviceAccount", &self.service_account),
+            ("trustDomain", &self.trust_domain),
+        ] {
+            segment_safe(field, v).map_err(bad)?;
         }
         let ips = self
             .workload_ips
@@ -513,6 +531,7 @@ impl ServiceJson {
     pub fn validate(&self) -> Result<Service, StateError> {
         let name = format!("{}/{}", self.namespace, self.hostname);
         let bad = |problem: String| StateError::Invalid { what: "service", name: name.clone(), problem };
+        segment_safe("namespace", &self.namespace).map_err(bad)?;
         let key = ServiceKey::parse(&name).ok_or_else(|| bad("namespace and hostname are required".into()))?;
         header_safe("hostname", &self.hostname).map_err(bad)?;
         header_safe("namespace", &self.namespace).map_err(bad)?;
