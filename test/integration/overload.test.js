@@ -6,7 +6,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { constants as h2c } from 'node:http2';
-import { readdirSync } from 'node:fs';
+import { readFileSync, readdirSync } from 'node:fs';
 import { makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
 import { connectRequest, hboneSession } from '../helpers/hbone.js';
 import { BLOCKS, block, readAll, startEchoServer, waitFor } from '../helpers/net.js';
@@ -219,4 +219,32 @@ test('one peer IP holds at most 512 connections to a listener (the rest closed a
     for (const c of held) c.destroy();
   }
   await waitFor(() => fds() <= baseline + 5, { timeoutMs: 5_000, message: `descriptors back to ${baseline} (now ${fds()})` });
+});
+
+test('descriptors exhausted: failed accepts are counted and logged (rate-limited), and the daemon recovers', async () => {
+  const { connect } = await import('node:net');
+  const { execFileSync } = await import('node:child_process');
+  const pid = daemon.child.pid;
+  const base = fds();
+  const soft = /Max open files\s+(\d+)/.exec(readFileSync(`/proc/${pid}/limits`, 'utf8'))[1];
+  // Lower the daemon's (soft) descriptor limit to just above what it holds now (util-linux prlimit on the live process).
+  execFileSync('prlimit', [`--pid=${pid}`, `--nofile=${base + 20}:`]);
+  const held = [];
+  try {
+    for (let i = 0; i < 60; i++) {
+      const c = connect({ host: ECHO_IP, port: 15008, localAddress: '127.68.9.2' });
+      c.on('error', () => {});
+      held.push(c);
+    }
+    // The log line needs no new descriptor (a scrape would: the stats server shares the process's limit).
+    await daemon.waitForLog((l) => l.message === 'accept failed' && /Too many open files/.test(l.error ?? ''));
+  } finally {
+    for (const c of held) c.destroy();
+    execFileSync('prlimit', [`--pid=${pid}`, `--nofile=${soft}:`]);
+  }
+  await waitFor(() => fds() <= base + 5, { timeoutMs: 5_000, message: `descriptors back to ${base} (now ${fds()})` });
+  assert.ok((await roundTrip()) < 1_000, 'served again once descriptors are free');
+  assert.ok((await daemon.metric('ztunnel_node_accept_errors_total')) > 0, 'accept errors counted');
+  const lines = daemon.logs.filter((l) => l.message === 'accept failed').length;
+  assert.ok(lines <= 110, `${lines} "accept failed" lines: rate-limited per cause`);
 });

@@ -66,6 +66,8 @@ export interface TunnelCounters {
   outboundHandshakeFailures: number;
   /** Inbound connections closed at accept: their peer IP held the per-peer limit already. */
   inboundRefusedPeerLimit: number;
+  /** Failed accepts on the dataplane's listeners (EMFILE and the like). */
+  acceptErrors: number;
 }
 
 /** What one scrape reads: the native snapshot, whose JSON also carries the tunnel counters. */
@@ -91,6 +93,7 @@ const NO_TUNNELS: TunnelCounters = {
   inboundHandshakeFailures: 0,
   outboundHandshakeFailures: 0,
   inboundRefusedPeerLimit: 0,
+  acceptErrors: 0,
 };
 
 /** name, type, help, and which snapshot field each direction reads. */
@@ -334,6 +337,15 @@ export class Metrics {
       collect() {
         this.reset();
         this.inc({ reason: 'peer_limit' }, tunnels().inboundRefusedPeerLimit);
+      },
+    });
+    new Counter({
+      name: 'ztunnel_node_accept_errors_total',
+      help: "Failed accepts on the dataplane's listeners (descriptor or buffer exhaustion); each is logged, rate-limited",
+      registers: [reg],
+      collect() {
+        this.reset();
+        this.inc(tunnels().acceptErrors);
       },
     });
     const suppressedLogs = this.opts.suppressedLogs;

@@ -158,6 +158,8 @@ pub struct Metrics {
     pub authz_denied: AtomicU64,
     /// Live inbound connections closed because a state change denied them.
     pub authz_closed_by_policy: AtomicU64,
+    /// Failed accepts on any listener (EMFILE, ENFILE, ENOBUFS...).
+    pub accept_errors: AtomicU64,
     /// Inbound HBONE connections closed at accept: their peer IP held MAX_CONNECTIONS_PER_PEER already.
     pub inbound_refused_peer_limit: AtomicU64,
     /// The DNS proxy's counters.
@@ -232,6 +234,7 @@ impl Metrics {
                 "inboundHandshakeFailures": self.tls_handshake_failures_inbound.load(Ordering::Relaxed),
                 "outboundHandshakeFailures": self.tls_handshake_failures_outbound.load(Ordering::Relaxed),
                 "inboundRefusedPeerLimit": self.inbound_refused_peer_limit.load(Ordering::Relaxed),
+                "acceptErrors": self.accept_errors.load(Ordering::Relaxed),
             },
             "authorization": {
                 "denied": self.authz_denied.load(Ordering::Relaxed),

@@ -64,9 +64,14 @@ impl std::fmt::Display for LocalRef {
 
 /// Accept connections until the drain's graceful signal; each runs as a task the drain tracks (so it can wait for
 /// it, then force it). Sets TCP_NODELAY and canonicalizes the peer (no `::ffff:` from dual-stack listeners). An
-/// accept error (e.g. EMFILE) backs off briefly instead of spinning.
-pub async fn accept_until_drained<F, Fut>(listener: tokio::net::TcpListener, drain: &crate::drain::Drain, mut handle: F)
-where
+/// accept error (e.g. EMFILE) is counted and logged (the event queue rate-limits it per cause) and backs off briefly
+/// instead of spinning.
+pub async fn accept_until_drained<F, Fut>(
+    listener: tokio::net::TcpListener,
+    pi: &ProxyInputs,
+    drain: &crate::drain::Drain,
+    mut handle: F,
+) where
     F: FnMut(tokio::net::TcpStream, std::net::SocketAddr) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -74,7 +79,14 @@ where
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok((s, peer)) => (s, crate::socket::canonical(peer)),
-                Err(_) => {
+                Err(e) => {
+                    pi.metrics.accept_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                    pi.events.log(
+                        crate::events::Level::Warn,
+                        "accept failed",
+                        crate::fields! {"listener" => local, "error" => e.to_string()},
+                    );
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 }

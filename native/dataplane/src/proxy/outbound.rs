@@ -919,7 +919,7 @@ pub async fn serve_capture(
     drain: crate::drain::Drain,
 ) {
     let l = Arc::new(Listener { pi, local, force: drain.force.clone() });
-    super::accept_until_drained(listener, &drain, |stream, peer| {
+    super::accept_until_drained(listener, &l.pi, &drain, |stream, peer| {
         connection(l.clone(), Box::pin(establish_captured(l.clone(), stream, peer)))
     })
     .await
