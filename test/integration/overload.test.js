@@ -106,25 +106,23 @@ test('rapid reset toward an application that does not accept: dials end with the
   t.diagnostic(`GOAWAY after ${sent} reset streams; descriptors peaked ${peak - baseline} above the baseline; legitimate round trips ${legit.map((ms) => ms.toFixed(0)).join(', ')} ms`);
 });
 
-test('streams parked on dials are bounded per connection (REFUSED_STREAM beyond 64 being set up), and all end when the peer disappears', async () => {
+test('streams parked on dials are bounded per connection (64 dial, the rest wait), and all end when the peer disappears', async () => {
   const baseline = fds();
   const s = await session();
   s.on('error', () => {});
-  const codes = [];
+  const closed = [];
   for (let i = 0; i < 100; i++) {
     const stream = s.request({ ':method': 'CONNECT', ':authority': `${ECHO_IP}:${BLACKHOLE_PORT}` }, { endStream: false });
     stream.on('error', () => {});
-    stream.on('close', () => codes.push(stream.rstCode));
+    stream.on('close', () => closed.push(stream.rstCode));
   }
-  // 64 streams hold a dial; one of the 36 others may get its dial through (the never-accepting listener still
-  // completes one handshake into its backlog) and so is answered 200 rather than refused.
-  await waitFor(() => codes.length >= 35, { timeoutMs: 5_000, message: '35 streams refused' }).catch((e) => {
-    throw new Error(`${e.message}: ${codes.length} closed, ${fds() - baseline} descriptors`);
-  });
-  assert.ok(codes.every((c) => c === h2c.NGHTTP2_REFUSED_STREAM), `refused with REFUSED_STREAM: ${[...new Set(codes)]}`);
+  await new Promise((r) => setTimeout(r, 1_500));
+  // 64 streams hold a dial each (plus the connection's own descriptor); the other 36 wait, neither dialing nor
+  // refused (one dial may complete into the never-accepting listener's backlog and free its place for another).
   const parked = fds() - baseline;
-  assert.ok(parked >= 30 && parked <= 64 + 10, `${parked} descriptors for 64 parked dials (plus the connection)`);
-  // The peer disappears: every parked dial is dropped at once, not after the 10 s connect timeout.
+  assert.ok(parked >= 30 && parked <= 64 + 10, `${parked} descriptors for 100 streams (64 may dial)`);
+  assert.ok(closed.length <= 1, `streams beyond the bound wait rather than fail (${closed.length} closed)`);
+  // The peer disappears: every parked dial and every waiting stream ends at once, not after the 10 s connect timeout.
   const gone = performance.now();
   s.destroy();
   await waitFor(() => fds() <= baseline + 2, { timeoutMs: 3_000, message: `descriptors back to ${baseline} (now ${fds()})` });

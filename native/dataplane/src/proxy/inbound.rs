@@ -10,8 +10,8 @@
 //!   answer is decided.
 //! - Handshakes (TLS and the HTTP/2 preface) have a deadline, so a peer cannot hold a socket for free.
 //! - A stream's upstream dial lives only as long as the stream: the peer's RST_STREAM, or the connection's end, drops
-//!   it (and its socket) at once. At most MAX_PENDING_STREAMS streams per connection are being set up at a time
-//!   (more get REFUSED_STREAM), and a peer that resets more than RESET_ALLOWANCE streams beyond twice those it
+//!   it (and its socket) at once. At most MAX_PENDING_STREAMS streams per connection (MAX_PENDING_STREAMS_PER_PEER
+//!   per peer) are being set up at a time (more wait, and may be reset while they wait), and a peer that resets more than RESET_ALLOWANCE streams beyond twice those it
 //!   completed is sent GOAWAY ENHANCE_YOUR_CALM (HTTP/2 rapid reset).
 
 use std::net::{IpAddr, SocketAddr};
@@ -41,8 +41,8 @@ use crate::metrics::{ConnectionInfo, Reporter, TrafficLabels};
 use crate::rbac;
 use crate::state::{AppTunnelProtocol, GatewayDestination, Service, State, Workload};
 
-/// Streams of one HBONE connection being set up at once (authorization and upstream connect): more are refused with
-/// REFUSED_STREAM, so one connection cannot hold more than this many upstream dials.
+/// Streams of one HBONE connection being set up at once (authorization and upstream connect): more wait for a place,
+/// so one connection cannot hold more than this many upstream dials.
 pub const MAX_PENDING_STREAMS: usize = 64;
 /// Streams the peer may reset before they are established, beyond twice the streams it completed, before the
 /// connection is closed with ENHANCE_YOUR_CALM (HTTP/2 rapid reset, CVE-2023-44487).
@@ -491,11 +491,22 @@ async fn establish_stream(
 ) -> Option<Box<Established>> {
     let (pi, local_ref, peer_id, peer) = (&*ctx.pi, &ctx.local, &*ctx.peer_id, ctx.peer);
     let started = Instant::now();
-    // Held until this returns: the streams being set up at once are bounded per connection.
-    let permits =
-        ctx.pending.clone().try_acquire_owned().and_then(|c| Ok((c, ctx.peer_pending.clone().try_acquire_owned()?)));
-    let Ok(_setting_up) = permits else {
-        respond.send_reset(h2::Reason::REFUSED_STREAM);
+    // Held until this returns: the streams being set up at once are bounded per connection and per peer. A stream
+    // beyond the bound waits for a place (it is not refused: a burst of legitimate streams is only delayed), and a
+    // reset while it waits ends it like a reset during its dial.
+    let permits = {
+        let acquire = async {
+            let conn = ctx.pending.clone().acquire_owned().await.ok()?;
+            Some((conn, ctx.peer_pending.clone().acquire_owned().await.ok()?))
+        };
+        let reset = std::future::poll_fn(|cx| respond.poll_reset(cx));
+        tokio::select! {
+            p = acquire => p,
+            _ = reset => None,
+        }
+    };
+    let Some(_setting_up) = permits else {
+        ctx.peer_reset();
         return None;
     };
     // x-forwarded-network naming another network: the peer is a gateway, its IP says nothing of the source.
