@@ -161,12 +161,14 @@ export interface MetricsOptions {
 type ContentType = RegistryContentType;
 
 const DNS_LABELS = ['request_query_type', 'request_protocol', 'source_canonical_service', 'source_canonical_revision'] as const;
-/** ztunnel's buckets for the upstream duration histogram (seconds). */
+/** ztunnel's HELP texts (src/dns/metrics.rs), so dashboards built on them read the same. */
+const DNS_DURATION_HELP = 'Total time in seconds Istio takes to get DNS response from upstream (unstable)';
+/** The spec's buckets for the upstream duration histogram (seconds; ztunnel's source writes the first as 0.005). */
 export const DNS_DURATION_BUCKETS = [0.0005, 0.001, 0.01, 0.1, 1, 5] as const;
 const DNS_COUNTERS = [
-  { name: 'istio_dns_requests_total', help: 'Total number of DNS requests.', field: 'requests' },
-  { name: 'istio_dns_upstream_requests_total', help: 'Total number of DNS requests forwarded to upstream.', field: 'upstreamRequests' },
-  { name: 'istio_dns_upstream_failures_total', help: 'Total number of DNS failures forwarding upstream.', field: 'upstreamFailures' },
+  { name: 'istio_dns_requests_total', help: 'Total number of DNS requests (unstable)', field: 'requests' },
+  { name: 'istio_dns_upstream_requests_total', help: 'Total number of DNS requests forwarded to upstream (unstable)', field: 'upstreamRequests' },
+  { name: 'istio_dns_upstream_failures_total', help: 'Total number of DNS requests that failed to forward upstream (unstable)', field: 'upstreamFailures' },
 ] as const;
 
 function dnsLabels(l: Record<(typeof DNS_LABELS)[number], string>): Record<string, string> {
@@ -195,7 +197,7 @@ function registerDnsMetrics(reg: Registry<ContentType>, dns: () => DnsCounters |
   const name = 'istio_dns_upstream_request_duration_seconds';
   reg.registerMetric({
     name,
-    help: 'Total time in seconds istio takes to get DNS response from upstream.',
+    help: DNS_DURATION_HELP,
     type: 'histogram',
     get: () => {
       const values: Array<{ metricName: string; labels: Record<string, string | number>; value: number }> = [];
@@ -209,7 +211,7 @@ function registerDnsMetrics(reg: Registry<ContentType>, dns: () => DnsCounters |
         values.push({ metricName: `${name}_sum`, labels, value: row.durationSum });
         values.push({ metricName: `${name}_count`, labels, value: row.durationCount });
       }
-      return Promise.resolve({ name, help: 'Total time in seconds istio takes to get DNS response from upstream.', type: 'histogram', values, aggregator: 'sum' });
+      return Promise.resolve({ name, help: DNS_DURATION_HELP, type: 'histogram', values, aggregator: 'sum' });
     },
   } as unknown as Parameters<Registry<ContentType>['registerMetric']>[0]);
 }
