@@ -14,17 +14,19 @@ export function spiffeSans(peerCert) {
 
 /**
  * Opens a TLS 1.3 + h2 session to `host:port` as an HBONE client. `cert`/`key` may be omitted (no client
- * certificate). `expectServerId`: the server's single SPIFFE SAN must be this identity (DNS names are ignored, as
+ * certificate). `via`: the TCP connection goes to this `{ host, port }` instead (a relay in front of the daemon);
+ * `settings`: the client's HTTP/2 SETTINGS. `expectServerId`: the server's single SPIFFE SAN must be this identity (DNS names are ignored, as
  * in ztunnel). Resolves the ClientHttp2Session once the TLS handshake and the h2 preface are done, or rejects.
  */
-export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId, maxVersion = 'TLSv1.3', minVersion = 'TLSv1.3', timeoutMs = 10_000, alpn = ['h2'] }) {
+export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId, maxVersion = 'TLSv1.3', minVersion = 'TLSv1.3', timeoutMs = 10_000, alpn = ['h2'], via, settings }) {
   return new Promise((resolve, reject) => {
     let tlsSocket;
     const session = http2Connect(`https://${host}:${port}`, {
+      ...(settings ? { settings } : {}),
       createConnection: () => {
         tlsSocket = tlsConnect({
-          host,
-          port,
+          host: via?.host ?? host,
+          port: via?.port ?? port,
           ...(cert ? { cert, key } : {}),
           ca,
           ...(alpn === null ? {} : { ALPNProtocols: alpn }),

@@ -30,6 +30,8 @@
 //                                              remote endpoints 127.67.2.x, VIPs 127.67.100.x, admin 127.67.255.1
 //   68  test/integration/overload.test.js     workload 127.68.1.10 (echo app :8080, a never-accepting :8081),
 //                                              daemon's admin 127.68.255.1
+//   69  test/integration/buffer-budget.test.js  workload 127.69.1.10 (an endless sender :8082, echo :8080), relays
+//                                              127.69.2.10 (the non-reading clients), daemon's admin 127.69.255.1
 //
 // Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
 // node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
@@ -56,6 +58,7 @@ export const BLOCKS = Object.freeze({
   'double-hbone': 66,
   dns: 67,
   overload: 68,
+  'buffer-budget': 69,
 });
 
 /** Addresses of one file's block. */

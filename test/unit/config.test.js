@@ -17,6 +17,8 @@ test('defaults match ztunnel', () => {
   assert.equal(c.poolUnusedReleaseTimeoutMs, 300_000);
   assert.deepEqual(c.http2, { streamWindowSize: 4194304, connectionWindowSize: 16777216, frameSize: 1048576 });
   assert.equal(c.connectionTimeoutMs, 10_000);
+  assert.equal(c.streamBufferBudget, 256 * 1024 * 1024);
+  assert.equal(loadConfig({ env: { STREAM_BUFFER_BUDGET: '33554432' } }).streamBufferBudget, 32 * 1024 * 1024);
   assert.equal(c.terminationDeadlineMs, 5_000);
   assert.equal(c.secretTtlMs, 24 * 3600_000);
   assert.equal(c.logFormat, 'plain');
@@ -158,6 +160,7 @@ test('bad values are errors naming the variable or flag and the problem', () => 
   // What the dataplane would refuse is refused here, naming the variable (not the dataplane's internal field).
   assert.match(err({ env: { ZTUNNEL_WORKER_THREADS: '5000' } }), /ZTUNNEL_WORKER_THREADS: "5000": at most 1024 threads/);
   assert.match(err({ env: { HTTP2_FRAME_SIZE: '1000' } }), /HTTP2_FRAME_SIZE: "1000" is not an integer between 16384 and 16777215/);
+  assert.match(err({ env: { STREAM_BUFFER_BUDGET: '1000' } }), /STREAM_BUFFER_BUDGET: "1000" is not an integer between 1048576 and/);
   assert.match(err({ env: {}, args: ['--ztunnel-worker-threads=150%'] }), /--ztunnel-worker-threads: "150%": a percentage/);
   assert.match(err({ env: { CONNECTION_TIMEOUT: '10' } }), /CONNECTION_TIMEOUT: "10" is not a duration/);
   assert.match(err({ env: { PROXY_MODE: 'sidecar' } }), /PROXY_MODE: "sidecar" is not one of shared\|dedicated\|local/);

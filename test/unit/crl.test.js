@@ -26,8 +26,10 @@ function target(native) {
   return { calls, setCrls: (pem) => (calls.push(pem), native.setCrls(pem)) };
 }
 
+// The file is polled (watchFile) and read once settled: allow for a loaded machine (unit files run in parallel).
 const until = async (cond, what) => {
-  for (let i = 0; i < 100 && !cond(); i++) await new Promise((r) => setTimeout(r, 50));
+  const deadline = Date.now() + 15_000;
+  while (!cond() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
   assert.ok(cond(), what);
 };
 

@@ -341,6 +341,41 @@ export class Metrics {
         this.inc({ reason: 'peer_limit' }, tunnels().inboundRefusedPeerLimit);
       },
     });
+    const buffers = (): Partial<NonNullable<MetricsSnapshot['buffers']>> => current().buffers ?? {};
+    new Gauge({
+      name: 'ztunnel_node_buffered_bytes',
+      help: 'Stream data read for HBONE peers and not yet written to them, across all connections',
+      registers: [reg],
+      collect() {
+        this.set(buffers().buffered ?? 0);
+      },
+    });
+    new Gauge({
+      name: 'ztunnel_node_buffer_budget_bytes',
+      help: 'The budget for ztunnel_node_buffered_bytes (STREAM_BUFFER_BUDGET)',
+      registers: [reg],
+      collect() {
+        this.set(buffers().budget ?? 0);
+      },
+    });
+    new Counter({
+      name: 'ztunnel_node_buffer_backpressured_streams_total',
+      help: 'Streams that stopped reading from their application while the node was over its buffer budget',
+      registers: [reg],
+      collect() {
+        this.reset();
+        this.inc(buffers().backpressuredStreams ?? 0);
+      },
+    });
+    new Counter({
+      name: 'ztunnel_node_buffer_shed_connections_total',
+      help: 'HBONE connections closed because the node stayed over its buffer budget (the largest holder first)',
+      registers: [reg],
+      collect() {
+        this.reset();
+        this.inc(buffers().shedConnections ?? 0);
+      },
+    });
     new Counter({
       name: 'ztunnel_node_accept_errors_total',
       help: "Failed accepts on the dataplane's listeners (descriptor or buffer exhaustion); each is logged, rate-limited",

@@ -31,6 +31,8 @@ export const DEFAULT_POOL_UNUSED_RELEASE_TIMEOUT_MS = 5 * 60_000;
 export const DEFAULT_HTTP2_STREAM_WINDOW_SIZE = 4 * 1024 * 1024;
 export const DEFAULT_HTTP2_CONNECTION_WINDOW_SIZE = 16 * 1024 * 1024;
 export const DEFAULT_HTTP2_FRAME_SIZE = 1024 * 1024;
+/** STREAM_BUFFER_BUDGET: the node's budget for stream data buffered toward HBONE peers (native budget.rs). */
+export const DEFAULT_STREAM_BUFFER_BUDGET = 256 * 1024 * 1024;
 /** Upstream connect timeout (ztunnel's); long enough for a cold peer, short enough to surface NetworkPolicy drops. */
 export const DEFAULT_CONNECTION_TIMEOUT_MS = 10_000;
 /**

@@ -46,6 +46,8 @@ export interface Config {
   readonly poolMaxStreamsPerConnection: number;
   readonly poolUnusedReleaseTimeoutMs: number;
   readonly http2: { readonly streamWindowSize: number; readonly connectionWindowSize: number; readonly frameSize: number };
+  /** Bytes of stream data buffered toward HBONE peers across all connections (STREAM_BUFFER_BUDGET). */
+  readonly streamBufferBudget: number;
   readonly connectionTimeoutMs: number;
   readonly missingPolicyGraceMs: number;
   readonly localhostAppTunnel: boolean;
@@ -210,6 +212,7 @@ function resolve(
       connectionWindowSize: raw.HTTP2_CONNECTION_WINDOW_SIZE ?? D.DEFAULT_HTTP2_CONNECTION_WINDOW_SIZE,
       frameSize: raw.HTTP2_FRAME_SIZE ?? D.DEFAULT_HTTP2_FRAME_SIZE,
     },
+    streamBufferBudget: raw.STREAM_BUFFER_BUDGET ?? D.DEFAULT_STREAM_BUFFER_BUDGET,
     connectionTimeoutMs: Math.ceil(raw.CONNECTION_TIMEOUT ?? D.DEFAULT_CONNECTION_TIMEOUT_MS),
     missingPolicyGraceMs: Math.ceil(raw.MISSING_POLICY_GRACE ?? D.DEFAULT_MISSING_POLICY_GRACE_MS),
     localhostAppTunnel: raw.LOCALHOST_APP_TUNNEL ?? true,

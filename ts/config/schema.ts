@@ -151,6 +151,9 @@ const fields = {
   HTTP2_CONNECTION_WINDOW_SIZE: positiveInt(2 ** 31 - 1).optional().describe('HTTP/2 connection window bytes (16777216)'),
   // RFC 9113 §6.5.2: 2^14 to 2^24-1 (the dataplane would refuse anything else, naming its own field).
   HTTP2_FRAME_SIZE: positiveInt(2 ** 24 - 1, 2 ** 14).optional().describe('HTTP/2 max frame size bytes (1048576)'),
+  STREAM_BUFFER_BUDGET: positiveInt(Number.MAX_SAFE_INTEGER, 2 ** 20)
+    .optional()
+    .describe("ztunnel-node's own: bytes of stream data buffered toward HBONE peers across all connections (268435456)"),
   CONNECTION_TIMEOUT: duration().optional().describe('upstream connect timeout (10s)'),
   MISSING_POLICY_GRACE: duration().optional().describe('how long live connections wait for a named policy that has not arrived (1s)'),
   CONNECTION_TERMINATION_DEADLINE: duration().optional().describe('drain deadline (default from TERMINATION_GRACE_PERIOD_SECONDS, else 5s)'),

@@ -157,6 +157,7 @@ export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameserve
       searchDomains: resolv.search,
       preferedServiceNamespace: config.dns.preferedServiceNamespace ?? '',
     },
+    streamBufferBudget: config.streamBufferBudget,
   };
 }
 

@@ -30,6 +30,8 @@ export interface DataplaneConfig {
   ownPorts: number[];
   /** The DNS proxy (15053). */
   dns: DnsConfig;
+  /** Bytes of stream data buffered toward HBONE peers across all connections (>= 1 MiB). */
+  streamBufferBudget: number;
 }
 
 export interface DnsConfig {
@@ -197,6 +199,8 @@ export interface MetricsSnapshot {
   socketsOpen: { source: number; destination: number };
   /** The DNS proxy's counters (dns/metrics.rs). */
   dns?: DnsCounters;
+  /** The node's buffer budget (budget.rs). */
+  buffers?: { buffered: number; budget: number; shedConnections: number; backpressuredStreams: number };
 }
 
 export interface DnsCounters {

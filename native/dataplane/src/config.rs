@@ -117,6 +117,8 @@ pub struct Config {
     /// The control side's own listening ports (admin, stats, readiness): never a tunnel destination either.
     pub own_ports: Vec<u16>,
     pub dns: DnsConfig,
+    /// The node's budget for stream data buffered toward HBONE peers, in bytes (STREAM_BUFFER_BUDGET; `budget.rs`).
+    pub stream_buffer_budget: usize,
 }
 
 impl Default for Config {
@@ -141,6 +143,7 @@ impl Default for Config {
             enable_response_baggage: true,
             own_ports: Vec::new(),
             dns: DnsConfig::default(),
+            stream_buffer_budget: crate::budget::DEFAULT_LIMIT,
         }
     }
 }
@@ -177,6 +180,9 @@ impl Config {
         }
         if self.http2.connection_window_size == 0 || self.http2.connection_window_size > i32::MAX as u32 {
             return range("http2.connectionWindowSize", "must be in 1..=2^31-1".into());
+        }
+        if self.stream_buffer_budget < crate::budget::HEAVY {
+            return range("streamBufferBudget", format!("{} is below 1 MiB", self.stream_buffer_budget));
         }
         if let Err(problem) = self.dns.listen_addrs() {
             return range("dns.addr", problem);

@@ -9,6 +9,8 @@
 //!   buffer at all (the buffer is allocated once the socket is readable).
 //! - Data read from TCP is handed to h2 as `Bytes` without another copy.
 //! - Every chunk moved is added to the connection's byte counters.
+//! - TCP → HTTP/2 counts what it reads against the node's buffer budget until the connection writes it
+//!   (`budget.rs`), and stops reading while the node is over budget and its connection is a heavy holder.
 
 use std::future::{poll_fn, Future};
 use std::io;
@@ -88,8 +90,11 @@ pub async fn tcp_to_h2(
     mut r: tokio::net::tcp::OwnedReadHalf,
     mut send: SendStream<Bytes>,
     counter: &Tally<'_>,
+    buffers: Option<std::sync::Arc<crate::budget::ConnBuffers>>,
 ) -> io::Result<u64> {
     use futures_util::FutureExt;
+    let meter = buffers.as_ref().map(|b| b.stream(u32::from(send.stream_id())));
+    drop(buffers);
     let mut moved = 0u64;
     let mut buf = BytesMut::new();
     loop {
@@ -102,11 +107,18 @@ pub async fn tcp_to_h2(
             buf = BytesMut::new();
             poll_fn(ready).await?;
         }
+        if let Some(m) = &meter {
+            m.admit().await;
+        }
         buf.reserve(buffer_size(moved));
         let n = r.read_buf(&mut buf).await?;
         if n == 0 {
             send.send_data(Bytes::new(), true).map_err(h2_io)?;
             return Ok(moved);
+        }
+        // Counted before h2 has it: the connection may write it (and take it off) as soon as it is handed over.
+        if let Some(m) = &meter {
+            m.queued(n);
         }
         let mut data = buf.split().freeze();
         while !data.is_empty() {
@@ -153,7 +165,9 @@ pub fn h2_io(e: h2::Error) -> io::Error {
     }
 }
 
-/// Copy both directions between a TCP stream and an HTTP/2 stream until both are done or one fails.
+/// Copy both directions between a TCP stream and an HTTP/2 stream until both are done or one fails. `buffers`: the
+/// HTTP/2 connection's share of the buffer budget, when its writer is `Metered` (not for a double-HBONE inner
+/// stream, whose connection is itself carried by a stream).
 /// (A plain function returning the join, not an `async fn`: that would keep its arguments beside the join in every
 /// idle connection's task.)
 pub fn tcp_h2_bidirectional<'a>(
@@ -162,9 +176,10 @@ pub fn tcp_h2_bidirectional<'a>(
     recv: RecvStream,
     to_h2: &'a Tally<'_>,
     from_h2: &'a Tally<'_>,
+    buffers: Option<std::sync::Arc<crate::budget::ConnBuffers>>,
 ) -> impl Future<Output = io::Result<(u64, u64)>> + 'a {
     let (r, w) = tcp.into_split();
-    futures_util::future::try_join(tcp_to_h2(r, send, to_h2), h2_to_tcp(recv, w, from_h2))
+    futures_util::future::try_join(tcp_to_h2(r, send, to_h2, buffers), h2_to_tcp(recv, w, from_h2))
 }
 
 /// Copy both directions between two TCP streams.

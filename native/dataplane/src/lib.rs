@@ -5,6 +5,7 @@
 //! facade over this type; Rust tests drive it directly.
 
 pub mod alloc;
+pub mod budget;
 pub mod ca;
 pub mod config;
 pub mod copy;
@@ -146,6 +147,7 @@ impl Dataplane {
         let certs = Arc::new(CertStore::new(tls::provider()));
         let metrics = Arc::new(Metrics::default());
         let events = Arc::new(Events::default());
+        metrics.budget.configure(cfg.stream_buffer_budget, events.clone());
         let pool = Pool::new(cfg.clone(), certs.clone(), metrics.clone(), events.clone(), drain.clone());
         handle.spawn(pool.clone().run_eviction());
         let pi = Arc::new(ProxyInputs {

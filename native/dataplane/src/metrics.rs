@@ -164,6 +164,8 @@ pub struct Metrics {
     pub inbound_refused_peer_limit: AtomicU64,
     /// The DNS proxy's counters.
     pub dns: crate::dns::metrics::DnsMetrics,
+    /// The node's budget for stream data buffered toward peers (shared by every proxy).
+    pub budget: Arc<crate::budget::Budget>,
 }
 
 #[derive(Serialize)]
@@ -241,6 +243,12 @@ impl Metrics {
                 "closedByPolicyChange": self.authz_closed_by_policy.load(Ordering::Relaxed),
             },
             "dns": self.dns.snapshot(),
+            "buffers": {
+                "buffered": self.budget.used(),
+                "budget": self.budget.limit(),
+                "shedConnections": self.budget.shed.load(Ordering::Relaxed),
+                "backpressuredStreams": self.budget.backpressured.load(Ordering::Relaxed),
+            },
         })
         .to_string()
     }

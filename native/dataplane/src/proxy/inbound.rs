@@ -348,6 +348,8 @@ async fn serve_connection(
         Some(Ok(id)) => Arc::new(id),
         _ => return warn("TLS handshake failed", "no verified peer identity".into()),
     };
+    let buffers = pi.metrics.budget.connection(peer);
+    let tls = crate::budget::Metered::new(tls, buffers.clone(), false);
     let mut conn = match tokio::time::timeout(hs_deadline, builder(&pi.cfg).handshake::<_, Bytes>(tls)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return warn("HTTP/2 handshake failed", e.to_string()),
@@ -372,6 +374,7 @@ async fn serve_connection(
         resets: AtomicU32::new(0),
         established: AtomicU32::new(0),
         calm: CancellationToken::new(),
+        buffers,
     });
     let mut going_away = false;
     loop {
@@ -403,6 +406,12 @@ async fn serve_connection(
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(1), flush).await;
                 break;
             }
+            _ = ctx.buffers.shed.cancelled() => {
+                // Shed to get the node back under its buffer budget (the warning is the budget's). The peer is not
+                // reading, so the GOAWAY may never leave; the connection and what h2 holds for it go now.
+                conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                break;
+            }
             _ = drain.force.cancelled() => break,
         }
     }
@@ -432,6 +441,8 @@ struct StreamContext {
     established: AtomicU32,
     /// Cancelled when the resets exceed the allowance: the connection loop closes the connection.
     calm: CancellationToken,
+    /// The connection's share of the node's buffer budget.
+    buffers: Arc<crate::budget::ConnBuffers>,
 }
 
 impl StreamContext {
@@ -470,7 +481,7 @@ async fn stream_task(ctx: Arc<StreamContext>, establish: EstablishFuture) {
     // The reporter's view: received = bytes from the peer, sent = bytes back to it.
     let (from_peer, to_peer) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));
     let result = tokio::select! {
-        r = crate::copy::tcp_h2_bidirectional(upstream, send, body, &to_peer, &from_peer) => r.map(|_| ()),
+        r = crate::copy::tcp_h2_bidirectional(upstream, send, body, &to_peer, &from_peer, Some(ctx.buffers.clone())) => r.map(|_| ()),
         _ = ctx.force.cancelled() => Err(std::io::Error::other("drained")),
         _ = track.close.cancelled() => Err(std::io::Error::other("connection closed due to policy change")),
     };

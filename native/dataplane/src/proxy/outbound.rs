@@ -817,7 +817,13 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
     let (copy, _lease) = match upstream {
         Upstream::Tcp(up) => (Either::Left(crate::copy::tcp_bidirectional(client, up, &sent, &recv)), None),
         Upstream::Hbone { send, recv: body, _lease, _inner } => {
-            (Either::Right(crate::copy::tcp_h2_bidirectional(client, send, body, &sent, &recv)), Some((_lease, _inner)))
+            // A double-HBONE inner stream's connection is itself carried by a stream: only a pooled connection's
+            // writer is metered.
+            let buffers = if _inner.is_none() { Some(_lease.buffers().clone()) } else { None };
+            (
+                Either::Right(crate::copy::tcp_h2_bidirectional(client, send, body, &sent, &recv, buffers)),
+                Some((_lease, _inner)),
+            )
         }
     };
     let result = tokio::select! {

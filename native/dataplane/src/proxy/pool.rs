@@ -77,6 +77,8 @@ pub struct PooledConn {
     active: AtomicUsize,
     dead: Arc<AtomicBool>,
     max: usize,
+    /// The connection's share of the node's buffer budget.
+    buffers: Arc<crate::budget::ConnBuffers>,
 }
 
 impl PooledConn {
@@ -101,6 +103,13 @@ impl PooledConn {
 pub struct StreamLease {
     conn: Arc<PooledConn>,
     key_entry: Arc<KeyEntry>,
+}
+
+impl StreamLease {
+    /// The leased connection's share of the node's buffer budget.
+    pub fn buffers(&self) -> &Arc<crate::budget::ConnBuffers> {
+        &self.conn.buffers
+    }
 }
 
 impl Drop for StreamLease {
@@ -308,13 +317,21 @@ impl Pool {
             PoolError::Tls(key.dst, e)
         })?;
         tls.get_mut().1.set_buffer_limit(Some(crate::tls::TLS_SEND_BUFFER));
+        let buffers = self.metrics.budget.connection(key.dst);
+        let tls = crate::budget::Metered::new(tls, buffers.clone(), true);
         let (send, mut conn) =
             builder(&self.cfg).handshake::<_, Bytes>(tls).await.map_err(|e| PoolError::H2Handshake(key.dst, e))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let dead = Arc::new(AtomicBool::new(false));
         let ping = conn.ping_pong();
-        let (metrics, events, force, dst, dead2) =
-            (self.metrics.clone(), self.events.clone(), self.drain.force.clone(), key.dst, dead.clone());
+        let (metrics, events, force, dst, dead2, shed) = (
+            self.metrics.clone(),
+            self.events.clone(),
+            self.drain.force.clone(),
+            key.dst,
+            dead.clone(),
+            buffers.shed.clone(),
+        );
         metrics.tunnels_opened_outbound.fetch_add(1, Ordering::Relaxed);
         metrics.tunnels_active_outbound.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
@@ -328,6 +345,7 @@ impl Pool {
                 r = conn => r.err().map(|e| e.to_string()),
                 why = ping_fut => Some(why.to_string()),
                 _ = force.cancelled() => Some("drained".to_string()),
+                _ = shed.cancelled() => Some("shed: the node's buffered stream data is over its budget".to_string()),
             };
             dead2.store(true, Ordering::Release);
             metrics.tunnels_active_outbound.fetch_sub(1, Ordering::Relaxed);
@@ -344,6 +362,7 @@ impl Pool {
             active: AtomicUsize::new(0),
             dead,
             max: self.cfg.pool_max_streams_per_connection as usize,
+            buffers,
         }))
     }
 }
