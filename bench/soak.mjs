@@ -8,15 +8,17 @@
 //   legitimate  8 concurrent SOCKS5 → HBONE round trips of 1 KiB to 1 MiB, sleep → echo, all the time
 //   attacks     one every 15 s, in turn: rapid reset toward the never-accepting port; 100 streams parked on dials
 //               then the peer gone; 2,000 slow partial requests to node-b's stats; 1,000 failing streams; 530
-//               handshake-less connections from one address
+//               handshake-less connections from one address; 4 connections × 100 streams to an endless sender whose
+//               client stops reading, for 8 s (node-b's STREAM_BUFFER_BUDGET is 64 MiB here: about 160 MiB asked)
 import { spawn } from 'node:child_process';
 import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { constants as h2c } from 'node:http2';
 import { join } from 'node:path';
+import { sumSamples } from '../dist/cli/prom-text.js';
 import { makeTempDir, ROOT, startDaemon, workload } from '../test/helpers/daemon.js';
 import { connectRequest, hboneSession } from '../test/helpers/hbone.js';
-import { pattern, socksRoundTrip, startEchoServer } from '../test/helpers/net.js';
+import { pattern, socksRoundTrip, startEchoServer, startFirehoseServer, startStallingRelay } from '../test/helpers/net.js';
 import { builtinCa, builtinLeaf, spiffe } from '../test/helpers/pki.js';
 
 const MINUTES = Number(process.env.SOAK_MINUTES ?? 60);
@@ -24,6 +26,9 @@ const SLEEP_IP = '127.50.70.10';
 const ECHO_IP = '127.50.71.10';
 const ADMIN = (k) => `127.50.72.${k}`;
 const HOLE = 8081;
+const FIREHOSE = 8082;
+const RELAY = { host: '127.50.74.1', port: 15008 };
+const BUDGET = 64 * 2 ** 20;
 
 const caDir = makeTempDir('ztn-soak-ca-');
 const certDir = makeTempDir('ztn-soak-certs-');
@@ -31,14 +36,15 @@ const config = {
   workloads: [workload({ name: 'sleep', ip: SLEEP_IP, node: 'node-a' }), workload({ name: 'echo', ip: ECHO_IP, node: 'node-b' })],
 };
 const echo = await startEchoServer(ECHO_IP, 8080);
+const firehose = await startFirehoseServer(ECHO_IP, FIREHOSE);
 const hole = spawn('python3', ['-c', `import socket, time
 s = socket.socket(); s.bind(("${ECHO_IP}", ${HOLE})); s.listen(0); print("listening", flush=True); time.sleep(10**6)`], { stdio: ['ignore', 'pipe', 'inherit'] });
 await new Promise((r) => hole.stdout.once('data', r));
 const a = await startDaemon({ node: 'node-a', config, caDir, adminIp: ADMIN(1), env: { RUST_LOG: 'warn' } });
-const b = await startDaemon({ node: 'node-b', config, caDir, adminIp: ADMIN(2), env: { RUST_LOG: 'warn' } });
+const b = await startDaemon({ node: 'node-b', config, caDir, adminIp: ADMIN(2), env: { RUST_LOG: 'warn', STREAM_BUFFER_BUDGET: String(BUDGET) } });
 const root = builtinCa(caDir).certPem;
 const leaf = builtinLeaf(certDir, caDir, [spiffe('default', 'attacker')], 'attacker');
-const session = () => hboneSession({ host: ECHO_IP, ca: root, cert: leaf.chainPem, key: leaf.keyPem });
+const session = (opts = {}) => hboneSession({ host: ECHO_IP, ca: root, cert: leaf.chainPem, key: leaf.keyPem, ...opts });
 
 const fds = (d) => readdirSync(`/proc/${d.child.pid}/fd`).length;
 const rss = (d) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${d.child.pid}/status`, 'utf8'))[1]) * 1024;
@@ -104,6 +110,26 @@ const ATTACKS = {
     for (let batch = 0; batch < 20; batch++) await Promise.all(Array.from({ length: 50 }, () => connectRequest(s, `${ECHO_IP}:9`)));
     s.destroy();
   },
+  async nonReading() {
+    const relay = await startStallingRelay(RELAY, { host: ECHO_IP, port: 15008 });
+    const sessions = [];
+    try {
+      for (let i = 0; i < 4; i++) {
+        const s = await session({ via: RELAY, settings: { initialWindowSize: 2 ** 31 - 1 } });
+        s.setLocalWindowSize(2 ** 31 - 1);
+        s.on('error', () => {});
+        sessions.push(s);
+      }
+      relay.stall();
+      for (const s of sessions) {
+        for (let k = 0; k < 100; k++) s.request({ ':method': 'CONNECT', ':authority': `${ECHO_IP}:${FIREHOSE}` }, { endStream: false }).on('error', () => {});
+      }
+      await sleep(8_000);
+    } finally {
+      for (const s of sessions) s.destroy();
+      await relay.close();
+    }
+  },
   async peerFlood() {
     const socks = [];
     for (let i = 0; i < 530; i++) {
@@ -149,8 +175,12 @@ const quarter = (q, f) => {
   const part = samples.slice(Math.floor((samples.length * q) / 4), Math.floor((samples.length * (q + 1)) / 4));
   return part.reduce((sum, s) => sum + f(s), 0) / Math.max(1, part.length);
 };
+const scraped = await b.metrics();
 const summary = {
   minutes: MINUTES,
+  nodeB: Object.fromEntries(
+    ['ztunnel_node_buffer_shed_connections_total', 'ztunnel_node_buffer_backpressured_streams_total', 'ztunnel_node_buffered_bytes', 'ztunnel_node_hbone_connections_refused_total', 'ztunnel_node_log_lines_suppressed_total'].map((n) => [n, sumSamples(scraped, n)]),
+  ),
   legitimate: { ok: samples.reduce((n, s) => n + s.legit.ok, 0), failed: samples.reduce((n, s) => n + s.legit.failed, 0) },
   fds: { second: [0, 1].map((i) => quarter(1, (s) => s.fds[i])), last: [0, 1].map((i) => quarter(3, (s) => s.fds[i])), max: [0, 1].map((i) => Math.max(...samples.map((s) => s.fds[i]))) },
   rssMiB: { second: [0, 1].map((i) => quarter(1, (s) => s.rssMiB[i])), last: [0, 1].map((i) => quarter(3, (s) => s.rssMiB[i])), max: [0, 1].map((i) => Math.max(...samples.map((s) => s.rssMiB[i]))) },
@@ -160,4 +190,5 @@ console.log(JSON.stringify(summary, null, 2));
 await Promise.all([a.kill(), b.kill()]);
 hole.kill();
 await echo.close();
+await firehose.close();
 process.exit(0);

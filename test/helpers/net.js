@@ -184,6 +184,63 @@ export function startSinkServer(host, port, reply = (r) => Buffer.from(`${JSON.s
   });
 }
 
+/** An application that streams without end: writes `chunk` for as long as each connection takes it; closes on the
+ * client's FIN. */
+export function startFirehoseServer(host, port, chunk = Buffer.alloc(64 * 1024, 0x5a)) {
+  return startServer(host, port, (socket) => {
+    const pump = () => {
+      while (!socket.destroyed && socket.write(chunk));
+    };
+    socket.on('drain', pump);
+    socket.on('end', () => socket.destroy());
+    pump();
+  });
+}
+
+/**
+ * A TCP relay from `listen` ({ host, port }) to `target`; `stall()` stops reading what the target sends on every
+ * relayed connection, present and future (a client that never reads, as the target sees it).
+ */
+export function startStallingRelay(listen, target) {
+  const pairs = new Set();
+  let stalled = false;
+  const server = createServer((down) => {
+    const up = tcpConnect(target.port, target.host);
+    const pair = { up, down };
+    pairs.add(pair);
+    down.pipe(up);
+    up.on('data', (chunk) => down.write(chunk));
+    if (stalled) up.pause();
+    const end = () => {
+      pairs.delete(pair);
+      up.destroy();
+      down.destroy();
+    };
+    for (const s of [up, down]) {
+      s.on('error', end);
+      s.on('close', end);
+    }
+  });
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(listen.port, listen.host, () =>
+      resolve({
+        stall() {
+          stalled = true;
+          for (const { up } of pairs) up.pause();
+        },
+        close() {
+          for (const { up, down } of pairs) {
+            up.destroy();
+            down.destroy();
+          }
+          return new Promise((r) => server.close(() => r()));
+        },
+      }),
+    );
+  });
+}
+
 /** Greet then close: writes `greeting` and its FIN at once, without waiting for the client. */
 export function startGreeterServer(host, port, greeting) {
   return startServer(host, port, (socket) => {

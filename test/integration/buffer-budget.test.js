@@ -8,10 +8,9 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { readFileSync, readdirSync } from 'node:fs';
-import { connect, createServer } from 'node:net';
 import { makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
 import { connectRequest, hboneSession } from '../helpers/hbone.js';
-import { BLOCKS, block, readAll, startEchoServer, startServer, waitFor } from '../helpers/net.js';
+import { BLOCKS, block, readAll, startEchoServer, startFirehoseServer, startStallingRelay, waitFor } from '../helpers/net.js';
 import { builtinCa, builtinLeaf, spiffe } from '../helpers/pki.js';
 
 const net = block(BLOCKS['buffer-budget']);
@@ -32,61 +31,12 @@ let root;
 let client;
 const closers = [];
 
-/** Relays TCP to the daemon's 15008; `stall()` stops reading what the daemon sends (a client that never reads). */
-function startRelay() {
-  const pairs = new Set();
-  let stalled = false;
-  const server = createServer((down) => {
-    const up = connect(15008, APP_IP);
-    const pair = { up, down };
-    pairs.add(pair);
-    down.pipe(up);
-    up.on('data', (chunk) => down.write(chunk));
-    if (stalled) up.pause();
-    const end = () => {
-      pairs.delete(pair);
-      up.destroy();
-      down.destroy();
-    };
-    for (const s of [up, down]) {
-      s.on('error', end);
-      s.on('close', end);
-    }
-  });
-  return new Promise((resolve) => {
-    server.listen(RELAY_PORT, RELAY_IP, () =>
-      resolve({
-        stall() {
-          stalled = true;
-          for (const { up } of pairs) up.pause();
-        },
-        close() {
-          for (const { up, down } of pairs) {
-            up.destroy();
-            down.destroy();
-          }
-          return new Promise((r) => server.close(() => r()));
-        },
-      }),
-    );
-  });
-}
-
 before(async () => {
   caDir = makeTempDir('ztn-budget-ca-');
   certDir = makeTempDir('ztn-budget-certs-');
   const echo = await startEchoServer(APP_IP, ECHO_PORT);
   closers.push(echo.close);
-  // Sends 64 KiB chunks for as long as the connection takes them.
-  const chunk = Buffer.alloc(64 * 1024, 0x5a);
-  const firehose = await startServer(APP_IP, FIREHOSE_PORT, (socket) => {
-    const pump = () => {
-      while (!socket.destroyed && socket.write(chunk));
-    };
-    socket.on('drain', pump);
-    socket.on('end', () => socket.destroy());
-    pump();
-  });
+  const firehose = await startFirehoseServer(APP_IP, FIREHOSE_PORT);
   closers.push(firehose.close);
   daemon = await startDaemon({
     node: 'node-a',
@@ -131,7 +81,7 @@ test('ten connections that stop reading stay within the buffer budget: the large
   assert.equal(await gauge('ztunnel_node_buffer_budget_bytes'), BUDGET);
   const baseline = rss();
   const baseFds = fds();
-  const relay = await startRelay();
+  const relay = await startStallingRelay({ host: RELAY_IP, port: RELAY_PORT }, { host: APP_IP, port: 15008 });
   closers.push(relay.close);
   // Windows as large as HTTP/2 allows: only the daemon's own limits bound what it may buffer for these clients.
   const sessions = [];
