@@ -132,6 +132,27 @@ test('nothing configured → null; an empty file is an empty config', async () =
   assert.deepEqual([empty.workloads, empty.services, empty.policies], [[], [], []]);
 });
 
+test("ztunnel's tagged YAML dialect (serde's enum tags) loads as the mapping form", () => {
+  const doc = (matches) => `
+policies:
+- name: deny-some
+  namespace: default
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - principals: ${matches}
+        notNamespaces: [!Exact kube-system]
+`;
+  const tagged = parseLocalConfig(doc('[!Exact "cluster.local/ns/default/sa/a", !Prefix "cluster.local/ns/x/", !Suffix /sa/z, !Presence []]'), 'tagged.yaml');
+  const mapping = parseLocalConfig(doc('[{Exact: cluster.local/ns/default/sa/a}, {Prefix: cluster.local/ns/x/}, {Suffix: /sa/z}, {Presence: []}]'), 'mapping.yaml');
+  const [match] = tagged.policies[0].rules[0][0];
+  assert.deepEqual(match.principals, [{ Exact: 'cluster.local/ns/default/sa/a' }, { Prefix: 'cluster.local/ns/x/' }, { Suffix: '/sa/z' }, { Presence: [] }]);
+  assert.deepEqual(match.notNamespaces, [{ Exact: 'kube-system' }]);
+  assert.deepEqual(tagged.policies, mapping.policies);
+  // An unknown tag is a clear error, where it is.
+  assert.throws(() => parseLocalConfig(doc('[!Regex "a.*"]'), 'bad.yaml'), /bad\.yaml: policies\[0\]\.rules\[0\]\[0\]\[0\]\.principals\[0\]/);
+});
+
 test('a good file converts to the model, with defaults filled in', () => {
   const cfg = parseLocalConfig(`
 workloads:

@@ -3,7 +3,9 @@
 //! file that JavaScript does slowly: the `yaml` package takes about 80 s for a 51 MiB file of 100k workloads.
 //!
 //! The JSON is the document as JavaScript's YAML reading gives it: mapping keys become strings (`80: 8080` →
-//! `{"80": 8080}`, a null key `""`), tags are dropped, a non-finite float is `null`. A duplicate key, a key that is a
+//! `{"80": 8080}`, a null key `""`), a non-finite float is `null`. A local tag is serde's external enum tagging, the
+//! form ztunnel's own YAML uses: `!Exact "a"` is `{"Exact": "a"}`, as the mapping form `{Exact: a}` (so a local
+//! config written for ztunnel loads unchanged). Standard tags (`!!str`) are resolved by the parser. A duplicate key, a key that is a
 //! mapping or a list, or more than one document is refused. An error says where: `line L, column C: invalid YAML: ...`.
 
 use serde::ser::{Error as _, SerializeMap};
@@ -64,7 +66,11 @@ impl Serialize for Json<'_> {
                 }
                 map.end()
             }
-            Value::Tagged(t) => Json(&t.value).serialize(s),
+            Value::Tagged(t) => {
+                let mut map = s.serialize_map(Some(1))?;
+                map.serialize_entry(&t.tag.to_string()[1..], &Json(&t.value))?;
+                map.end()
+            }
         }
     }
 }
@@ -79,6 +85,17 @@ mod tests {
         assert_eq!(json, r#"{"workloads":[{"uid":"a","ports":{"80":8080},"ok":true,"f":1.5,"n":null}]}"#);
         assert_eq!(yaml_to_json("").unwrap(), "null", "an empty file is an empty document");
         assert_eq!(yaml_to_json("a: yes").unwrap(), r#"{"a":"yes"}"#, "YAML 1.2: yes is a string");
+    }
+
+    #[test]
+    fn tags_are_serde_enum_variants_as_ztunnel_writes_them() {
+        let tagged =
+            yaml_to_json("principals: [!Exact \"cluster.local/ns/a/sa/b\", !Prefix x, !Presence []]\n").unwrap();
+        let mapping =
+            yaml_to_json("principals: [{Exact: cluster.local/ns/a/sa/b}, {Prefix: x}, {Presence: []}]\n").unwrap();
+        assert_eq!(tagged, mapping);
+        assert_eq!(tagged, r#"{"principals":[{"Exact":"cluster.local/ns/a/sa/b"},{"Prefix":"x"},{"Presence":[]}]}"#);
+        assert_eq!(yaml_to_json("a: !!str 80").unwrap(), r#"{"a":"80"}"#, "a standard tag is the parser's");
     }
 
     #[test]
