@@ -260,6 +260,23 @@ test('metrics and access logs of both nodes match a known transfer, from each re
   assert.equal(inbound.bytes_sent, REPORT_REPLY.length);
 });
 
+test("/metrics is ztunnel's exposition: OpenMetrics text, its content types, the runtime and process gauges", async () => {
+  const plain = await fetch(`${a.statsUrl}/metrics`);
+  assert.equal(plain.headers.get('content-type'), 'text/plain; charset=utf-8');
+  const body = await plain.text();
+  assert.match(body, /^# TYPE istio_tcp_connections_opened counter$/m);
+  assert.match(body, /# EOF\n$/);
+  const om = await fetch(`${a.statsUrl}/stats/prometheus`, { headers: { accept: 'application/openmetrics-text;version=1.0.0;q=0.5,text/plain;q=0.2' } });
+  assert.equal(om.headers.get('content-type'), 'application/openmetrics-text;charset=utf-8;version=1.0.0');
+  await om.text();
+  const workers = await a.metric('tokio_num_workers');
+  assert.ok(workers >= 1, `tokio_num_workers ${workers}`);
+  assert.ok((await a.metric('tokio_num_alive_tasks')) >= 1, 'the listeners are tasks');
+  assert.ok((await a.metric('tokio_worker_total_busy_duration_seconds_total')) > 0, 'the workers have run');
+  assert.ok((await a.metric('tokio_worker_park_count_total', { worker: String(workers - 1) })) > 0, 'each worker is labelled');
+  assert.ok((await a.metric('process_open_fds')) > 0 && (await a.metric('process_max_fds')) > 0);
+});
+
 test('both daemons exit 0 on SIGTERM', async () => {
   const [ra, rb] = await Promise.all([a.stop(), b.stop()]);
   assert.equal(ra.code, 0);

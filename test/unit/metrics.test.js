@@ -1,7 +1,7 @@
 // Metrics rendering is a pure function of the native MetricsSnapshot (no native module needed).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Metrics, TRAFFIC_LABELS, OPENMETRICS_CONTENT_TYPE } from '../../dist/admin/metrics.js';
+import { Metrics, TRAFFIC_LABELS, wantsOpenMetrics } from '../../dist/admin/metrics.js';
 import { createStatsServer } from '../../dist/admin/stats-server.js';
 import { listen, closeServer } from '../../dist/admin/http.js';
 import { parsePrometheusText, sumSamples } from '../../dist/cli/prom-text.js';
@@ -62,7 +62,7 @@ test('counters carry the native cumulative values and every traffic label', asyn
   assert.equal(sumSamples(samples, 'istio_tcp_sockets_open', { reporter: 'source' }), 1);
   assert.equal(sumSamples(samples, 'istio_tcp_sockets_open', { reporter: 'destination' }), 2);
   assert.equal(sumSamples(samples, 'istio_build', { component: 'ztunnel', tag: '1.24.0' }), 1);
-  assert.match(body, /# TYPE istio_tcp_connections_opened_total counter/);
+  assert.match(body, /# TYPE istio_tcp_connections_opened counter/, 'OpenMetrics families, as ztunnel renders them');
 });
 
 test('a scrape reflects the latest snapshot, not a running sum', async () => {
@@ -87,16 +87,32 @@ test('concurrent scrapes each read one snapshot', async () => {
   assert.deepEqual([sumSamples(sb, 'istio_tcp_connections_opened_total'), sumSamples(sb, 'istio_tcp_connections_closed_total')], [9, 9]);
 });
 
-test('OpenMetrics when the Accept header asks for it, and Prometheus text still works afterwards', async () => {
+test("the body is OpenMetrics text whatever the Accept header; the content type follows it, as ztunnel's", async () => {
   const m = new Metrics({ snapshot: () => snap([OUTBOUND]), istioVersion: null, defaultMetrics: false });
-  const om = await m.render('application/openmetrics-text;version=1.0.0,text/plain;q=0.5');
-  assert.equal(om.contentType, OPENMETRICS_CONTENT_TYPE);
+  // Prometheus's own Accept header: openmetrics is one of several entries, with parameters.
+  const om = await m.render('application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;q=0.6,application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.2');
+  assert.equal(om.contentType, 'application/openmetrics-text;charset=utf-8;version=1.0.0');
+  for (const accept of [undefined, 'text/plain', 'application/json', 'text/plain;q=0.5, application/openmetrics-textual']) {
+    const r = await m.render(accept);
+    assert.equal(r.contentType, 'text/plain; charset=utf-8', String(accept));
+    assert.equal(r.body, om.body, 'one body');
+  }
   assert.match(om.body, /# TYPE istio_tcp_connections_opened counter/);
   assert.match(om.body, /^istio_tcp_connections_opened_total\{reporter="source"/m);
   assert.match(om.body, /# EOF\n$/);
-  const text = await m.render('text/plain');
-  assert.match(text.body, /# TYPE istio_tcp_connections_opened_total counter/);
-  assert.doesNotMatch(text.body, /# EOF/);
+  assert.equal(wantsOpenMetrics('Application/OpenMetrics-Text; version=1.0.0'), true);
+});
+
+test("the dataplane runtime renders as ztunnel's tokio_* metrics", async () => {
+  const runtime = { workers: 2, globalQueueDepth: 3, aliveTasks: 40, busySeconds: [1.5, 2.25], parks: [10, 20], parkUnparks: [9, 19] };
+  const m = new Metrics({ snapshot: () => ({ ...snap([]), runtime }), istioVersion: null, defaultMetrics: false });
+  const samples = parsePrometheusText((await m.render()).body);
+  assert.equal(sumSamples(samples, 'tokio_num_workers'), 2);
+  assert.equal(sumSamples(samples, 'tokio_global_queue_depth'), 3);
+  assert.equal(sumSamples(samples, 'tokio_num_alive_tasks'), 40);
+  assert.equal(sumSamples(samples, 'tokio_worker_total_busy_duration_seconds_total', { worker: '1' }), 2.25);
+  assert.equal(sumSamples(samples, 'tokio_worker_park_count_total', { worker: '0' }), 10);
+  assert.equal(sumSamples(samples, 'tokio_worker_park_unpark_count_total', { worker: '1' }), 19);
 });
 
 test('labels the snapshot has beyond the traffic labels are ignored, not an error', async () => {
@@ -150,9 +166,9 @@ test('the HBONE tunnel counters render per direction, and as 0 when the snapshot
     assert.equal(value(s, name, 'inbound'), 0);
   }
   const body = (await m.render()).body;
-  assert.match(body, /# TYPE ztunnel_node_hbone_connections_opened_total counter/);
+  assert.match(body, /# TYPE ztunnel_node_hbone_connections_opened counter/);
   assert.match(body, /# TYPE ztunnel_node_hbone_connections_active gauge/);
-  assert.match(body, /# TYPE ztunnel_node_tls_handshake_failures_total counter/);
+  assert.match(body, /# TYPE ztunnel_node_tls_handshake_failures counter/);
 });
 
 test('the stats server serves /metrics and /stats/prometheus, with process fd gauges', async (t) => {

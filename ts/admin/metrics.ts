@@ -127,8 +127,16 @@ const TUNNEL_METRICS: ReadonlyArray<{
   },
 ];
 
+/** ztunnel's two content types (src/metrics/server.rs): the body is OpenMetrics text either way. */
 export const PROMETHEUS_CONTENT_TYPE = 'text/plain; charset=utf-8';
-export const OPENMETRICS_CONTENT_TYPE = Registry.OPENMETRICS_CONTENT_TYPE;
+export const OPENMETRICS_CONTENT_TYPE = 'application/openmetrics-text;charset=utf-8;version=1.0.0';
+
+/** As ztunnel decides: some Accept entry's media type (before any `;`) is application/openmetrics-text. */
+export function wantsOpenMetrics(accept: string | undefined): boolean {
+  return (accept ?? '')
+    .split(',')
+    .some((entry) => (entry.split(';')[0] ?? '').trim().toLowerCase() === 'application/openmetrics-text');
+}
 
 export function trafficLabels(labels: Record<string, string>): Record<TrafficLabel, string> {
   const out = {} as Record<TrafficLabel, string>;
@@ -216,6 +224,47 @@ function registerDnsMetrics(reg: Registry<ContentType>, dns: () => DnsCounters |
   } as unknown as Parameters<Registry<ContentType>['registerMetric']>[0]);
 }
 
+/** ztunnel's tokio_* metrics (src/metrics/tokio_runtime.rs: names and HELP texts), for the dataplane's runtime. */
+function registerRuntimeMetrics(reg: Registry<ContentType>, runtime: () => MetricsSnapshot['runtime']): void {
+  const gauges = [
+    { name: 'tokio_num_workers', help: 'the number of worker threads used by the runtime', field: 'workers' },
+    { name: 'tokio_global_queue_depth', help: "the number of tasks currently scheduled in the runtime's global queue", field: 'globalQueueDepth' },
+    { name: 'tokio_num_alive_tasks', help: 'the number of alive tasks in the runtime', field: 'aliveTasks' },
+  ] as const;
+  for (const g of gauges) {
+    new Gauge({
+      name: g.name,
+      help: g.help,
+      registers: [reg],
+      collect() {
+        const r = runtime();
+        if (r) this.set(r[g.field]);
+      },
+    });
+  }
+  const perWorker = [
+    { name: 'tokio_worker_total_busy_duration_seconds', help: 'the amount of time worker threads have been busy', field: 'busySeconds' },
+    { name: 'tokio_worker_park_count', help: 'the total number of times the given worker thread has parked', field: 'parks' },
+    {
+      name: 'tokio_worker_park_unpark_count',
+      help: 'the total number of times the given worker thread has parked and unparked',
+      field: 'parkUnparks',
+    },
+  ] as const;
+  for (const c of perWorker) {
+    new Counter({
+      name: c.name,
+      help: c.help,
+      labelNames: ['worker'],
+      registers: [reg],
+      collect() {
+        this.reset();
+        runtime()?.[c.field].forEach((v, worker) => this.inc({ worker: String(worker) }, v));
+      },
+    });
+  }
+}
+
 export class Metrics {
   private current: ScrapeSnapshot = { connections: [], socketsOpen: { source: 0, destination: 0 } };
   // prom-client renames counters in place when rendering OpenMetrics, so each format gets its own registry
@@ -225,14 +274,17 @@ export class Metrics {
 
   constructor(private readonly opts: MetricsOptions) {}
 
-  /** Renders all metrics; OpenMetrics when `accept` asks for it (spec §7.3). */
+  /**
+   * Renders all metrics as ztunnel does: the body is always OpenMetrics text (counter families named without
+   * `_total`, samples with it, `# EOF` last); the content type is OpenMetrics when `accept` asks for it, else plain
+   * text, which Prometheus reads the same.
+   */
   render(accept?: string): Promise<{ contentType: string; body: string }> {
-    const openMetrics = accept?.includes('application/openmetrics-text') ?? false;
-    const type: ContentType = openMetrics ? Registry.OPENMETRICS_CONTENT_TYPE : Registry.PROMETHEUS_CONTENT_TYPE;
+    const contentType = wantsOpenMetrics(accept) ? OPENMETRICS_CONTENT_TYPE : PROMETHEUS_CONTENT_TYPE;
     const run = this.lock.then(async () => {
       this.current = this.opts.snapshot();
-      const body = await this.registry(type).metrics();
-      return { contentType: openMetrics ? OPENMETRICS_CONTENT_TYPE : PROMETHEUS_CONTENT_TYPE, body };
+      const body = await this.registry(Registry.OPENMETRICS_CONTENT_TYPE).metrics();
+      return { contentType, body };
     });
     this.lock = run.catch(() => undefined);
     return run;
@@ -341,6 +393,7 @@ export class Metrics {
         this.inc({ reason: 'peer_limit' }, tunnels().inboundRefusedPeerLimit);
       },
     });
+    registerRuntimeMetrics(reg, () => current().runtime ?? null);
     const buffers = (): Partial<NonNullable<MetricsSnapshot['buffers']>> => current().buffers ?? {};
     new Gauge({
       name: 'ztunnel_node_buffered_bytes',

@@ -199,6 +199,15 @@ export interface MetricsSnapshot {
   socketsOpen: { source: number; destination: number };
   /** The DNS proxy's counters (dns/metrics.rs). */
   dns?: DnsCounters;
+  /** The dataplane's tokio runtime (ztunnel's tokio_* metrics); per-worker arrays are indexed by worker. */
+  runtime?: {
+    workers: number;
+    globalQueueDepth: number;
+    aliveTasks: number;
+    busySeconds: number[];
+    parks: number[];
+    parkUnparks: number[];
+  } | null;
   /** The node's buffer budget (budget.rs). */
   buffers?: { buffered: number; budget: number; shedConnections: number; backpressuredStreams: number };
 }

@@ -489,7 +489,7 @@ impl Dataplane {
     }
 
     pub fn metrics_json(&self) -> String {
-        self.pi.metrics.snapshot_json()
+        self.pi.metrics.snapshot_json_with(Some(&self.handle))
     }
 
     /// The log filter levels of access events, of the DNS proxy's records (target `dns`) and of the dataplane's

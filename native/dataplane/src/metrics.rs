@@ -210,6 +210,11 @@ impl Metrics {
     }
 
     pub fn snapshot_json(&self) -> String {
+        self.snapshot_json_with(None)
+    }
+
+    /// The snapshot, with the dataplane runtime's figures (ztunnel's `tokio_*` metrics) when given its handle.
+    pub fn snapshot_json_with(&self, runtime: Option<&tokio::runtime::Handle>) -> String {
         let b = self.buckets.lock().expect("metrics lock");
         let connections: Vec<BucketJson> = b
             .iter()
@@ -222,7 +227,20 @@ impl Metrics {
                 received: c.received.load(Ordering::Relaxed),
             })
             .collect();
+        let runtime = runtime.map(|h| {
+            let m = h.metrics();
+            let workers = m.num_workers();
+            serde_json::json!({
+                "workers": workers,
+                "globalQueueDepth": m.global_queue_depth(),
+                "aliveTasks": m.num_alive_tasks(),
+                "busySeconds": (0..workers).map(|w| m.worker_total_busy_duration(w).as_secs_f64()).collect::<Vec<_>>(),
+                "parks": (0..workers).map(|w| m.worker_park_count(w)).collect::<Vec<_>>(),
+                "parkUnparks": (0..workers).map(|w| m.worker_park_unpark_count(w)).collect::<Vec<_>>(),
+            })
+        });
         serde_json::json!({
+            "runtime": runtime,
             "connections": connections,
             "socketsOpen": {
                 "source": self.sockets_open_source.load(Ordering::Relaxed),
