@@ -179,7 +179,8 @@ before(async () => {
   await waitForEvent(upstream.events, (e) => e.event === 'listening', 'the upstream DNS server');
   cni = { a: startCniAgent(join(tmp, 'a.sock'), children), b: startCniAgent(join(tmp, 'b.sock'), children) };
   await Promise.all([cni.a.next((e) => e.event === 'listening', 'listening'), cni.b.next((e) => e.event === 'listening', 'listening')]);
-  daemons = { a: startDaemon('a', cfg, join(tmp, 'a.sock')), b: startDaemon('b', cfg, join(tmp, 'b.sock')) };
+  // Node a logs the dataplane at debug: the in-pod manager's ZDS records are asserted below.
+  daemons = { a: startDaemon('a', cfg, join(tmp, 'a.sock'), { RUST_LOG: 'info,dataplane=debug' }), b: startDaemon('b', cfg, join(tmp, 'b.sock')) };
   const hello = await cni.a.next((e) => e.event === 'connected', 'hello from node-a');
   assert.equal(hello.hello, '0801', 'ZdsHello{version: V1}');
   await cni.b.next((e) => e.event === 'connected', 'hello from node-b');
@@ -393,6 +394,11 @@ test('the CNI connection drops: not ready; reconnect + a snapshot that omits a p
   assert.equal((await cni.a.send(add(pods.a1))).error, '');
   assert.equal((await cni.a.send({ op: 'snapshot' })).error, '');
   await waitReady('a', 200);
+  // At debug level the manager says what the CNI agent did (ztunnel's in-pod debug records).
+  const logged = (msg, pred = () => true) => daemons.a.logs.some((l) => l.message === msg && pred(l));
+  assert.ok(logged('ZDS connection ended'), 'the closed connection is logged');
+  assert.ok(logged('ZDS add', (l) => l.uid === 'uid-a1'), 'the add is logged');
+  assert.ok(logged('ZDS snapshot received', (l) => l.pods === 1 && l.stale === 1), 'the snapshot is logged, with the pod it drains');
   const dump = JSON.parse((await http('a', '/config_dump')).body);
   assert.deepEqual(Object.keys(dump.workloadState).sort(), ['uid-a1']);
   const conns = await serveIn(pods.b1, 8086);

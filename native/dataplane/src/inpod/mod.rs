@@ -219,6 +219,12 @@ impl WorkloadManager {
                     match result {
                         Ok(()) => {
                             st.last_error = Some("CNI agent closed the connection".into());
+                            drop(st);
+                            self.log(
+                                Level::Debug,
+                                "ZDS connection ended",
+                                fields! {"reason" => "the CNI agent closed the connection"},
+                            );
                         }
                         Err(e) => {
                             st.last_error = Some(e.to_string());
@@ -280,6 +286,11 @@ impl WorkloadManager {
                         return Err(ZdsError::Protocol(format!("add for {} without workload_info", add.uid)));
                     };
                     seen.insert(add.uid.clone());
+                    self.log(
+                        Level::Debug,
+                        "ZDS add",
+                        fields! {"uid" => add.uid.clone(), "pod" => format!("{}/{}", info.namespace, info.name)},
+                    );
                     let fd: OwnedFd = fds.pop().expect("one fd");
                     let result = self.add(&add.uid, info, fd).await;
                     conn.ack(result.err()).await?;
@@ -290,10 +301,12 @@ impl WorkloadManager {
                         return Err(ZdsError::Protocol("keep after snapshot_sent".into()));
                     }
                     let known = self.pods.lock().expect("pods lock").contains_key(&keep.uid);
+                    self.log(Level::Debug, "ZDS keep", fields! {"uid" => keep.uid.clone(), "known" => known});
                     seen.insert(keep.uid.clone());
                     conn.ack((!known).then(|| format!("keep for unknown pod {}", keep.uid))).await?;
                 }
                 Payload::Del(del) => {
+                    self.log(Level::Debug, "ZDS del", fields! {"uid" => del.uid.clone()});
                     if snapshot_done {
                         self.remove(&del.uid).await;
                     } else {
@@ -309,6 +322,11 @@ impl WorkloadManager {
                     snapshot_done = true;
                     let stale: Vec<String> =
                         self.pods.lock().expect("pods lock").keys().filter(|u| !seen.contains(*u)).cloned().collect();
+                    self.log(
+                        Level::Debug,
+                        "ZDS snapshot received",
+                        fields! {"pods" => seen.len(), "stale" => stale.len()},
+                    );
                     for uid in stale {
                         self.remove(&uid).await;
                     }
