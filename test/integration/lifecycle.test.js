@@ -2,11 +2,14 @@
 // `ztunnel-node version`, and the one-command demo.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
 import { socks5Connect } from '../../dist/cli/socks5-client.js';
 import { makeTempDir, removeTempDir, runCli, startDaemon, workload } from '../helpers/daemon.js';
 import { BLOCKS, block, echoOnce, httpGet, socks5Request, startEchoServer } from '../helpers/net.js';
 
 const net = block(BLOCKS.lifecycle);
+const BIN = join(import.meta.dirname, '..', '..', 'bin', 'ztunnel-node.js');
 const SLEEP_IP = net.workload(1);
 const ECHO_IP = net.workload(2);
 const ECHO_PORT = 8080;
@@ -103,6 +106,34 @@ test('SIGTERM on the destination node (CONNECTION_TERMINATION_DEADLINE=2000ms): 
   const [ra, rb] = await Promise.all([a.stop(), b2.stop()]);
   assert.equal(ra.code, 0);
   assert.equal(rb.code, 0);
+});
+
+test('readiness answers from the first moment: "not ready" while the daemon loads, on the same server once it runs', async (t) => {
+  const caDir = makeTempDir('ztn-lifecycle-early-');
+  t.after(() => removeTempDir(caDir));
+  const addr = `${net.admin(3)}:15021`;
+  const child = spawn(process.execPath, [BIN, 'proxy'], {
+    env: { PATH: process.env.PATH, PROXY_MODE: 'local', NODE_NAME: 'node-c', LOCAL_CA_DIR: caDir, LOG_FORMAT: 'json', XDS_ADDRESS: '', CA_ADDRESS: '', READINESS_ADDR: addr, ADMIN_ADDR: `${net.admin(3)}:15000`, STATS_ADDR: `${net.admin(3)}:15020` },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  t.after(() => child.kill('SIGKILL'));
+  let listeningLogged = null;
+  let out = '';
+  child.stdout.on('data', (d) => {
+    out += d;
+    if (listeningLogged === null && out.includes('"admin servers listening"')) listeningLogged = performance.now();
+  });
+  const answers = [];
+  for (let i = 0; i < 2000; i++) {
+    const r = await httpGet(`http://${addr}/healthz/ready`, { timeoutMs: 1_000 }).catch(() => null);
+    if (r !== null && answers.at(-1)?.body !== r.body) answers.push({ status: r.status, body: r.body, at: performance.now() });
+    if (r?.status === 200) break;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  assert.deepEqual(answers.map((a) => `${a.status} ${a.body}`).at(-1), '200 ready\n');
+  // Answered before the daemon's modules had loaded and its servers were set up, with what it is about to do.
+  assert.deepEqual([answers[0].status, answers[0].body], [500, 'not ready, pending: certificates, proxy, state manager\n']);
+  assert.ok(listeningLogged !== null && answers[0].at < listeningLogged, 'the first answer came before "admin servers listening"');
 });
 
 test('`ztunnel-node version` prints the version and the crypto provider', async () => {

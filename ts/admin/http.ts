@@ -51,6 +51,12 @@ export function queryOf(req: IncomingMessage): URLSearchParams {
   return new URLSearchParams(q < 0 ? '' : url.slice(q + 1));
 }
 
+/** Where a listening server is bound. */
+export function boundAddress(server: Server): SocketAddress {
+  const bound = server.address() as AddressInfo;
+  return { host: bound.address, port: bound.port };
+}
+
 /** Listens on `addr`; resolves the bound address ("127.0.0.1:15000"; the real port when `addr.port` is 0). */
 export function listen(server: Server, addr: SocketAddress): Promise<SocketAddress> {
   return new Promise((resolve, reject) => {
@@ -58,8 +64,7 @@ export function listen(server: Server, addr: SocketAddress): Promise<SocketAddre
     server.once('error', onError);
     server.listen({ host: addr.host, port: addr.port }, () => {
       server.off('error', onError);
-      const bound = server.address() as AddressInfo;
-      resolve({ host: bound.address, port: bound.port });
+      resolve(boundAddress(server));
     });
   });
 }

@@ -29,9 +29,10 @@ import { LocalConfigLoader, parseJson, type LocalLoad } from '../config/local-lo
 import { followCrls } from '../ca/crl.js';
 import { readResolvConf, type ResolvConf } from '../config/resolv-conf.js';
 import { createAdminServer } from '../admin/admin-server.js';
-import { MAX_HTTP_CONNECTIONS, capConnections, closeServer, listen, type ServerName } from '../admin/http.js';
+import { MAX_HTTP_CONNECTIONS, boundAddress, capConnections, closeServer, listen, type ServerName } from '../admin/http.js';
 import { Metrics } from '../admin/metrics.js';
 import { createReadinessServer } from '../admin/readiness-server.js';
+import { readinessHandler, takeEarlyReadiness } from '../admin/early-readiness.js';
 import { createStatsServer } from '../admin/stats-server.js';
 import { LocalCertificateAuthority, type CertificateAuthority } from '../ca/authority.js';
 import { IstiodCertificateAuthority } from '../ca/istiod.js';
@@ -404,14 +405,16 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       },
     });
     const stats = createStatsServer(metrics);
-    const ready = createReadinessServer(readiness);
+    // The entry may have bound the readiness address already (admin/early-readiness.ts): take that server over.
+    const early = await takeEarlyReadiness(config.readinessAddr, readinessHandler(() => readiness.pending()));
+    const ready = early ?? createReadinessServer(readiness);
     // Connection caps: a flood of slow clients on a port open to the network cannot take the daemon's descriptors.
     for (const [server, name] of [[admin, 'admin'], [stats, 'stats'], [ready, 'readiness']] as const) {
       capConnections(server, name, (n) => httpDrops.drop(n));
     }
     servers.push(ready, admin, stats);
     addresses = {
-      readiness: await listen(ready, config.readinessAddr),
+      readiness: early ? boundAddress(early) : await listen(ready, config.readinessAddr),
       admin: await listen(admin, config.adminAddr),
       stats: await listen(stats, config.statsAddr),
     };
