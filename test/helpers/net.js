@@ -32,6 +32,7 @@
 //                                              daemon's admin 127.68.255.1
 //   69  test/integration/buffer-budget.test.js  workload 127.69.1.10 (an endless sender :8082, echo :8080), relays
 //                                              127.69.2.10 (the non-reading clients), daemon's admin 127.69.255.1
+//   70  test/unit/early-readiness.test.js     readiness addresses 127.70.255.{1,2,3} (fixed port 15021)
 //
 // Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
 // node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
@@ -59,6 +60,7 @@ export const BLOCKS = Object.freeze({
   dns: 67,
   overload: 68,
   'buffer-budget': 69,
+  'early-readiness': 70,
 });
 
 /** Addresses of one file's block. */

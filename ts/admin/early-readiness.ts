@@ -11,7 +11,7 @@ import { MAX_HTTP_CONNECTIONS, pathOf, reply, serverOptions } from './http.js';
 /** What the daemon registers at start (lifecycle/proxy.ts): pending until it takes over. */
 export const STARTING_TASKS = ['state manager', 'certificates', 'proxy'] as const;
 
-let early: { server: Server; addr: SocketAddress } | null = null;
+let early: { server: Server; addr: SocketAddress; bound: Promise<boolean> } | null = null;
 
 /** The readiness route, answered from `pending()`. */
 export function readinessHandler(pending: () => readonly string[]): (req: IncomingMessage, res: ServerResponse) => void {
@@ -35,13 +35,13 @@ export function bindEarlyReadiness(env: Readonly<Record<string, string | undefin
   if (typeof addr === 'string' || addr.port === 0) return;
   const server = createServer(serverOptions(), readinessHandler(() => STARTING_TASKS));
   server.maxConnections = MAX_HTTP_CONNECTIONS.readiness;
-  server.once('error', () => {
-    if (early?.server === server) early = null;
-    server.close();
+  const bound = new Promise<boolean>((resolve) => {
+    server.once('listening', () => resolve(true));
+    server.once('error', () => resolve(false)); // e.g. the address is taken: the daemon's own bind reports it
   });
   server.listen({ host: addr.host, port: addr.port });
   server.unref(); // never what keeps the process alive
-  early = { server, addr };
+  early = { server, addr, bound };
 }
 
 /**
@@ -55,14 +55,8 @@ export async function takeEarlyReadiness(
   const e = early;
   early = null;
   if (e === null) return null;
-  if (!e.server.listening) {
-    await new Promise<void>((resolve) => {
-      e.server.once('listening', resolve);
-      e.server.once('close', resolve);
-    });
-  }
-  if (!e.server.listening || e.addr.host !== addr.host || e.addr.port !== addr.port) {
-    e.server.close();
+  if (!(await e.bound) || e.addr.host !== addr.host || e.addr.port !== addr.port) {
+    if (e.server.listening) e.server.close();
     return null;
   }
   e.server.removeAllListeners('request');
