@@ -3,6 +3,8 @@
 // merely with itself.
 import { connect as http2Connect, createSecureServer } from 'node:http2';
 import { connect as tlsConnect } from 'node:tls';
+import assert from 'node:assert/strict';
+import { readAll } from './net.js';
 
 /** The SPIFFE URI SANs of a peer certificate as Node reports it ("URI:spiffe://..., DNS:..."). */
 export function spiffeSans(peerCert) {
@@ -162,4 +164,23 @@ export function echoConnect(stream, headers) {
   }
   stream.respond({ ':status': 200 });
   stream.pipe(stream);
+}
+
+/**
+ * A legitimate CONNECT round trip through a fresh session (`opts` as hboneSession's): "ping" to an echo server at
+ * `authority`, asserted to come back. Resolves the milliseconds it took.
+ */
+export async function echoRoundTrip(opts, authority) {
+  const t0 = performance.now();
+  const s = await hboneSession(opts);
+  try {
+    const r = await connectRequest(s, authority);
+    assert.equal(r.status, 200, `legitimate CONNECT: ${r.status} ${r.error?.message ?? ''}`);
+    const got = readAll(r.stream, { keep: true });
+    r.stream.end('ping');
+    assert.equal((await got).data.toString(), 'ping');
+    return performance.now() - t0;
+  } finally {
+    s.destroy();
+  }
 }

@@ -33,6 +33,7 @@
 //   69  test/integration/buffer-budget.test.js  workload 127.69.1.10 (an endless sender :8082, echo :8080), relays
 //                                              127.69.2.10 (the non-reading clients), daemon's admin 127.69.255.1
 //   70  test/unit/early-readiness.test.js     readiness addresses 127.70.255.{1,2,3} (fixed port 15021)
+//   71  test/integration/h2-floods.test.js    workload 127.71.1.10 (echo app :8080), daemon's admin 127.71.255.1
 //
 // Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
 // node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
@@ -61,6 +62,7 @@ export const BLOCKS = Object.freeze({
   overload: 68,
   'buffer-budget': 69,
   'early-readiness': 70,
+  'h2-floods': 71,
 });
 
 /** Addresses of one file's block. */

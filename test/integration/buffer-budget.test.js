@@ -9,8 +9,8 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { readFileSync, readdirSync } from 'node:fs';
 import { makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
-import { connectRequest, hboneSession } from '../helpers/hbone.js';
-import { BLOCKS, block, readAll, startEchoServer, startFirehoseServer, startStallingRelay, waitFor } from '../helpers/net.js';
+import { echoRoundTrip, hboneSession } from '../helpers/hbone.js';
+import { BLOCKS, block, startEchoServer, startFirehoseServer, startStallingRelay, waitFor } from '../helpers/net.js';
 import { builtinCa, builtinLeaf, spiffe } from '../helpers/pki.js';
 
 const net = block(BLOCKS['buffer-budget']);
@@ -63,18 +63,7 @@ const halfClosed = () =>
     .split('\n')
     .filter((l) => l.includes('127.69.')).length;
 
-async function roundTrip() {
-  const s = await hboneSession({ host: APP_IP, ca: root, cert: client.chainPem, key: client.keyPem });
-  try {
-    const r = await connectRequest(s, `${APP_IP}:${ECHO_PORT}`);
-    assert.equal(r.status, 200, `legitimate CONNECT: ${r.status} ${r.error?.message ?? ''}`);
-    const got = readAll(r.stream, { keep: true });
-    r.stream.end('ping');
-    assert.equal((await got).data.toString(), 'ping');
-  } finally {
-    s.destroy();
-  }
-}
+const roundTrip = () => echoRoundTrip({ host: APP_IP, ca: root, cert: client.chainPem, key: client.keyPem }, `${APP_IP}:${ECHO_PORT}`);
 
 test('ten connections that stop reading stay within the buffer budget: the largest are shed, legitimate traffic flows, memory comes back', async () => {
   await roundTrip();

@@ -8,8 +8,8 @@ import { spawn } from 'node:child_process';
 import { constants as h2c } from 'node:http2';
 import { readFileSync, readdirSync } from 'node:fs';
 import { makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
-import { connectRequest, hboneSession } from '../helpers/hbone.js';
-import { BLOCKS, block, readAll, startEchoServer, waitFor } from '../helpers/net.js';
+import { connectRequest, echoRoundTrip, hboneSession } from '../helpers/hbone.js';
+import { BLOCKS, block, startEchoServer, waitFor } from '../helpers/net.js';
 import { builtinCa, builtinLeaf, spiffe } from '../helpers/pki.js';
 
 const net = block(BLOCKS.overload);
@@ -53,20 +53,7 @@ const fds = () => readdirSync(`/proc/${daemon.child.pid}/fd`).length;
 const session = () => hboneSession({ host: ECHO_IP, ca: root, cert: client.chainPem, key: client.keyPem });
 
 /** One legitimate CONNECT round trip through its own session: resolves the milliseconds it took. */
-async function roundTrip() {
-  const t0 = performance.now();
-  const s = await session();
-  try {
-    const r = await connectRequest(s, `${ECHO_IP}:${ECHO_PORT}`);
-    assert.equal(r.status, 200, `legitimate CONNECT: ${r.status} ${r.error?.message ?? ''}`);
-    const got = readAll(r.stream, { keep: true });
-    r.stream.end('ping');
-    assert.equal((await got).data.toString(), 'ping');
-    return performance.now() - t0;
-  } finally {
-    s.destroy();
-  }
-}
+const roundTrip = () => echoRoundTrip({ host: ECHO_IP, ca: root, cert: client.chainPem, key: client.keyPem }, `${ECHO_IP}:${ECHO_PORT}`);
 
 test('rapid reset toward an application that does not accept: dials end with their streams, descriptors stay at baseline, legitimate traffic is unaffected', async (t) => {
   await roundTrip();
