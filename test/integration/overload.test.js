@@ -234,6 +234,41 @@ test('one peer IP holds at most 512 connections to a listener (the rest closed a
   await waitFor(() => fds() <= baseline + 5, { timeoutMs: 5_000, message: `descriptors back to ${baseline} (now ${fds()})` });
 });
 
+test('handshake slowloris: 10,000 connections from 100 addresses that never finish TLS are closed at the 10 s deadline; legitimate handshakes go on', { timeout: 90_000 }, async () => {
+  const { connect } = await import('node:net');
+  const baseline = fds();
+  const held = [];
+  let closed = 0;
+  const t0 = performance.now();
+  // Half send nothing, half stall mid-handshake (the first bytes of a ClientHello record); in batches the listen
+  // backlog can take, from 100 source addresses (each under the per-peer limit).
+  for (let batch = 0; batch < 10_000; batch += 200) {
+    const opened = [];
+    for (let i = batch; i < batch + 200; i++) {
+      const c = connect({ host: ECHO_IP, port: 15008, localAddress: `127.68.3.${1 + (i % 100)}` });
+      c.on('error', () => {});
+      c.on('close', () => closed++);
+      if (i % 2 === 1) c.once('connect', () => c.write(Buffer.from([0x16, 0x03, 0x01, 0x02, 0x00, 0x01])));
+      held.push(c);
+      opened.push(new Promise((resolve) => (c.once('connect', resolve), c.once('close', resolve))));
+    }
+    await Promise.all(opened);
+  }
+  try {
+    const during = [];
+    for (let i = 0; i < 5; i++) during.push(await roundTrip());
+    assert.ok(Math.max(...during) < 2_000, `legitimate round trips while 10,000 handshakes hang: ${during.map(Math.round).join(', ')} ms`);
+    await waitFor(() => closed === 10_000, { timeoutMs: 30_000, intervalMs: 250, message: `all 10,000 closed by the daemon (${closed} so far)` });
+    const secs = (performance.now() - t0) / 1000;
+    assert.ok(secs >= 9, `closed at the deadline, not before (${secs.toFixed(1)} s)`);
+    assert.ok(secs < 25, `closed within the deadline and some slack (${secs.toFixed(1)} s)`);
+  } finally {
+    for (const c of held) c.destroy();
+  }
+  await waitFor(() => fds() <= baseline + 5, { timeoutMs: 5_000, message: `descriptors back to ${baseline} (now ${fds()})` });
+  assert.ok(await daemon.metric('ztunnel_node_tls_handshake_failures_total', { direction: 'inbound' }) >= 10_000, 'counted as handshake failures');
+});
+
 test('descriptors exhausted: failed accepts are counted and logged (rate-limited), and the daemon recovers', async () => {
   const { connect } = await import('node:net');
   const { execFileSync } = await import('node:child_process');
