@@ -7,7 +7,7 @@
 //
 //   N   file                                   what lives there
 //   11  test/integration/tunnel.test.js        workloads 127.11.{1,2}.10, daemons' admin 127.11.255.{1,2}
-//   12  test/integration/hbone-peer.test.js    workloads 127.12.{1,2,3}.10, daemon's admin 127.12.255.1
+//   12  test/integration/hbone-peer.test.js    workloads 127.12.{1..5}.10 (4: a relay to 5), daemon's admin 127.12.255.1
 //   13  test/integration/tls-refusals.test.js  workloads 127.13.{1,2,3}.10, daemon's admin 127.13.255.1
 //   14  test/integration/config-errors.test.js daemons that must fail before binding: 127.14.255.1
 //   15  test/integration/lifecycle.test.js     workloads 127.15.{1,2}.10, daemons' admin 127.15.255.{1,2}

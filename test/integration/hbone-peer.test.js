@@ -6,13 +6,16 @@ import assert from 'node:assert/strict';
 import { socks5Connect } from '../../dist/cli/socks5-client.js';
 import { makeTempDir, removeTempDir, settled, startDaemon, workload } from '../helpers/daemon.js';
 import { connectRequest, hboneSession, request, spiffeSans, startHboneServer } from '../helpers/hbone.js';
-import { BLOCKS, block, closeSocket, echoOnce, pattern, readAll, sha256, startCountingServer, startEchoServer } from '../helpers/net.js';
+import { BLOCKS, block, closeSocket, echoOnce, pattern, readAll, sha256, startCountingServer, startEchoServer, startStallingRelay } from '../helpers/net.js';
 import { builtinCa, builtinLeaf, spiffe } from '../helpers/pki.js';
 
 const net = block(BLOCKS['hbone-peer']);
 const SLEEP_IP = net.workload(1);
 const ECHO_IP = net.workload(2);
 const PEER_IP = net.workload(3);
+/** A peer on node-b reached through a relay that can go silent (a node that vanished), and where its server runs. */
+const GHOST_IP = net.workload(4);
+const GHOST_BACKEND_IP = net.workload(5);
 const ECHO_PORT = 8080;
 const REFUSED_PORT = 8083;
 const PEER_APP_PORT = 9000;
@@ -20,6 +23,7 @@ const PEER_APP_PORT = 9000;
 const ECHO_ID = spiffe('default', 'echo');
 const SLEEP_ID = spiffe('default', 'sleep');
 const PEER_ID = spiffe('default', 'peer');
+const GHOST_ID = spiffe('default', 'ghost');
 const CLIENT_ID = spiffe('default', 'client');
 
 const CONFIG = {
@@ -27,6 +31,7 @@ const CONFIG = {
     workload({ name: 'sleep', ip: SLEEP_IP, node: 'node-a' }),
     workload({ name: 'echo', ip: ECHO_IP, node: 'node-a' }),
     workload({ name: 'peer', ip: PEER_IP, node: 'node-b' }),
+    workload({ name: 'ghost', ip: GHOST_IP, node: 'node-b' }),
   ],
 };
 
@@ -145,6 +150,38 @@ test('as a server: our daemon\'s CONNECT carries the authority, baggage, forward
   assert.equal(outbound[0].labels.destination_principal, PEER_ID);
   assert.equal(outbound[0].labels.connection_security_policy, 'mutual_tls');
   assert.equal(outbound[0].value, 'through a Node HBONE server\nand again\n'.length);
+});
+
+test('a peer node that goes silent is found dead by the keepalive (≤ 30 s); its tunnel is not reused and a new occupant of its IP gets nothing', { timeout: 90_000 }, async () => {
+  const ghostCert = builtinLeaf(certDir, caDir, [GHOST_ID], 'ghost');
+  const backend = await startHboneServer({ host: GHOST_BACKEND_IP, cert: ghostCert.certPem, key: ghostCert.keyPem, ca: root });
+  closers.push(backend.close);
+  const relay = await startStallingRelay({ host: GHOST_IP, port: 15008 }, { host: GHOST_BACKEND_IP, port: 15008 });
+  closers.push(relay.close);
+  const opened0 = await daemon.metric('ztunnel_node_hbone_connections_opened_total', { direction: 'outbound' });
+  const socket = await socks5Connect({ proxyHost: SLEEP_IP, proxyPort: 15080, destHost: GHOST_IP, destPort: PEER_APP_PORT });
+  await echoOnce(socket, 'before the node vanishes\n');
+  assert.equal(await daemon.metric('ztunnel_node_hbone_connections_opened_total', { direction: 'outbound' }), opened0 + 1);
+  // The node vanishes: nothing it sends arrives any more (no PING answer, no data, no FIN).
+  const closed = new Promise((resolve) => {
+    socket.on('error', () => undefined);
+    socket.once('close', resolve);
+  });
+  relay.stall();
+  const stalledAt = performance.now();
+  await closed;
+  const secs = (performance.now() - stalledAt) / 1000;
+  assert.ok(secs <= 32, `the tunnel over the dead connection ended ${secs.toFixed(1)} s after the node went silent`);
+  // A new occupant of the address (another pod, another identity) gets no CONNECT: the old tunnel is gone, and a
+  // new one must present ghost's identity.
+  await relay.close();
+  const occupantCert = builtinLeaf(certDir, caDir, [spiffe('default', 'occupant')], 'occupant');
+  const occupant = await startHboneServer({ host: GHOST_IP, cert: occupantCert.certPem, key: occupantCert.keyPem, ca: root });
+  closers.push(occupant.close);
+  await assert.rejects(socks5Connect({ proxyHost: SLEEP_IP, proxyPort: 15080, destHost: GHOST_IP, destPort: PEER_APP_PORT }));
+  assert.equal(occupant.record.streams.length, 0, 'no stream reached the new occupant');
+  assert.equal(await daemon.metric('ztunnel_node_hbone_connections_opened_total', { direction: 'outbound' }), opened0 + 1, 'no HBONE connection to the occupant was established');
+  assert.equal(backend.record.streams.length, 1, 'the one stream of before');
 });
 
 test('the daemon exits 0 on SIGTERM', async () => {
