@@ -4,6 +4,8 @@
 // never-accepting port). Every 10 s it samples both daemons' descriptors and RSS and the legitimate round trips of
 // the interval; at the end it writes bench/results/soak.json and prints whether descriptors and RSS stayed flat
 // (the last quarter's mean against the second quarter's: the first quarter is warm-up).
+// Each attack runs in a child process of its own (this script with `--attack NAME`): an attacker that crashes
+// (Node's HTTP/2 client aborted once under these patterns) is reported and the soak goes on.
 //
 //   legitimate  8 concurrent SOCKS5 → HBONE round trips of 1 KiB to 1 MiB, sleep → echo, all the time
 //   attacks     one every 15 s, in turn: rapid reset toward the never-accepting port; 100 streams parked on dials
@@ -15,6 +17,7 @@ import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { constants as h2c } from 'node:http2';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { sumSamples } from '../dist/cli/prom-text.js';
 import { makeTempDir, ROOT, startDaemon, workload } from '../test/helpers/daemon.js';
 import { connectRequest, hboneSession } from '../test/helpers/hbone.js';
@@ -30,6 +33,17 @@ const FIREHOSE = 8082;
 const RELAY = { host: '127.50.74.1', port: 15008 };
 const BUDGET = 64 * 2 ** 20;
 
+const child = process.argv[2] === '--attack' ? process.argv[3] : null;
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+let session;
+if (child !== null) {
+  // An attack in a child process: the credentials come from the parent.
+  const { root, cert, key } = JSON.parse(readFileSync(process.env.SOAK_CREDENTIALS, 'utf8'));
+  session = (opts = {}) => hboneSession({ host: ECHO_IP, ca: root, cert, key, ...opts });
+  await ATTACKS()[child]();
+  process.exit(0);
+}
+
 const caDir = makeTempDir('ztn-soak-ca-');
 const certDir = makeTempDir('ztn-soak-certs-');
 const config = {
@@ -44,12 +58,12 @@ const a = await startDaemon({ node: 'node-a', config, caDir, adminIp: ADMIN(1), 
 const b = await startDaemon({ node: 'node-b', config, caDir, adminIp: ADMIN(2), env: { RUST_LOG: 'warn', STREAM_BUFFER_BUDGET: String(BUDGET) } });
 const root = builtinCa(caDir).certPem;
 const leaf = builtinLeaf(certDir, caDir, [spiffe('default', 'attacker')], 'attacker');
-const session = (opts = {}) => hboneSession({ host: ECHO_IP, ca: root, cert: leaf.chainPem, key: leaf.keyPem, ...opts });
+const credentials = join(certDir, 'attacker.json');
+writeFileSync(credentials, JSON.stringify({ root, cert: leaf.chainPem, key: leaf.keyPem }));
 
 const fds = (d) => readdirSync(`/proc/${d.child.pid}/fd`).length;
 const rss = (d) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${d.child.pid}/status`, 'utf8'))[1]) * 1024;
 const end = Date.now() + MINUTES * 60_000;
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // Legitimate traffic.
 const interval = { ok: 0, failed: 0, ms: [] };
@@ -68,86 +82,105 @@ async function legit() {
   }
 }
 
-const ATTACKS = {
-  async rapidReset() {
-    const s = await session();
-    s.on('error', () => {});
-    for (let sent = 0; sent < 2_000 && !s.destroyed; sent += 10) {
-      for (let i = 0; i < 10; i++) {
-        try {
-          const st = s.request({ ':method': 'CONNECT', ':authority': `${ECHO_IP}:${HOLE}` }, { endStream: false });
-          st.on('error', () => {});
-          setTimeout(() => st.close(h2c.NGHTTP2_CANCEL), 5);
-        } catch {
-          break;
+/** The attacks, by name (a function: hoisted, so a child process can run one before the soak's setup). */
+function ATTACKS() {
+  return {
+    async rapidReset() {
+      const s = await session();
+      s.on('error', () => {});
+      for (let sent = 0; sent < 2_000 && !s.destroyed; sent += 10) {
+        for (let i = 0; i < 10; i++) {
+          try {
+            const st = s.request({ ':method': 'CONNECT', ':authority': `${ECHO_IP}:${HOLE}` }, { endStream: false });
+            st.on('error', () => {});
+            setTimeout(() => st.close(h2c.NGHTTP2_CANCEL), 5);
+          } catch {
+            break;
+          }
         }
+        await sleep(10);
       }
-      await sleep(10);
-    }
-    s.destroy();
-  },
-  async parkedDials() {
-    const s = await session();
-    s.on('error', () => {});
-    for (let i = 0; i < 100; i++) s.request({ ':method': 'CONNECT', ':authority': `${ECHO_IP}:${HOLE}` }, { endStream: false }).on('error', () => {});
-    await sleep(2_000);
-    s.destroy();
-  },
-  async slowStats() {
-    const socks = [];
-    for (let i = 0; i < 2_000; i++) {
-      const c = connect(15020, ADMIN(2));
-      c.on('error', () => {});
-      c.on('connect', () => c.write('GET /metrics HTTP/1.1\r\nHost: x\r\n'));
-      socks.push(c);
-    }
-    await sleep(4_000);
-    for (const c of socks) c.destroy();
-  },
-  async failingStreams() {
-    const s = await session();
-    s.on('error', () => {});
-    for (let batch = 0; batch < 20; batch++) await Promise.all(Array.from({ length: 50 }, () => connectRequest(s, `${ECHO_IP}:9`)));
-    s.destroy();
-  },
-  async nonReading() {
-    const relay = await startStallingRelay(RELAY, { host: ECHO_IP, port: 15008 });
-    const sessions = [];
-    try {
-      for (let i = 0; i < 4; i++) {
-        const s = await session({ via: RELAY, settings: { initialWindowSize: 2 ** 31 - 1 } });
-        s.setLocalWindowSize(2 ** 31 - 1);
-        s.on('error', () => {});
-        sessions.push(s);
+      s.destroy();
+    },
+    async parkedDials() {
+      const s = await session();
+      s.on('error', () => {});
+      for (let i = 0; i < 100; i++) s.request({ ':method': 'CONNECT', ':authority': `${ECHO_IP}:${HOLE}` }, { endStream: false }).on('error', () => {});
+      await sleep(2_000);
+      s.destroy();
+    },
+    async slowStats() {
+      const socks = [];
+      for (let i = 0; i < 2_000; i++) {
+        const c = connect(15020, ADMIN(2));
+        c.on('error', () => {});
+        c.on('connect', () => c.write('GET /metrics HTTP/1.1\r\nHost: x\r\n'));
+        socks.push(c);
       }
-      relay.stall();
-      for (const s of sessions) {
-        for (let k = 0; k < 100; k++) s.request({ ':method': 'CONNECT', ':authority': `${ECHO_IP}:${FIREHOSE}` }, { endStream: false }).on('error', () => {});
+      await sleep(4_000);
+      for (const c of socks) c.destroy();
+    },
+    async failingStreams() {
+      const s = await session();
+      s.on('error', () => {});
+      for (let batch = 0; batch < 20; batch++) await Promise.all(Array.from({ length: 50 }, () => connectRequest(s, `${ECHO_IP}:9`)));
+      s.destroy();
+    },
+    async nonReading() {
+      const relay = await startStallingRelay(RELAY, { host: ECHO_IP, port: 15008 });
+      const sessions = [];
+      try {
+        for (let i = 0; i < 4; i++) {
+          const s = await session({ via: RELAY, settings: { initialWindowSize: 2 ** 31 - 1 } });
+          s.setLocalWindowSize(2 ** 31 - 1);
+          s.on('error', () => {});
+          sessions.push(s);
+        }
+        relay.stall();
+        for (const s of sessions) {
+          for (let k = 0; k < 100; k++) s.request({ ':method': 'CONNECT', ':authority': `${ECHO_IP}:${FIREHOSE}` }, { endStream: false }).on('error', () => {});
+        }
+        await sleep(8_000);
+      } finally {
+        for (const s of sessions) s.destroy();
+        await relay.close();
       }
-      await sleep(8_000);
-    } finally {
-      for (const s of sessions) s.destroy();
-      await relay.close();
-    }
-  },
-  async peerFlood() {
-    const socks = [];
-    for (let i = 0; i < 530; i++) {
-      const c = connect({ host: ECHO_IP, port: 15008, localAddress: '127.50.73.1' });
-      c.on('error', () => {});
-      socks.push(c);
-      if (i % 100 === 99) await sleep(50);
-    }
-    await sleep(3_000);
-    for (const c of socks) c.destroy();
-  },
-};
+    },
+    async peerFlood() {
+      const socks = [];
+      for (let i = 0; i < 530; i++) {
+        const c = connect({ host: ECHO_IP, port: 15008, localAddress: '127.50.73.1' });
+        c.on('error', () => {});
+        socks.push(c);
+        if (i % 100 === 99) await sleep(50);
+      }
+      await sleep(3_000);
+      for (const c of socks) c.destroy();
+    },
+  };
+}
 
+/** Runs one attack in a child process; resolves its exit code (an attacker's crash is the attacker's). */
+function runAttack(name) {
+  return new Promise((resolve) => {
+    const p = spawn(process.execPath, [fileURLToPath(import.meta.url), '--attack', name], {
+      env: { ...process.env, SOAK_CREDENTIALS: credentials },
+      stdio: ['ignore', 'inherit', 'inherit'],
+    });
+    p.on('exit', (code, signal) => resolve(code ?? signal));
+  });
+}
+
+const attackerExits = {};
 async function attacks() {
-  const names = Object.keys(ATTACKS);
+  const names = Object.keys(ATTACKS());
   for (let i = 0; Date.now() < end; i++) {
     const name = names[i % names.length];
-    await ATTACKS[name]().catch((e) => console.error(`${name}: ${e.message}`));
+    const code = await runAttack(name);
+    if (code !== 0) {
+      attackerExits[name] = [...(attackerExits[name] ?? []), code];
+      console.error(`attack ${name}: the attacker process exited ${code}`);
+    }
     await sleep(15_000);
   }
 }
@@ -178,6 +211,7 @@ const quarter = (q, f) => {
 const scraped = await b.metrics();
 const summary = {
   minutes: MINUTES,
+  attackerExits,
   nodeB: Object.fromEntries(
     ['ztunnel_node_buffer_shed_connections_total', 'ztunnel_node_buffer_backpressured_streams_total', 'ztunnel_node_buffered_bytes', 'ztunnel_node_hbone_connections_refused_total', 'ztunnel_node_log_lines_suppressed_total'].map((n) => [n, sumSamples(scraped, n)]),
   ),

@@ -18,6 +18,8 @@ const APP_IP = net.workload(1);
 const RELAY_IP = net.workload(2);
 const ECHO_PORT = 8080;
 const FIREHOSE_PORT = 8082;
+/** An application that accepts and never reads (a 4 KiB receive buffer): uploads to it stay in the daemon. */
+const SINK_PORT = 8083;
 const RELAY_PORT = 15008;
 const MiB = 1024 * 1024;
 const BUDGET = 32 * MiB;
@@ -38,6 +40,15 @@ before(async () => {
   closers.push(echo.close);
   const firehose = await startFirehoseServer(APP_IP, FIREHOSE_PORT);
   closers.push(firehose.close);
+  const { spawn } = await import('node:child_process');
+  const sink = spawn('python3', ['-c', `import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096); s.bind(("${APP_IP}", ${SINK_PORT})); s.listen(1024)
+print("listening", flush=True)
+held = []
+while True:
+    c, _ = s.accept(); held.append(c)`], { stdio: ['ignore', 'pipe', 'inherit'] });
+  closers.push(() => sink.kill('SIGKILL'));
+  await new Promise((resolve) => sink.stdout.once('data', resolve));
   daemon = await startDaemon({
     node: 'node-a',
     config: { workloads: [workload({ name: 'app', ip: APP_IP, node: 'node-a' })] },
@@ -134,4 +145,42 @@ test('ten connections that stop reading stay within the buffer budget: the large
   await waitFor(() => halfClosed() === 0, { timeoutMs: 10_000, message: 'no CLOSE-WAIT or FIN-WAIT-2 sockets' });
   await roundTrip();
   console.log(`# buffer budget ${BUDGET / MiB} MiB: ${detail}; RSS after ${((rss() - baseline) / MiB).toFixed(1)} MiB over baseline`);
+});
+
+test('uploads to an application that does not read: held data counts toward the budget, the largest holders are shed, memory comes back', async () => {
+  await roundTrip();
+  const baseline = rss();
+  const shed0 = await gauge('ztunnel_node_buffer_shed_connections_total');
+  // Each connection may send what its windows allow (4 streams × 4 MiB = its 16 MiB connection window): 160 MiB in
+  // all, against a 32 MiB budget. The daemon cannot refuse data it granted a window for; it sheds.
+  const sessions = [];
+  const chunk = Buffer.alloc(4 * MiB, 0x61);
+  for (let i = 0; i < CONNECTIONS; i++) {
+    const s = await hboneSession({ host: APP_IP, ca: root, cert: client.chainPem, key: client.keyPem });
+    s.on('error', () => {});
+    sessions.push(s);
+    for (let k = 0; k < 4; k++) {
+      const st = s.request({ ':method': 'CONNECT', ':authority': `${APP_IP}:${SINK_PORT}` }, { endStream: false });
+      st.on('error', () => {});
+      st.on('response', () => st.write(chunk));
+    }
+  }
+  let peak = 0;
+  await waitFor(
+    async () => {
+      const b = await gauge('ztunnel_node_buffered_bytes');
+      peak = Math.max(peak, b);
+      return (await gauge('ztunnel_node_buffer_shed_connections_total')) > shed0 && b <= BUDGET;
+    },
+    { timeoutMs: 20_000, intervalMs: 200, message: 'shedding until under the budget' },
+  );
+  assert.ok(peak > BUDGET, `the uploads were counted (peak ${(peak / MiB).toFixed(1)} MiB)`);
+  assert.ok(peak <= CONNECTIONS * 16 * MiB + 8 * MiB, `bounded by the windows granted (peak ${(peak / MiB).toFixed(1)} MiB)`);
+  await roundTrip();
+  // The clients leave: streams still blocked on the application end 5 s after their connection (what h2 held for
+  // them goes with them).
+  for (const s of sessions) s.destroy();
+  await waitFor(async () => (await gauge('ztunnel_node_buffered_bytes')) === 0, { timeoutMs: 15_000, intervalMs: 250, message: 'buffers released' });
+  await waitFor(() => rss() <= baseline + 32 * MiB, { timeoutMs: 10_000, message: `RSS back within 32 MiB of its baseline (${(baseline / MiB).toFixed(0)} MiB)` });
+  console.log(`# uploads to a non-reading application: peak held ${(peak / MiB).toFixed(1)} MiB, shed ${(await gauge('ztunnel_node_buffer_shed_connections_total')) - shed0}`);
 });

@@ -88,7 +88,8 @@ async fn round(metered: bool) -> (f64, f64) {
     let (t0, c0) = (Instant::now(), cpu_seconds());
     let (r, _w) = app_proxy.into_split();
     let tally = Tally::new(None);
-    tcp_to_h2(r, stream, &tally, buffers).await.unwrap();
+    let meter = buffers.map(|b| b.stream(u32::from(stream.stream_id())));
+    tcp_to_h2(r, stream, &tally, meter).await.unwrap();
     let got = reader.await.unwrap();
     writer.await.unwrap();
     drop((send, response)); // held until the reader has everything: with no handle left the stream is cancelled

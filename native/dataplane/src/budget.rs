@@ -10,8 +10,13 @@
 //! frame's payload off its stream's count; a stream that ends with data still queued (reset, connection closed)
 //! gives back what it had left. No estimate drifts over a long-lived connection.
 //!
-//! Not counted: data received from peers. That is bounded per connection by the flow-control windows we grant
-//! (HTTP2_STREAM_WINDOW_SIZE / HTTP2_CONNECTION_WINDOW_SIZE), which we reopen only as the application reads.
+//! Also counted: data received from a peer for a stream whose copy loop runs and not yet written to the application
+//! (h2 holds it until the loop takes it and releases its window). The writer's twin on the read side follows the
+//! frames read and adds each DATA payload to its stream; the loop takes off what it wrote. A peer cannot be held back
+//! here (it may send what the windows we granted allow: HTTP2_STREAM_WINDOW_SIZE per stream,
+//! HTTP2_CONNECTION_WINDOW_SIZE per connection), so this side counts toward shedding only. Data for a stream without
+//! a running loop (before it is accepted, after it ended) is not counted: h2 releases or discards it, within the
+//! connection window.
 //!
 //! At the budget:
 //! 1. Backpressure: a stream of a connection holding at least [`HEAVY`] stops reading from its local socket until
@@ -216,13 +221,28 @@ pub struct ConnBuffers {
 /// What one stream read and the connection has not written yet. The entry outlives the stream's copy loop while
 /// h2 still holds its data (a response ends with END_STREAM queued behind it), and goes when that is written, when
 /// either side resets the stream (h2 drops its queue then), or with the connection.
-#[derive(Default)]
 struct StreamCount {
     unsent: AtomicUsize,
     /// The copy loop has ended.
     done: AtomicBool,
     /// A RST_STREAM went either way: h2 discards what it held.
     reset: AtomicBool,
+    /// Received for this stream and not yet written to the application; RECV_DONE once its loop has ended.
+    recv: AtomicUsize,
+}
+
+/// `StreamCount::recv` without a receiving loop (none yet, or it has ended): nothing is counted for it.
+const RECV_DONE: usize = usize::MAX;
+
+impl Default for StreamCount {
+    fn default() -> Self {
+        StreamCount {
+            unsent: AtomicUsize::new(0),
+            done: AtomicBool::new(false),
+            reset: AtomicBool::new(false),
+            recv: AtomicUsize::new(RECV_DONE),
+        }
+    }
 }
 
 impl ConnBuffers {
@@ -262,8 +282,49 @@ impl ConnBuffers {
     /// The writer wrote `n` bytes of DATA payload of stream `id`.
     fn written(&self, id: u32, count: &StreamCount, n: usize) {
         self.release(count, n);
-        if count.done.load(Ordering::Acquire) && count.unsent.load(Ordering::Relaxed) == 0 {
+        self.remove_if_finished(id, count);
+    }
+
+    /// The entry goes once both loops have ended and nothing sent is left in h2.
+    fn remove_if_finished(&self, id: u32, count: &StreamCount) {
+        if count.done.load(Ordering::Acquire)
+            && count.recv.load(Ordering::Relaxed) == RECV_DONE
+            && (count.unsent.load(Ordering::Relaxed) == 0 || count.reset.load(Ordering::Acquire))
+        {
             self.remove(id);
+        }
+    }
+
+    /// `n` bytes of DATA payload arrived for stream `id` (read side): counted while its receiving loop runs.
+    fn received(&self, count: &StreamCount, n: usize) {
+        let added = count.recv.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| (v != RECV_DONE).then(|| v + n));
+        if added.is_ok() {
+            self.buffered.fetch_add(n, Ordering::Relaxed);
+            self.budget.add(n);
+        }
+    }
+
+    /// `n` received bytes of a stream left h2 (written to the application, or dropped with the stream).
+    fn delivered(&self, count: &StreamCount, n: usize) {
+        let Ok(before) = count
+            .recv
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| (v != RECV_DONE).then(|| v.saturating_sub(n)))
+        else {
+            return;
+        };
+        let took = before.min(n);
+        if took > 0 {
+            self.buffered.fetch_sub(took, Ordering::Relaxed);
+            self.budget.sub(took);
+        }
+    }
+
+    /// The receiving loop ended: what h2 still holds for the stream is discarded (or released) by h2.
+    fn recv_done(&self, count: &StreamCount) {
+        let left = count.recv.swap(RECV_DONE, Ordering::Relaxed);
+        if left != RECV_DONE && left > 0 {
+            self.buffered.fetch_sub(left, Ordering::Relaxed);
+            self.budget.sub(left);
         }
     }
 
@@ -272,9 +333,8 @@ impl ConnBuffers {
         if let Some(c) = self.lookup(id) {
             c.reset.store(true, Ordering::Release);
             self.release(&c, usize::MAX);
-            if c.done.load(Ordering::Acquire) {
-                self.remove(id);
-            }
+            self.recv_done(&c);
+            self.remove_if_finished(id, &c);
         }
     }
 }
@@ -295,6 +355,13 @@ pub struct StreamMeter {
 }
 
 impl StreamMeter {
+    /// The receiving side's share: what the HTTP/2 → TCP loop takes off as it writes. Received data is counted
+    /// from here on.
+    pub fn receiver(&self) -> RecvMeter {
+        let _ = self.count.recv.compare_exchange(RECV_DONE, 0, Ordering::Relaxed, Ordering::Relaxed);
+        RecvMeter { conn: self.conn.clone(), id: self.id, count: self.count.clone() }
+    }
+
     /// `n` bytes read for this stream, about to be handed to h2.
     pub fn queued(&self, n: usize) {
         self.count.unsent.fetch_add(n, Ordering::Relaxed);
@@ -334,9 +401,28 @@ impl Drop for StreamMeter {
         if self.count.reset.load(Ordering::Acquire) {
             self.conn.release(&self.count, usize::MAX);
         }
-        if self.count.unsent.load(Ordering::Relaxed) == 0 || self.count.reset.load(Ordering::Acquire) {
-            self.conn.remove(self.id);
-        }
+        self.conn.remove_if_finished(self.id, &self.count);
+    }
+}
+
+/// The receiving loop's share of a stream's count: data h2 holds for it until written to the application.
+pub struct RecvMeter {
+    conn: Arc<ConnBuffers>,
+    id: u32,
+    count: Arc<StreamCount>,
+}
+
+impl RecvMeter {
+    /// `n` bytes were written to the application (and their window released).
+    pub fn delivered(&self, n: usize) {
+        self.conn.delivered(&self.count, n);
+    }
+}
+
+impl Drop for RecvMeter {
+    fn drop(&mut self) {
+        self.conn.recv_done(&self.count);
+        self.conn.remove_if_finished(self.id, &self.count);
     }
 }
 
@@ -347,8 +433,25 @@ pub struct Metered<T> {
     conn: Arc<ConnBuffers>,
     out: FrameReader,
     inn: FrameReader,
-    /// The last stream written for (consecutive frames are usually the same stream): no lock for those.
+    /// The last stream written for, and read for (consecutive frames are usually the same stream): no lock for those.
     cached: Option<(u32, Option<Arc<StreamCount>>)>,
+    cached_in: Option<(u32, Option<Arc<StreamCount>>)>,
+}
+
+/// The count of `stream`, from the one-entry cache or the connection's map.
+fn cached_count(
+    cache: &mut Option<(u32, Option<Arc<StreamCount>>)>,
+    conn: &ConnBuffers,
+    stream: u32,
+) -> Option<Arc<StreamCount>> {
+    match cache {
+        Some((id, c)) if *id == stream => c.clone(),
+        _ => {
+            let c = conn.lookup(stream);
+            *cache = Some((stream, c.clone()));
+            c
+        }
+    }
 }
 
 const DATA: u8 = 0x0;
@@ -360,22 +463,14 @@ impl<T> Metered<T> {
     /// `client`: this side sends the connection preface (and the peer does not).
     pub fn new(inner: T, conn: Arc<ConnBuffers>, client: bool) -> Metered<T> {
         let (out, inn) = if client { (PREFACE_LEN, 0) } else { (0, PREFACE_LEN) };
-        Metered { inner, conn, out: FrameReader::new(out), inn: FrameReader::new(inn), cached: None }
+        Metered { inner, conn, out: FrameReader::new(out), inn: FrameReader::new(inn), cached: None, cached_in: None }
     }
 
     fn wrote(&mut self, bytes: &[u8]) {
         let Metered { out, conn, cached, .. } = self;
         out.feed(bytes, |piece| match piece {
             Piece::Payload { ty: DATA, stream, len } => {
-                let count = match cached {
-                    Some((id, c)) if *id == stream => c.clone(),
-                    _ => {
-                        let c = conn.lookup(stream);
-                        *cached = Some((stream, c.clone()));
-                        c
-                    }
-                };
-                if let Some(c) = count {
+                if let Some(c) = cached_count(cached, conn, stream) {
                     conn.written(stream, &c, len);
                 }
             }
@@ -388,12 +483,21 @@ impl<T> Metered<T> {
     }
 
     fn read(&mut self, bytes: &[u8]) {
-        let Metered { inn, conn, cached, .. } = self;
-        inn.feed(bytes, |piece| {
-            if let Piece::Header { ty: RST_STREAM, stream } = piece {
+        let Metered { inn, conn, cached, cached_in, .. } = self;
+        inn.feed(bytes, |piece| match piece {
+            // A padded DATA frame's padding is counted too (flow control counts it as well); h2 hands the loop only
+            // the data, so that little stays counted until the loop ends.
+            Piece::Payload { ty: DATA, stream, len } => {
+                if let Some(c) = cached_count(cached_in, conn, stream) {
+                    conn.received(&c, len);
+                }
+            }
+            Piece::Header { ty: RST_STREAM, stream } => {
                 *cached = None;
+                *cached_in = None;
                 conn.reset(stream);
             }
+            _ => {}
         });
     }
 }
@@ -579,6 +683,44 @@ mod tests {
         assert_eq!(budget.used(), 700);
         drop(conn);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn received_data_is_counted_while_the_receiving_loop_runs() {
+        let budget = Arc::new(Budget::default());
+        let conn = budget.connection("127.0.0.1:1".parse().unwrap());
+        let count = {
+            let meter = conn.stream(1);
+            let count = conn.lookup(1).unwrap();
+            conn.received(&count, 100);
+            assert_eq!(budget.used(), 0, "nothing counted before the receiving loop runs");
+            let receiver = meter.receiver();
+            conn.received(&count, 5000); // read from the peer, held by h2
+            assert_eq!((budget.used(), conn.buffered()), (5000, 5000));
+            receiver.delivered(3000); // written to the application
+            assert_eq!(budget.used(), 2000);
+            drop(meter); // the sending loop ends first: the entry stays for the receiving one
+            conn.received(&count, 1000);
+            assert_eq!(budget.used(), 3000);
+            assert!(conn.lookup(1).is_some());
+            drop(receiver); // what h2 still held is dropped with the stream
+            assert_eq!((budget.used(), conn.buffered()), (0, 0));
+            count
+        };
+        assert!(conn.lookup(1).is_none(), "both loops ended: the entry goes");
+        conn.received(&count, 10);
+        assert_eq!(budget.used(), 0, "nothing counted after the loop");
+        // A reset ends the count at once, the loop still running.
+        let meter = conn.stream(3);
+        let receiver = meter.receiver();
+        let count = conn.lookup(3).unwrap();
+        conn.received(&count, 800);
+        conn.reset(3);
+        assert_eq!(budget.used(), 0);
+        receiver.delivered(800);
+        drop((meter, receiver));
+        assert_eq!((budget.used(), conn.buffered()), (0, 0));
+        assert!(conn.lookup(3).is_none());
     }
 
     #[tokio::test]

@@ -90,11 +90,9 @@ pub async fn tcp_to_h2(
     mut r: tokio::net::tcp::OwnedReadHalf,
     mut send: SendStream<Bytes>,
     counter: &Tally<'_>,
-    buffers: Option<std::sync::Arc<crate::budget::ConnBuffers>>,
+    meter: Option<crate::budget::StreamMeter>,
 ) -> io::Result<u64> {
     use futures_util::FutureExt;
-    let meter = buffers.as_ref().map(|b| b.stream(u32::from(send.stream_id())));
-    drop(buffers);
     let mut moved = 0u64;
     let mut buf = BytesMut::new();
     loop {
@@ -140,7 +138,12 @@ pub async fn tcp_to_h2(
 
 /// HTTP/2 → TCP: write DATA frames to the socket, releasing flow-control capacity only once written (so a slow
 /// reader pushes back on the sender). END_STREAM → shutdown(write).
-pub async fn h2_to_tcp<W>(mut recv: RecvStream, mut w: W, counter: &Tally<'_>) -> io::Result<u64>
+pub async fn h2_to_tcp<W>(
+    mut recv: RecvStream,
+    mut w: W,
+    counter: &Tally<'_>,
+    meter: Option<crate::budget::RecvMeter>,
+) -> io::Result<u64>
 where
     W: AsyncWrite + Unpin,
 {
@@ -150,6 +153,9 @@ where
         let n = chunk.len();
         w.write_all(&chunk).await?;
         recv.flow_control().release_capacity(n).map_err(h2_io)?;
+        if let Some(m) = &meter {
+            m.delivered(n);
+        }
         moved += n as u64;
         counter.add(n as u64);
     }
@@ -179,7 +185,10 @@ pub fn tcp_h2_bidirectional<'a>(
     buffers: Option<std::sync::Arc<crate::budget::ConnBuffers>>,
 ) -> impl Future<Output = io::Result<(u64, u64)>> + 'a {
     let (r, w) = tcp.into_split();
-    futures_util::future::try_join(tcp_to_h2(r, send, to_h2, buffers), h2_to_tcp(recv, w, from_h2))
+    // Counted from before any of the stream's data moves either way.
+    let meter = buffers.map(|b| b.stream(u32::from(send.stream_id())));
+    let receiver = meter.as_ref().map(|m| m.receiver());
+    futures_util::future::try_join(tcp_to_h2(r, send, to_h2, meter), h2_to_tcp(recv, w, from_h2, receiver))
 }
 
 /// Copy both directions between two TCP streams.

@@ -375,6 +375,7 @@ async fn serve_connection(
         established: AtomicU32::new(0),
         calm: CancellationToken::new(),
         buffers,
+        closed: CancellationToken::new(),
     });
     let mut going_away = false;
     loop {
@@ -415,6 +416,7 @@ async fn serve_connection(
             _ = drain.force.cancelled() => break,
         }
     }
+    ctx.closed.cancel();
     pi.metrics.tunnels_active_inbound.fetch_sub(1, Ordering::Relaxed);
 }
 
@@ -443,6 +445,8 @@ struct StreamContext {
     calm: CancellationToken,
     /// The connection's share of the node's buffer budget.
     buffers: Arc<crate::budget::ConnBuffers>,
+    /// Cancelled when the connection has ended: its streams get CLOSED_STREAM_GRACE to deliver what h2 still held.
+    closed: CancellationToken,
 }
 
 impl StreamContext {
@@ -484,6 +488,10 @@ async fn stream_task(ctx: Arc<StreamContext>, establish: EstablishFuture) {
         r = crate::copy::tcp_h2_bidirectional(upstream, send, body, &to_peer, &from_peer, Some(ctx.buffers.clone())) => r.map(|_| ()),
         _ = ctx.force.cancelled() => Err(std::io::Error::other("drained")),
         _ = track.close.cancelled() => Err(std::io::Error::other("connection closed due to policy change")),
+        // Shed for the buffer budget: a stream blocked writing to an application that does not read would keep the
+        // connection's buffers alive.
+        _ = ctx.buffers.shed.cancelled() => Err(std::io::Error::other("shed: the node's buffered stream data is over its budget")),
+        _ = super::h2::after_close(&ctx.closed) => Err(std::io::Error::other("the HBONE connection closed")),
     };
     let (rx, tx) = (from_peer.get(), to_peer.get());
     if result.is_err() {

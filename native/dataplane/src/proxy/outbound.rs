@@ -826,9 +826,27 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
             )
         }
     };
+    // A pooled connection shed for the buffer budget ends its streams at once: one blocked writing to a client that
+    // does not read would keep the connection's buffers alive.
+    // Its end, once the grace for delivering what h2 held is over, ends them too.
+    let tokens = _lease.as_ref().map(|(l, _)| (l.buffers().shed.clone(), l.ended().clone()));
+    let shed = async {
+        match &tokens {
+            Some((t, _)) => t.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    let ended = async {
+        match &tokens {
+            Some((_, e)) => super::h2::after_close(e).await,
+            None => std::future::pending().await,
+        }
+    };
     let result = tokio::select! {
         r = copy => r.map(|_| ()),
         _ = force.cancelled() => Err(std::io::Error::other("drained")),
+        _ = shed => Err(std::io::Error::other("shed: the node's buffered stream data is over its budget")),
+        _ = ended => Err(std::io::Error::other("the HBONE connection closed")),
     };
     let (s, r) = (sent.get(), recv.get());
     if result.is_err() {

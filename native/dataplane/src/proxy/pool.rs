@@ -79,6 +79,8 @@ pub struct PooledConn {
     max: usize,
     /// The connection's share of the node's buffer budget.
     buffers: Arc<crate::budget::ConnBuffers>,
+    /// Cancelled when the connection has ended.
+    ended: tokio_util::sync::CancellationToken,
 }
 
 impl PooledConn {
@@ -109,6 +111,11 @@ impl StreamLease {
     /// The leased connection's share of the node's buffer budget.
     pub fn buffers(&self) -> &Arc<crate::budget::ConnBuffers> {
         &self.conn.buffers
+    }
+
+    /// Cancelled when the leased connection has ended.
+    pub fn ended(&self) -> &tokio_util::sync::CancellationToken {
+        &self.conn.ended
     }
 }
 
@@ -324,13 +331,15 @@ impl Pool {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let dead = Arc::new(AtomicBool::new(false));
         let ping = conn.ping_pong();
-        let (metrics, events, force, dst, dead2, shed) = (
+        let ended = tokio_util::sync::CancellationToken::new();
+        let (metrics, events, force, dst, dead2, shed, ended2) = (
             self.metrics.clone(),
             self.events.clone(),
             self.drain.force.clone(),
             key.dst,
             dead.clone(),
             buffers.shed.clone(),
+            ended.clone(),
         );
         metrics.tunnels_opened_outbound.fetch_add(1, Ordering::Relaxed);
         metrics.tunnels_active_outbound.fetch_add(1, Ordering::Relaxed);
@@ -348,6 +357,7 @@ impl Pool {
                 _ = shed.cancelled() => Some("shed: the node's buffered stream data is over its budget".to_string()),
             };
             dead2.store(true, Ordering::Release);
+            ended2.cancel();
             metrics.tunnels_active_outbound.fetch_sub(1, Ordering::Relaxed);
             if let Some(why) = why {
                 events.log(
@@ -363,6 +373,7 @@ impl Pool {
             dead,
             max: self.cfg.pool_max_streams_per_connection as usize,
             buffers,
+            ended,
         }))
     }
 }

@@ -20,3 +20,14 @@ pub async fn keepalive(mut ping: ::h2::PingPong) -> &'static str {
         }
     }
 }
+
+/// How long a stream may go on once its HTTP/2 connection has ended: enough to hand the application what h2 had
+/// already received (an upload whose client closed without waiting), not to keep a stream whose application does not
+/// read (and what h2 holds for it) forever.
+pub const CLOSED_STREAM_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Resolves CLOSED_STREAM_GRACE after `closed` is cancelled.
+pub async fn after_close(closed: &tokio_util::sync::CancellationToken) {
+    closed.cancelled().await;
+    tokio::time::sleep(CLOSED_STREAM_GRACE).await;
+}
