@@ -42,11 +42,18 @@ function prober(adminIp) {
   };
 }
 
-/** From the first answer on (the process needs a moment to start listening), every probe answered in time. */
+/**
+ * From each server's first answer on, every probe of it answered in time (the process needs a moment to start
+ * listening: readiness is bound first, before the daemon's modules load; /metrics once they have).
+ */
 function assertResponsive(answers, phase) {
-  const first = answers.findIndex((a) => a.error === undefined);
-  assert.ok(first >= 0, `${phase}: the daemon answered at all`);
-  const after = answers.slice(first);
+  const after = [];
+  for (const what of ['readiness', 'metrics']) {
+    const mine = answers.filter((a) => a.what === what);
+    const first = mine.findIndex((a) => a.error === undefined);
+    assert.ok(first >= 0, `${phase}: ${what} answered at all`);
+    after.push(...mine.slice(first));
+  }
   assert.ok(after.length >= 6, `${phase}: probes ran while it worked (${after.length})`);
   assert.deepEqual(after.filter((a) => a.error !== undefined), [], `${phase}: none refused or stuck`);
   assert.deepEqual(after.filter((a) => a.ms > PROBE_BOUND_MS), [], `${phase}: each answered within ${PROBE_BOUND_MS} ms`);
