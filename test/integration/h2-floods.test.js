@@ -15,6 +15,11 @@ const net = block(BLOCKS['h2-floods']);
 const ECHO_IP = net.workload(1);
 const ECHO = `${ECHO_IP}:8080`;
 const ENHANCE_YOUR_CALM = 0xb;
+/**
+ * The daemon's GOAWAY, when the client got to read it: the daemon closes right after it, with the client's flood still
+ * unread, so the kernel may reset the connection and drop the GOAWAY from the client's receive queue first.
+ */
+const calmOrReset = (s) => assert.ok(s.goaway === ENHANCE_YOUR_CALM || s.goaway === null, `GOAWAY ${s.goaway}`);
 const MiB = 1024 * 1024;
 
 let daemon;
@@ -57,7 +62,7 @@ test('CONTINUATION without end: GOAWAY ENHANCE_YOUR_CALM after a bounded header 
   const piece = frame(FRAME.CONTINUATION, 0, 1, literal('x-a', 'a'.repeat(1000)));
   const sent = await flood(s, () => piece, 100_000);
   assert.ok(await within(s.closed, 5_000), 'the connection is closed');
-  assert.equal(s.goaway, ENHANCE_YOUR_CALM);
+  calmOrReset(s);
   assert.ok(sent < 1_000, `closed after ${sent} CONTINUATION frames of 1 KB`);
   assert.ok(rss() - before < 16 * MiB);
   await roundTrip();
@@ -73,7 +78,7 @@ test('HPACK amplification (a 4 KB entry referenced 8,000 times a block): refused
     1_000,
   );
   assert.ok(await within(s.closed, 5_000), 'the connection is closed');
-  assert.equal(s.goaway, ENHANCE_YOUR_CALM);
+  calmOrReset(s);
   assert.ok(sent < 100, `closed after ${sent} blocks that each decode to 32 MB`);
   assert.ok(rss() - before < 16 * MiB);
   await roundTrip();
@@ -85,7 +90,7 @@ test('empty DATA frames on an established stream: GOAWAY ENHANCE_YOUR_CALM', asy
   const empty = frame(FRAME.DATA, 0, 1);
   const sent = await flood(s, () => empty, 1_000_000);
   assert.ok(await within(s.closed, 5_000), 'the connection is closed');
-  assert.equal(s.goaway, ENHANCE_YOUR_CALM);
+  calmOrReset(s);
   assert.ok(sent < 100_000, `closed after ${sent} empty frames`);
   await roundTrip();
 });

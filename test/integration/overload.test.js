@@ -184,9 +184,12 @@ test('a flood of failing streams: at most 100 error lines a second per cause, th
   const before = daemon.logs.filter((l) => l.message === 'connection complete' && l.target === 'access').length;
   // Port 9 on the workload: nothing listens, every CONNECT fails at once (503) and would log one error line.
   const results = [];
+  const t0 = performance.now();
   for (let batch = 0; batch < 20; batch++) {
     results.push(...(await Promise.all(Array.from({ length: 50 }, () => connectRequest(s, `${ECHO_IP}:9`)))));
   }
+  // The rate limit's one-second windows the flood can have touched (a line of an earlier test may share the first).
+  const windows = Math.ceil((performance.now() - t0) / 1000) + 1;
   s.destroy();
   assert.equal(results.filter((r) => r.status === 503).length, 1_000);
   await waitFor(async () => (await daemon.metric('ztunnel_node_log_lines_suppressed_total', { cause: 'access: connection complete' })) > 0, {
@@ -204,7 +207,7 @@ test('a flood of failing streams: at most 100 error lines a second per cause, th
     { timeoutMs: 5_000, message: 'every failure logged or counted' },
   ).catch(() => undefined);
   const logged = count();
-  assert.ok(logged < 1_000 && logged >= 100, `${logged} lines logged of 1,000 failures`);
+  assert.ok(logged >= 1 && logged <= 100 * windows, `${logged} lines logged of 1,000 failures (at most 100 in each of ${windows} seconds)`);
   assert.ok(logged + suppressed >= 1_000, `${logged} logged + ${suppressed} suppressed account for every failure`);
   assert.ok(daemon.logs.some((l) => l.message?.startsWith('log lines suppressed') && l.cause === 'connection complete'));
 });
