@@ -63,6 +63,9 @@ test('an absent CRL_PATH warns, is watched for, and a bad update keeps the lists
   t.after(() => watch.stop());
   assert.equal(tg.calls.length, 0);
   assert.ok(lines.some((l) => l.message.includes('does not exist') && l.level === 'warn'));
+  // fs.watchFile takes its first stat asynchronously: a file created before that is its starting point, not a change
+  // (see the session note). Let the first polls happen before the file appears.
+  await new Promise((r) => setTimeout(r, 300));
   // Created (as a ConfigMap update does: written aside, renamed into place): loaded.
   writeFileSync(`${path}.tmp`, '');
   renameSync(`${path}.tmp`, path);
