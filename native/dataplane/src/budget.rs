@@ -272,11 +272,7 @@ impl ConnBuffers {
         else {
             return;
         };
-        let took = before.min(n);
-        if took > 0 {
-            self.buffered.fetch_sub(took, Ordering::Relaxed);
-            self.budget.sub(took);
-        }
+        self.uncount(before.min(n));
     }
 
     /// The writer wrote `n` bytes of DATA payload of stream `id`.
@@ -312,19 +308,22 @@ impl ConnBuffers {
         else {
             return;
         };
-        let took = before.min(n);
-        if took > 0 {
-            self.buffered.fetch_sub(took, Ordering::Relaxed);
-            self.budget.sub(took);
-        }
+        self.uncount(before.min(n));
     }
 
     /// The receiving loop ended: what h2 still holds for the stream is discarded (or released) by h2.
     fn recv_done(&self, count: &StreamCount) {
         let left = count.recv.swap(RECV_DONE, Ordering::Relaxed);
-        if left != RECV_DONE && left > 0 {
-            self.buffered.fetch_sub(left, Ordering::Relaxed);
-            self.budget.sub(left);
+        if left != RECV_DONE {
+            self.uncount(left);
+        }
+    }
+
+    /// Takes `n` bytes off this connection's count and the node's.
+    fn uncount(&self, n: usize) {
+        if n > 0 {
+            self.buffered.fetch_sub(n, Ordering::Relaxed);
+            self.budget.sub(n);
         }
     }
 
