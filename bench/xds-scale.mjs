@@ -5,6 +5,10 @@
 //   first push: N workloads, N/10 services (each workload an endpoint of one), N/100 policies
 //   then:       UPDATES single-workload updates (one workload changes IP), one at a time
 //
+// The same daemon also starts from a local config file of the same scale (LOCAL_XDS_PATH, test/helpers/large-config.js:
+// N workloads, N/10 services, N/100 policies), for the local path's time to ready and its RSS. BENCH_XDS_SOURCES
+// (default xds,local) picks the two.
+//
 // Reports, for each scale (SCALES, default 1000 and 100000): time from the daemon's start to /healthz/ready 200,
 // the first push's size, the daemon's peak RSS (VmHWM) and its RSS after the load and the updates (VmRSS), and the p50/p99 latency of one update: measured inside
 // the daemon from "response decoded" to "delta returned by the native dataplane" (the `applyMs` of its debug log),
@@ -19,6 +23,7 @@ import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { ADDRESS, AUTHORIZATION, ISTIOD_HOSTNAME, policyResource, serviceResource, startFakeIstiod, workloadResource } from '../test/helpers/fake-istiod.js';
+import { writeLargeConfig } from '../test/helpers/large-config.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const SCALES = (process.env.BENCH_XDS_SCALES ?? '1000,100000').split(',').map(Number);
@@ -163,15 +168,66 @@ async function run(n) {
 
 const round = (x) => Math.round(x * 1000) / 1000;
 
+/** VmHWM (peak) and VmRSS of a process, in MiB. */
+function rssOf(pid) {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const mib = (key) => Math.round(Number(new RegExp(`${key}:\\s+(\\d+) kB`).exec(status)?.[1] ?? 0) / 1024);
+  return { peakRssMiB: mib('VmHWM'), rssMiB: mib('VmRSS') };
+}
+
+/** The daemon started from a local config file of `n` workloads: time to ready, peak RSS, RSS 2 s after ready. */
+async function runLocal(n) {
+  const path = join(tmp, `local-${n}.yaml`);
+  const bytes = writeLargeConfig(path, { workloads: n });
+  const env = {
+    PATH: process.env.PATH,
+    PROXY_MODE: 'local',
+    NODE_NAME: 'bench-node',
+    LOCAL_XDS_PATH: path,
+    LOCAL_CA_DIR: mkdtempSync(join(tmp, 'ca-')),
+    ADMIN_ADDR: `${ADMIN_IP}:15000`,
+    STATS_ADDR: `${ADMIN_IP}:15020`,
+    READINESS_ADDR: `${ADMIN_IP}:15021`,
+    LOG_FORMAT: 'json',
+    RUST_LOG: 'warn',
+    CONNECTION_TERMINATION_DEADLINE: '1s',
+  };
+  const started = performance.now();
+  const child = spawn(process.execPath, [...(process.env.DAEMON_NODE_ARGS?.split(' ') ?? []), join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'ignore', 'inherit'] });
+  children.add(child);
+  for (;;) {
+    const ok = await fetch(`http://${ADMIN_IP}:15021/healthz/ready`).then((r) => r.status === 200, () => false);
+    if (ok) break;
+    if (child.exitCode !== null) throw new Error(`the daemon exited (${child.exitCode})`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  const readyMs = performance.now() - started;
+  await new Promise((r) => setTimeout(r, 2000));
+  const rss = rssOf(child.pid);
+  child.kill('SIGTERM');
+  await new Promise((r) => child.once('close', r));
+  children.delete(child);
+  return { workloads: n, fileMiB: round(bytes / 2 ** 20), timeToReadyMs: Math.round(readyMs), peakRssMiB: rss.peakRssMiB, rssAfterMiB: rss.rssMiB };
+}
+
+const SOURCES = (process.env.BENCH_XDS_SOURCES ?? 'xds,local').split(',');
 const results = [];
-for (const n of SCALES) {
+for (const n of SOURCES.includes('xds') ? SCALES : []) {
   const r = await run(n);
   results.push(r);
   console.log(JSON.stringify(r));
 }
-const small = results[0];
-const large = results.at(-1);
-const ratios = {
+const local = [];
+if (SOURCES.includes('local')) {
+  for (const n of SCALES) {
+    const r = await runLocal(n);
+    local.push(r);
+    console.log(JSON.stringify({ source: 'local file', ...r }));
+  }
+}
+const small = results[0] ?? null;
+const large = results.at(-1) ?? null;
+const ratios = small === null || large === null ? null : {
   scale: large.workloads / small.workloads,
   timeToReady: round(large.timeToReadyMs / small.timeToReadyMs),
   updateApplyP50: round(large.updateApplyMs.p50 / small.updateApplyMs.p50),
@@ -184,6 +240,9 @@ for (const r of results) {
     `${String(r.workloads).padStart(10)} ${String(r.timeToReadyMs).padStart(9)} ${((r.firstPushBytes ?? 0) / 1e6).toFixed(1).padStart(8)} ${String(r.peakRssMiB).padStart(8)} ${String(r.rssAfterMiB).padStart(9)} ${String(r.updateApplyMs.p50).padStart(11)} ${String(r.updateApplyMs.p99).padStart(11)} ${String(r.updateRoundTripMs.p50).padStart(11)}`,
   );
 }
-console.log(`ratios ${large.workloads}/${small.workloads}: ${JSON.stringify(ratios)}`);
-writeFileSync(join(root, 'bench', 'results', 'xds-scale.json'), `${JSON.stringify({ at: new Date().toISOString(), results, ratios }, null, 2)}\n`);
+if (ratios !== null) console.log(`ratios ${large.workloads}/${small.workloads}: ${JSON.stringify(ratios)}`);
+for (const r of local) {
+  console.log(`local file ${String(r.workloads).padStart(7)}: ready ${r.timeToReadyMs} ms, peak ${r.peakRssMiB} MiB, after ${r.rssAfterMiB} MiB (${r.fileMiB} MiB file)`);
+}
+writeFileSync(join(root, 'bench', 'results', 'xds-scale.json'), `${JSON.stringify({ at: new Date().toISOString(), results, ratios, local }, null, 2)}\n`);
 process.exit(0);

@@ -12,6 +12,7 @@ export function fakeDataplane(overrides = {}, { nodeName = 'node-a' } = {}) {
     real,
     applyState: (d) => (log.push(['applyState', d]), real.applyState(d)),
     applyStateBatches: async (chunks) => (log.push(['applyStateBatches', chunks]), real.applyStateBatches(chunks)),
+    applyLocal: async (ticket, chunks) => (log.push(['applyLocal', { ticket, chunks }]), real.applyLocal(ticket, chunks)),
     applyAddresses: async (resources, removed) => (log.push(['applyAddresses', { resources: resources.length, removed }]), real.applyAddresses(resources, removed)),
     meshDump: () => real.meshDump(),
     createCsr: (id) => (log.push(['createCsr', id]), 'CSR'),

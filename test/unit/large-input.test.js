@@ -12,7 +12,8 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadConfig } from '../../dist/config/index.js';
-import { LocalConfigLoader, parseJson } from '../../dist/config/local-loader.js';
+import { LocalConfigLoader, parseJson, renderStaticConfig } from '../../dist/config/local-loader.js';
+import { openNativeDataplane } from '../helpers/native-dataplane.js';
 import { parseLocalConfig } from '../../dist/config/local.js';
 import { LocalConfigError } from '../../dist/errors.js';
 import { runProxy } from '../../dist/lifecycle/proxy.js';
@@ -30,14 +31,13 @@ const WORKLOADS = 6_000;
 /** Generous: the CI machine is loaded. A blocked event loop fails it by seconds. */
 const PROBE_BOUND_MS = 1_000;
 
-/** The state is a real native dataplane's; `refuse(delta)` makes it refuse a batch holding such a chunk. */
+/** The state is a real native dataplane's; `refuse()` true makes it refuse a local document (nothing applied). */
 function fakeDataplane({ refuse = () => false } = {}) {
   const dp = baseDataplane({
-    applyStateBatches: async (chunks) => {
-      const deltas = chunks.map((c) => JSON.parse(Buffer.from(c).toString('utf8')));
-      if (deltas.some(refuse)) throw new Error('INVALID_STATE: refused by the test');
-      dp.log.push(['applyStateBatches', deltas]);
-      return dp.real.applyStateBatches(chunks);
+    applyLocal: async (ticket, chunks) => {
+      if (refuse()) throw new Error('INVALID_STATE: refused by the test');
+      dp.log.push(['applyLocal', { ticket, policies: chunks.map(parseJson) }]);
+      return dp.real.applyLocal(ticket, chunks);
     },
   }, { nodeName: 'node-none' });
   return dp;
@@ -109,32 +109,44 @@ function assertResponsive(answers, phase, min = 10) {
   assert.deepEqual(slow, [], `${phase}: every probe answered within ${PROBE_BOUND_MS} ms`);
 }
 
-test('the loader validates off the main thread, says what an in-thread parse says, and sends only what changed', async () => {
+test('the loader validates off the main thread, says what an in-thread parse says, and the dataplane applies only what changed', async () => {
   const path = join(dir, 'loader.yaml');
   writeFileSync(path, largeConfigYaml({ workloads: 30 }));
   const loader = LocalConfigLoader.open({ localXdsPath: path, localXds: null });
+  const dp = openNativeDataplane({ nodeName: 'node-none' });
   try {
     const first = await loader.load();
     assert.equal(first.source, path);
+    assert.equal(first.fast, true, 'read by the fast path');
     assert.deepEqual(first.counts, { workloads: 30, services: 3, policies: 1 });
-    const changes = first.chunks.map(parseJson);
-    assert.deepEqual(changes.map((c) => Object.keys(c).filter((k) => c[k].length > 0).sort()), [['policies', 'services', 'workloads']]);
+    assert.deepEqual(first.chunks.map(parseJson).map((c) => c.policies.map((p) => p.name)), [['p0']], 'only compiled policies cross');
     assert.deepEqual(first.policies.upserts.map((p) => p.name), ['p0'], 'the policy part as written, for the main thread');
-    assert.equal(parseJson(first.raw).workloads.length, 30);
+    assert.equal(renderStaticConfig(first.text).workloads.length, 30, 'the text, rendered for config_dump when asked');
+    let out = await dp.applyLocal(first.ticket, first.chunks);
+    assert.deepEqual([out.changedWorkloads, out.services, out.policies], [30, 3, 1]);
     loader.commit();
 
-    // Two workloads change and one service goes: the next load carries only that.
+    // Two workloads change and one service goes: the dataplane applies only that (it diffs against what it holds).
     const text = largeConfigYaml({ workloads: 30 }).replace('canonicalRevision: v1', 'canonicalRevision: v2').replace('  name: w29\n', '  name: w29b\n');
     writeFileSync(path, text.replace(/- name: svc2\n( {2}.*\n)+/, ''));
     const second = await loader.load();
-    const change = parseJson(second.chunks[0]);
-    assert.deepEqual(change.workloads.map((w) => w.name), ['w0', 'w29b']);
-    assert.deepEqual(change.removedServices, ['ns2/svc2.ns2.svc.cluster.local']);
-    assert.deepEqual(Object.keys(change).sort(), ['removedServices', 'workloads']);
-    // Not applied: the next load is diffed against the first one again.
+    assert.deepEqual(second.chunks, [], 'the policies did not change');
+    // Not applied: its document is dropped, and the next load is diffed against the first one again.
     loader.discard();
+    await assert.rejects(dp.applyLocal(second.ticket, []), /no local config document is held/);
     const third = await loader.load();
-    assert.deepEqual(parseJson(third.chunks[0]).workloads.map((w) => w.name), ['w0', 'w29b']);
+    out = await dp.applyLocal(third.ticket, third.chunks);
+    assert.deepEqual([out.changedWorkloads, out.services, out.counts], [2, 1, [30, 2, 1]]);
+    const names = dp.meshDump().workloads.map((w) => w.name);
+    assert.ok(names.includes('w29b') && !names.includes('w29'));
+    loader.commit();
+
+    // A refused policy chunk: all or nothing, the held document is dropped with it.
+    const fourth = await loader.load();
+    await assert.rejects(dp.applyLocal(fourth.ticket, [new TextEncoder().encode('{"policies":[{"bad":1}]}')]), /INVALID_STATE|unknown field/);
+    await assert.rejects(dp.applyLocal(fourth.ticket, []), /no local config document is held/);
+    assert.equal(dp.meshDump().workloads.length, 30);
+    loader.discard();
 
     // A bad document: exactly the in-thread message (file, path, problem).
     writeFileSync(path, largeConfigYaml({ workloads: 30, badAt: 17 }));
@@ -152,6 +164,7 @@ test('the loader validates off the main thread, says what an in-thread parse say
     await assert.rejects(loader.load(), (err) => err instanceof LocalConfigError && /^.+: line \d+, column \d+: invalid YAML: /.test(err.message));
   } finally {
     await loader.close();
+    dp.shutdown();
   }
   await assert.rejects(loader.load(), /closed/);
 });
@@ -169,10 +182,9 @@ test('a large local file: readiness and metrics answer while it loads at startup
     let answers = await p.stop();
     assertResponsive(answers, 'startup');
     assert.ok(answers.some((a) => a.what === 'readiness' && a.status === 500), 'readiness answered "not ready" while loading');
-    const batches = dp.log.filter(([op]) => op === 'applyStateBatches').map(([, d]) => d);
-    assert.equal(batches.length, 1, 'one batch, applied off the JS thread');
-    assert.ok(batches[0].length >= Math.ceil(WORKLOADS / STATE_CHUNK_RESOURCES), `carried in chunks (${batches[0].length})`);
-    assert.equal(batches[0].reduce((n, d) => n + (d.workloads?.length ?? 0), 0), WORKLOADS);
+    const batches = dp.log.filter(([op]) => op === 'applyLocal').map(([, d]) => d);
+    assert.equal(batches.length, 1, 'one document, applied off the JS thread');
+    assert.equal(batches[0].policies.reduce((n, d) => n + (d.policies?.length ?? 0), 0), WORKLOADS / 100, 'the compiled policies cross with it');
     assert.equal(dp.meshDump().workloads.length, WORKLOADS);
     assert.ok(lines.some((l) => l.message === 'local config applied' && l.workloads === WORKLOADS));
     assert.ok(!lines.some((l) => /not known/.test(l.message)), 'no policy was transiently missing (policies go first)');
@@ -187,9 +199,9 @@ test('a large local file: readiness and metrics answer while it loads at startup
     await waitUntil(() => lines.some((l) => l.message === 'local config reloaded'), 'the reload', 120_000);
     answers = await p.stop();
     assertResponsive(answers, 'reload');
-    const reloaded = dp.log.slice(before).filter(([op]) => op === 'applyStateBatches').map(([, d]) => d);
+    const reloaded = dp.log.slice(before).filter(([op]) => op === 'applyLocal');
     assert.equal(reloaded.length, 1);
-    assert.ok(reloaded[0].every((d) => (d.workloads ?? []).every((w) => w.canonicalRevision === 'v2')));
+    assert.ok(lines.some((l) => l.message === 'local config reloaded' && l.workloads === WORKLOADS), 'every workload changed');
     assert.ok(dp.meshDump().workloads.every((w) => w.canonicalRevision === 'v2'));
     console.log(`# reload: ${answers.length} probes, slowest ${Math.round(Math.max(...answers.map((a) => a.ms)))} ms`);
 
@@ -243,12 +255,12 @@ test('a bad large file at startup: a config error naming the file, path and fiel
   dp.shutdown();
 });
 
-test('a dataplane refusal of one chunk of a reload leaves nothing of the reload applied', async () => {
+test('a dataplane refusal of a reload leaves nothing of the reload applied', async () => {
   const path = join(dir, 'rollback.yaml');
-  const n = 2 * STATE_CHUNK_RESOURCES; // with its services and policies: three chunks, the refused one last (validated before any applies)
+  const n = 2 * STATE_CHUNK_RESOURCES;
   writeLargeConfig(path, { workloads: n });
   let refuseV2 = false;
-  const dp = fakeDataplane({ refuse: (d) => refuseV2 && (d.workloads ?? []).some((w) => w.uid === `Kubernetes//Pod/ns${(n - 1) % 50}/w${n - 1}` && w.canonicalRevision === 'v2') });
+  const dp = fakeDataplane({ refuse: () => refuseV2 });
   const { lines, proxy } = await start({ LOCAL_XDS_PATH: path }, dp);
   try {
     await waitUntil(async () => (await get(proxy.addresses.readiness, '/healthz/ready')).status === 200, 'ready', 60_000);
@@ -303,9 +315,8 @@ test('a large xDS push crosses in one call, is ACKed once, in order with the nex
   }
 });
 
-test('splitChange: the one-batch meaning in reference order; PolicyReferences follows chunks without full scans', async () => {
+test('splitChange: the one-batch meaning in reference order', async () => {
   const { splitChange } = await import('../../dist/state/chunks.js');
-  const { PolicyReferences } = await import('../../dist/policy/references.js');
   const w = (uid, v = 'a') => ({ uid, canonicalRevision: v, authorizationPolicies: [] });
   const chunks = splitChange(
     {
@@ -323,22 +334,30 @@ test('splitChange: the one-batch meaning in reference order; PolicyReferences fo
     { removedWorkloads: ['u3'], removedPolicies: ['n/q'] },
   ]);
   assert.deepEqual(splitChange({}), [{}], 'an empty change is still one apply');
+});
 
-  const known = new Set();
-  const refs = new PolicyReferences((k) => known.has(k));
-  const names = (uid, ...p) => ({ uid, after: { authorizationPolicies: p } });
-  assert.deepEqual(refs.update([names('a', 'n/p'), names('b', 'n/p', 'n/r')], []), [
-    { uid: 'a', policy: 'n/p' },
-    { uid: 'b', policy: 'n/p' },
-    { uid: 'b', policy: 'n/r' },
-  ]);
-  assert.deepEqual(refs.update([names('a', 'n/p')], []), [], 'still missing: not reported again');
-  known.add('n/p');
-  assert.deepEqual(refs.update([], ['n/p']), []);
-  assert.equal(refs.size, 1, 'only b -> n/r is left');
-  known.delete('n/p');
-  const again = refs.update([], ['n/p']).sort((x, y) => (x.uid < y.uid ? -1 : 1));
-  assert.deepEqual(again, [{ uid: 'a', policy: 'n/p' }, { uid: 'b', policy: 'n/p' }], 'missing again once removed');
-  assert.deepEqual(refs.update([{ uid: 'b', after: undefined }], []), []);
-  assert.equal(refs.size, 1, 'a removed workload names nothing');
+test('the dataplane tracks unresolved policy references: each reported once, as it appears; counted', async () => {
+  const { compilePolicy } = await import('../../dist/policy/compile.js');
+  const dp = openNativeDataplane();
+  try {
+    const w = (uid, rev, ...policies) => ({ uid, name: uid, namespace: 'n', workloadIps: [], canonicalRevision: rev, authorizationPolicies: policies });
+    const p = compilePolicy({ name: 'p', namespace: 'n', scope: 'WorkloadSelector', action: 'Allow', dryRun: false, rules: [] });
+    const sorted = (m) => [...m].sort((x, y) => (`${x.uid}${x.policy}` < `${y.uid}${y.policy}` ? -1 : 1));
+    let out = dp.applyState({ workloads: [w('a', 'v1', 'n/p'), w('b', 'v1', 'n/p', 'n/r')] });
+    assert.deepEqual(sorted(out.missing), [{ uid: 'a', policy: 'n/p' }, { uid: 'b', policy: 'n/p' }, { uid: 'b', policy: 'n/r' }]);
+    assert.equal(out.missingReferences, 3);
+    assert.equal(out.workloads.length, 0, 'workloads of other nodes are counted, not listed');
+    out = dp.applyState({ workloads: [w('a', 'v2', 'n/p')] });
+    assert.deepEqual(out.missing, [], 'still missing: not reported again');
+    out = dp.applyState({ policies: [p] });
+    assert.deepEqual([out.missing, out.missingReferences], [[], 1], 'only b -> n/r is left');
+    out = dp.applyState({ removedPolicies: ['n/p'] });
+    assert.deepEqual(sorted(out.missing), [{ uid: 'a', policy: 'n/p' }, { uid: 'b', policy: 'n/p' }], 'missing again once removed');
+    out = dp.applyState({ removedWorkloads: ['b'] });
+    assert.deepEqual([out.missing, out.missingReferences], [[], 1], 'a removed workload names nothing');
+    out = dp.applyState({ workloads: [w('a', 'v3')] });
+    assert.equal(out.missingReferences, 0, 'a workload that stops naming it');
+  } finally {
+    dp.shutdown();
+  }
 });

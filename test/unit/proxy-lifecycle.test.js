@@ -82,7 +82,7 @@ test('local mode: certificates, then listeners, then ready; dumps and metrics; q
   await waitUntil(async () => (await get(proxy.addresses.readiness, '/healthz/ready')).status === 200, 'ready');
 
   const ops = dp.log.map(([op]) => op);
-  assert.deepEqual(ops.slice(0, 2), ['open', 'applyStateBatches']);
+  assert.deepEqual(ops.slice(0, 2), ['open', 'applyLocal']);
   assert.equal(dp.log[0][1].nodeName, 'node-a');
   assert.equal(dp.log[0][1].socks5Enabled, true);
   // Only node-a's workload gets a certificate and listeners, and the certificate comes first.

@@ -51,7 +51,7 @@ test('the local file and xDS both feed the state; one update is one small delta;
     await s.nextRequest(AUTHORIZATION);
     assert.match((await get(proxy.addresses.readiness, '/healthz/ready')).body, /state manager/);
     // The file's workload was applied first, as one batch.
-    assert.deepEqual(dp.log.filter(([op]) => op.startsWith('apply')).map(([op]) => op), ['applyStateBatches']);
+    assert.deepEqual(dp.log.filter(([op]) => op.startsWith('apply')).map(([op]) => op), ['applyLocal']);
     assert.deepEqual(dp.meshDump().workloads.map((w) => w.uid), ['u-file']);
 
     const sleep = workloadResource({ name: 'sleep', ip: '127.0.9.2', node: 'node-a' });

@@ -60,9 +60,11 @@ test('an upsert equal to what the dataplane holds reports nothing; a change repo
   const w1 = moved.workloads.find((t) => t.uid === 'w1');
   assert.deepEqual([w1.before.waypoint, w1.after.waypoint], [null, { destination: '/10.0.0.9', hboneMtlsPort: 15008 }]);
   assert.deepEqual(store.workloadsOnNode('n1').map((w) => w.uid), ['w1']);
-  // A workload that names a policy is reported even off this node (the policy-reference index follows it).
-  const named = store.apply({ workloads: [{ ...model(BASE).workloads[2], authorizationPolicies: ['ns/sel'] }] }, send);
-  assert.deepEqual(named.workloads, [{ uid: 'w9', before: { node: 'n2', authorizationPolicies: [] }, after: { node: 'n2', authorizationPolicies: ['ns/sel'] } }]);
+  // Off this node, a change is counted, not listed; a policy it names that is not held is reported missing.
+  const named = store.apply({ workloads: [{ ...model(BASE).workloads[2], authorizationPolicies: ['ns/p1', 'ns/none'] }] }, send);
+  assert.deepEqual([named.changedWorkloads, named.workloads], [1, []]);
+  assert.deepEqual(named.missing, [{ uid: 'w9', policy: 'ns/none' }], 'ns/p1 is held');
+  assert.equal(store.missingReferences, 1);
   // Removals of unknown keys change nothing.
   assert.equal(store.apply({ removedWorkloads: ['nope'] }, send).changedWorkloads, 0);
 });

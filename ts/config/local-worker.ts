@@ -1,35 +1,42 @@
-// The local config worker thread: reads, parses, validates and diffs the local config OFF the main thread. A 50 MiB
-// file (100k workloads) is about a minute of YAML parsing and validation on a busy core; on the main thread that
-// minute is a minute in which readiness, metrics and admin do not answer. Started and spoken to by
-// local-loader.ts; runs the same code as an in-thread load (local.ts), so every error message is the same.
+// The local config worker thread: reads and validates the local config OFF the main thread. A 50 MiB file (100k
+// workloads) is seconds of parsing; on the main thread those would be seconds in which readiness, metrics and admin do
+// not answer. Started and spoken to by local-loader.ts.
+//
+// Two ways to read a document, one result:
+// - **Fast** (native/dataplane/src/state/local.rs, `localPrepare`): the dataplane reads the YAML straight into its
+//   validated workloads and services and holds them under a ticket; only the policies come back, as written, for the
+//   schema (local.ts `parseLocalPolicies`) and the policy compiler here.
+// - **Slow** (local.ts `parseLocalConfig`): when the fast path declines (a problem, or something it does not model),
+//   the whole document goes through the schema, which refuses it with the file, the path and the problem, or accepts
+//   it: its workloads and services are then handed to the dataplane as JSON (`localPrepareRecords`) and held the same
+//   way. Every error message is the schema's.
 //
 // Invariants:
 // - The whole document is validated before anything is sent: a refused document sends only `invalid`, so the
 //   main thread applies nothing of it.
-// - The worker keeps the last COMMITTED document, as the stable JSON of each resource by key (what snapshotChange
-//   compares, in less memory than the objects), and sends the change from it to the new one, so a reload
-//   costs the main thread only what changed. `commit` makes the last load the base of the next diff; `discard` (the
-//   main thread could not apply it) keeps the previous base.
-// - The change crosses as the dataplane's own deltas (native workloads and services, compiled policies), UTF-8 JSON
-//   in transferred buffers, one message per chunk (ts/state/chunks.ts): the main thread never parses them, it hands
-//   them to the dataplane (`applyStateBatches`, which parses, validates and applies them as one, off the JS thread).
-//   Only the policy part crosses as written (small), for the main thread's policy index and config_dump. The raw
-//   document crosses as a buffer too.
+// - The dataplane diffs workloads and services itself (it knows which keys the last applied local document put in
+//   its state); the policy part of the change is computed here, against the last COMMITTED document's policies (the
+//   stable JSON of each, by key): `commit` makes the last load the base of the next diff, `discard` (the main thread
+//   could not apply it) keeps the previous base.
+// - The policy change crosses as the dataplane's own deltas (compiled policies), UTF-8 JSON in transferred buffers;
+//   the policies as written cross too (small), for the main thread's policy index and config_dump; so does the
+//   document's text (config_dump's `staticConfig`, rendered only when asked).
 //
 // Protocol, one load at a time:
 //   main → worker  { op: 'load', reload }  (reload: an empty file is refused, not an empty config)
-//   worker → main  { op: 'chunk', json } (one or more, in apply order), then { op: 'loaded', source, counts, raw,
-//                   policies }
+//   worker → main  { op: 'loaded', source, ticket, chunks, counts, text, policies, fast }
 //              or  { op: 'invalid', message }   (a LocalConfigError: file, path, problem)
 //              or  { op: 'failed', message }    (anything else)
 //   main → worker  { op: 'commit' } | { op: 'discard' }
 import { parentPort, workerData } from 'node:worker_threads';
-import { LocalConfigError } from '../errors.js';
+import { LocalConfigError, ZtunnelError } from '../errors.js';
+import { localDiscard, localPrepare, localPrepareRecords } from '../native/index.js';
 import { compilePolicy } from '../policy/compile.js';
+import type { Policy } from '../state/model.js';
 import { splitChange } from '../state/chunks.js';
 import { toNativeService, toNativeWorkload } from '../state/model.js';
 import { diffKept, EMPTY_KEPT, type Kept } from '../state/store.js';
-import { loadLocalConfig } from './local.js';
+import { parseLocalConfig, parseLocalPolicies, readLocalText } from './local.js';
 
 /** What the worker is started with (workerData). */
 export interface LocalWorkerData {
@@ -46,8 +53,21 @@ export interface LoadedCounts {
 }
 
 export type FromWorker =
-  | { op: 'chunk'; json: Uint8Array }
-  | { op: 'loaded'; source: string; counts: LoadedCounts; raw: Uint8Array; policies: Uint8Array }
+  | {
+      op: 'loaded';
+      source: string;
+      /** The dataplane's ticket for the document's workloads and services. */
+      ticket: number;
+      /** The policy part of the change: StateDelta chunks of compiled policies, UTF-8 JSON. */
+      chunks: Uint8Array[];
+      counts: LoadedCounts;
+      /** The document's text (UTF-8), for config_dump. */
+      text: Uint8Array;
+      /** The policy part of the change as written: `{ upserts, removed }`, UTF-8 JSON. */
+      policies: Uint8Array;
+      /** Whether the fast path read it (false: the schema's slow way). */
+      fast: boolean;
+    }
   | { op: 'invalid'; message: string }
   | { op: 'failed'; message: string };
 
@@ -74,28 +94,50 @@ if (parentPort !== null) {
     }
   });
 
+  /** The document's workloads and services held by the dataplane, and its policies, read the fast way or the slow. */
+  function prepare(text: Buffer, name: string): { ticket: number; workloads: number; services: number; policies: Policy[]; fast: boolean } {
+    const fast = localPrepare(text);
+    if ('ticket' in fast) {
+      try {
+        return { ticket: fast.ticket, workloads: fast.workloads, services: fast.services, policies: parseLocalPolicies(fast.policies, name), fast: true };
+      } catch (err) {
+        localDiscard(fast.ticket);
+        if (!(err instanceof LocalConfigError)) throw err;
+        // Falls through to the slow way, which reports the same problems (and would only differ if the two disagreed).
+      }
+    }
+    const doc = parseLocalConfig(text.toString('utf8'), name);
+    const records = utf8.encode(JSON.stringify({ workloads: doc.workloads.map(toNativeWorkload), services: doc.services.map(toNativeService) }));
+    let ticket: number;
+    try {
+      ticket = localPrepareRecords(records);
+    } catch (err) {
+      // Accepted by the schema, refused by the dataplane's validation: still a problem of the file.
+      if (err instanceof ZtunnelError) throw new LocalConfigError(`${name}: ${err.message}`, { cause: err });
+      throw err;
+    }
+    return { ticket, workloads: doc.workloads.length, services: doc.services.length, policies: doc.policies, fast: false };
+  }
+
   async function load(reload: boolean): Promise<void> {
     try {
-      const next = await loadLocalConfig(source, { reload });
-      if (next === null) throw new Error('no local config is configured');
-      const { change, kept } = diffKept(committed, next);
+      const read = await readLocalText(source, { reload });
+      if (read === null) throw new Error('no local config is configured');
+      const doc = prepare(read.text, read.source);
+      const { change, kept } = diffKept(committed, { workloads: [], services: [], policies: doc.policies });
+      const chunks: Uint8Array[] = [];
       for (const chunk of splitChange(change)) {
-        const native = {
-          workloads: chunk.workloads?.map(toNativeWorkload),
-          removedWorkloads: chunk.removedWorkloads,
-          services: chunk.services?.map(toNativeService),
-          removedServices: chunk.removedServices,
-          policies: chunk.policies?.map(compilePolicy),
-          removedPolicies: chunk.removedPolicies,
-        };
-        const json = utf8.encode(JSON.stringify(native));
-        post({ op: 'chunk', json }, [json.buffer as ArrayBuffer]);
+        if ((chunk.policies?.length ?? 0) + (chunk.removedPolicies?.length ?? 0) === 0) continue;
+        chunks.push(utf8.encode(JSON.stringify({ policies: chunk.policies?.map(compilePolicy), removedPolicies: chunk.removedPolicies })));
       }
       pending = kept;
-      const raw = utf8.encode(JSON.stringify(next.raw));
       const policies = utf8.encode(JSON.stringify({ upserts: change.policies ?? [], removed: change.removedPolicies ?? [] }));
-      const counts = { workloads: next.workloads.length, services: next.services.length, policies: next.policies.length };
-      post({ op: 'loaded', source: next.source, counts, raw, policies }, [raw.buffer as ArrayBuffer, policies.buffer as ArrayBuffer]);
+      const counts = { workloads: doc.workloads, services: doc.services, policies: doc.policies.length };
+      const text = new Uint8Array(read.text.buffer, read.text.byteOffset, read.text.byteLength);
+      const transfer = [...chunks.map((c) => c.buffer as ArrayBuffer), policies.buffer as ArrayBuffer];
+      // A file's bytes own their buffer (transferable); LOCAL_XDS's may share Node's pool (copied instead).
+      if (text.byteOffset === 0 && text.byteLength === text.buffer.byteLength) transfer.push(text.buffer as ArrayBuffer);
+      post({ op: 'loaded', source: read.source, ticket: doc.ticket, chunks, counts, text, policies, fast: doc.fast }, transfer);
     } catch (err) {
       if (err instanceof LocalConfigError) post({ op: 'invalid', message: err.message });
       else post({ op: 'failed', message: err instanceof Error ? err.message : String(err) });

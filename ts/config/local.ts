@@ -310,25 +310,63 @@ export function parseLocalConfig(text: string, source: string): LocalConfig {
 }
 
 /**
- * Loads LOCAL_XDS_PATH or LOCAL_XDS; null when neither is set. `reload`: an empty file is refused instead of read as
+ * The policies of a document whose workloads and services the dataplane's fast path already read
+ * (native/dataplane/src/state/local.rs hands `policies` back as written), validated by the same schema: a refusal
+ * says exactly what parsing the whole document says (its workloads and services have no problem to report).
+ */
+export function parseLocalPolicies(policies: unknown[], source: string): Policy[] {
+  const parsed = documentSchema.safeParse({ policies }, { reportInput: true });
+  if (!parsed.success) {
+    const lines = parsed.error.issues.flatMap(describeIssue).map((line) => `${source}: ${line}`);
+    throw new LocalConfigError(lines.join('\n'));
+  }
+  return parsed.data.policies;
+}
+
+/** The local config's text as read, and where it came from (the file path, or "LOCAL_XDS"). */
+export interface LocalText {
+  source: string;
+  text: Buffer;
+}
+
+/**
+ * Reads LOCAL_XDS_PATH or LOCAL_XDS; null when neither is set. `reload`: an empty file is refused instead of read as
  * an empty config (a writer that truncates, then writes, is seen empty: applying that would remove every workload).
  */
-export async function loadLocalConfig(
+export async function readLocalText(
   cfg: { localXdsPath: string | null; localXds: string | null },
   { reload = false }: { reload?: boolean } = {},
-): Promise<LocalConfig | null> {
-  if (cfg.localXds !== null) return parseLocalConfig(cfg.localXds, 'LOCAL_XDS');
+): Promise<LocalText | null> {
+  if (cfg.localXds !== null) return { source: 'LOCAL_XDS', text: Buffer.from(cfg.localXds, 'utf8') };
   if (cfg.localXdsPath === null) return null;
-  let text: string;
+  let text: Buffer;
   try {
-    text = await readFile(cfg.localXdsPath, 'utf8');
+    text = await readFile(cfg.localXdsPath);
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     const problem = code === 'ENOENT' ? 'no such file' : code === 'EACCES' ? 'permission denied' : String(err);
     throw new LocalConfigError(`${cfg.localXdsPath}: cannot read the local config: ${problem}`, { cause: err });
   }
-  if (reload && text.trim() === '') {
+  if (reload && isBlank(text)) {
     throw new LocalConfigError(`${cfg.localXdsPath}: the file is empty (an empty file is an empty config only at startup)`);
   }
-  return parseLocalConfig(text, cfg.localXdsPath);
+  return { source: cfg.localXdsPath, text };
+}
+
+/** Whitespace only, as String.prototype.trim sees it (decoded only when a byte is not ASCII whitespace or text). */
+function isBlank(text: Buffer): boolean {
+  for (const b of text) {
+    if (b === 0x20 || (b >= 0x09 && b <= 0x0d)) continue;
+    return b < 0x80 ? false : text.toString('utf8').trim() === '';
+  }
+  return true;
+}
+
+/** Loads LOCAL_XDS_PATH or LOCAL_XDS the slow way (parsed and validated here, in full); null when neither is set. */
+export async function loadLocalConfig(
+  cfg: { localXdsPath: string | null; localXds: string | null },
+  opts: { reload?: boolean } = {},
+): Promise<LocalConfig | null> {
+  const read = await readLocalText(cfg, opts);
+  return read === null ? null : parseLocalConfig(read.text.toString('utf8'), read.source);
 }

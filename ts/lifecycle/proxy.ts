@@ -10,10 +10,10 @@
 //     applied, and the XDS client starts.
 //  3. The mesh lives once, in the dataplane (state/store.ts). Every state change crosses to it as one delta
 //     (`applyStateChange`: policies, small changes) or one batch applied off the JS thread (the local config's
-//     chunks, all or nothing; an xDS Address response, still encoded, resource by resource). The dataplane answers
+//     document, all or nothing; an xDS Address response, still encoded, resource by resource). The dataplane answers
 //     with what changed, and `afterApply` follows it: the local-workload reconciler (local-workloads.ts)
-//     adds/removes certificates and listeners for the workloads on this node, and the policy-reference index
-//     its warnings. Certificates are installed BEFORE listeners bind, so the first inbound handshake already has one.
+//     adds/removes certificates and listeners for the workloads on this node, and the policy references the change
+//     left unresolved are warned of. Certificates are installed BEFORE listeners bind, so the first inbound handshake already has one.
 //     Batches are applied one at a time, in the order they were asked for.
 // Readiness tasks: "state manager" (the local config applied and, with XDS, both types received and ACKed),
 // "certificates" and "proxy" (the local workloads known when the state became ready have certificates and
@@ -25,7 +25,7 @@ import type { Server } from 'node:http';
 import { configForDump, type Config } from '../config/index.js';
 import { HBONE_PORT } from '../config/defaults.js';
 import { formatSocketAddress, type SocketAddress } from '../config/address.js';
-import { LocalConfigLoader, parseJson, type LocalLoad } from '../config/local-loader.js';
+import { AppliedText, LocalConfigLoader, type LocalLoad } from '../config/local-loader.js';
 import { followCrls } from '../ca/crl.js';
 import { readResolvConf, type ResolvConf } from '../config/resolv-conf.js';
 import { createAdminServer } from '../admin/admin-server.js';
@@ -42,7 +42,6 @@ import type { Logs } from '../log/logger.js';
 import type { Logger } from 'pino';
 import { Dataplane, nativeVersion } from '../native/index.js';
 import type { AppliedOut, DataplaneConfig, NativeVersion } from '../native/types.js';
-import { policyKey } from '../state/model.js';
 import { StateStore, type AppliedChange, type StateChange } from '../state/store.js';
 import { XdsClient, ztunnelNodeId, ztunnelNodeMetadata } from '../xds/client.js';
 import { TokenSource } from '../xds/grpc.js';
@@ -51,7 +50,6 @@ import { LocalWorkloads } from './local-workloads.js';
 import { answerCertificateRequests } from './certificates-on-demand.js';
 import { startCapture, type Capture } from './capture.js';
 import { watchLocalConfig, type LocalConfigWatch } from '../config/watch.js';
-import { PolicyReferences } from '../policy/references.js';
 import { buildInfo } from '../version.js';
 import { Drain, type DrainMode } from './drain.js';
 import { logNativeEvent, type SuppressedCounts } from './events.js';
@@ -65,6 +63,7 @@ export type DataplanePort = Pick<
   Dataplane,
   | 'applyState'
   | 'applyStateBatches'
+  | 'applyLocal'
   | 'applyAddresses'
   | 'meshDump'
   | 'createCsr'
@@ -253,24 +252,23 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   /** The CRL_PATH watch, once the dataplane is open. */
   let crlWatch: { stop(): void } | null = null;
 
-  /** config_dump's `staticConfig`: the local document last applied, as UTF-8 JSON (parsed only for a dump). */
-  let staticConfig: Uint8Array | null = null;
+  /** config_dump's `staticConfig`: the local document last applied, as read (rendered only for a dump). */
+  let staticConfig: AppliedText | null = null;
 
-  // Fail closed (README "Authorization"): a named WORKLOAD_SELECTOR policy that has not arrived denies. The index
-  // follows each change in O(change).
-  const policyRefs = new PolicyReferences((key) => store.has('policy', key));
+  // Fail closed (README "Authorization"): a named WORKLOAD_SELECTOR policy that has not arrived denies. The dataplane
+  // tracks the references that do not resolve, in O(change), and reports those each change makes missing.
   function applyStateChange(_source: StateSource, change: StateChange): AppliedChange {
     const plane = dp;
     if (plane === null) throw new Error('the dataplane is not open yet');
     const applied = store.apply(change, (d) => plane.applyState(d));
-    afterApply(applied, [...(change.policies ?? []).map(policyKey), ...(change.removedPolicies ?? [])]);
+    afterApply(applied);
     return applied;
   }
 
   /** What every applied change is followed by: listeners and certificates of local workloads, policy references. */
-  function afterApply(applied: AppliedChange, policies: string[]): void {
+  function afterApply(applied: AppliedChange): void {
     localWorkloads?.reconcile(applied.workloads);
-    for (const m of policyRefs.update(applied.workloads, policies)) {
+    for (const m of applied.missing) {
       log.warn({ uid: m.uid, policy: m.policy }, 'workload names an authorization policy that is not known: denying its inbound traffic until it arrives');
     }
   }
@@ -289,7 +287,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       const plane = dp;
       if (plane === null) throw new Error('the dataplane is not open yet');
       const out = await plane.applyAddresses(resources, removed);
-      afterApply(store.absorb(out), []);
+      afterApply(store.absorb(out));
       return out;
     });
   }
@@ -342,10 +340,10 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         const plane = dp;
         if (plane === null) throw new Error('the dataplane is not open yet');
         if (drain.signal.aborted) throw new Error('shutting down');
-        const out = await plane.applyStateBatches(load.chunks);
+        const out = await plane.applyLocal(load.ticket, load.chunks);
         store.commitPolicies(load.policies);
         const a = store.absorb(out);
-        afterApply(a, [...load.policies.upserts.map(policyKey), ...load.policies.removed]);
+        afterApply(a);
         return a;
       });
     } catch (err) {
@@ -353,7 +351,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       throw err;
     }
     loader?.commit();
-    staticConfig = load.raw;
+    staticConfig = new AppliedText(load);
     return {
       workloads: applied.changedWorkloads,
       services: applied.services,
@@ -378,7 +376,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       snapshot: () => dp?.metrics() ?? { connections: [], socketsOpen: { source: 0, destination: 0 } },
       istioVersion: config.istioVersion,
       xds: () => xdsMetrics.snapshot(),
-      missingPolicies: () => policyRefs.size,
+      missingPolicies: () => store.missingReferences,
       ...(config.proxyMode === 'local' ? {} : { workloadManager: () => capture?.counters() ?? null }),
     });
     const admin = createAdminServer({
@@ -396,7 +394,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         services: mesh.services,
         policies: store.dumpPolicies(),
         stagedServices: mesh.stagedServices,
-        staticConfig: staticConfig === null ? null : parseJson(staticConfig),
+        staticConfig: staticConfig?.render() ?? null,
         certificates: certs?.dump() ?? [],
         config: configForDump(config),
         version: buildInfo(version, config.istioVersion),
@@ -580,7 +578,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
 
     if (local !== null) {
       const applied = await applyLocalLoad(local);
-      log.info({ source: local.source, ...local.counts, chunks: applied.chunks, applyMs: applied.applyMs }, 'local config applied');
+      log.info({ source: local.source, ...local.counts, fast: local.fast, chunks: applied.chunks, applyMs: applied.applyMs }, 'local config applied');
     }
   } catch (err) {
     if (drain.signal.aborted) return handle;
@@ -588,7 +586,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     throw err;
   }
   firstApplied(true);
-  // Inline LOCAL_XDS never changes: its worker (and the copy of the document it keeps for diffs) can go.
+  // Inline LOCAL_XDS never changes: its worker (and the policies it keeps for diffs) can go.
   if (localWatch === null) void loader?.close();
   if (config.xdsAddress === null) markSynced();
 

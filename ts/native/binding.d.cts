@@ -16,6 +16,11 @@ export declare class Dataplane {
   /** The chunks of one large delta (UTF-8 JSON each), validated whole then applied as one, off the JS thread. */
   applyStateBatches(chunks: Array<Uint8Array>): Promise<string>
   /**
+   * Applies the local config document held under `ticket` (`localPrepare` / `localPrepareRecords`) with the
+   * compiled policy part of its change (JSON deltas of policies only), as one change, off the JS thread.
+   */
+  applyLocal(ticket: number, policyChunks: Array<Uint8Array>): Promise<string>
+  /**
    * One WDS response's Address resources (encoded envoy Resources, each prefixed by its u32 LE length) and
    * removed names, decoded and applied off the JS thread; resolves `AppliedOut` JSON with `accepted`/`rejected`.
    */
@@ -77,6 +82,23 @@ export declare class LocalCa {
  * `{ service }` in the control side's shape; throws the NACK reason.
  */
 export declare function decodeAddress(body: Uint8Array): string
+
+/** Drops a held document that will not be applied. */
+export declare function localDiscard(ticket: number): void
+
+/**
+ * The local config's fast path (dataplane/src/state/local.rs), on the calling thread (the loader's worker): the
+ * YAML read into validated workloads and services, held for `Dataplane.applyLocal`. JSON
+ * `{ "ticket": n, "workloads": n, "services": n, "policies": [...] }` (the policies as written, for the control side's
+ * schema), or `{ "declined": "why" }` when the control side's slow way must decide.
+ */
+export declare function localPrepare(text: Uint8Array): string
+
+/**
+ * The slow way's records (`{ workloads, services }` as the dataplane's JSON deltas carry them, after the control side's
+ * schema accepted the document), validated and held like `localPrepare`'s; returns the ticket.
+ */
+export declare function localPrepareRecords(json: Uint8Array): number
 
 /** JSON `{ version, cryptoProvider, buildProfile }` of the native build. */
 export declare function version(): string

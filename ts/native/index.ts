@@ -143,6 +143,35 @@ export function yamlToJson(text: string): string {
   return b.yamlToJson(text);
 }
 
+/** What the local config's fast path made of a document (`localPrepare`). */
+export type PreparedLocal =
+  /** Read and validated; held in the dataplane under `ticket` until `Dataplane.applyLocal` or `localDiscard`. */
+  | { ticket: number; workloads: number; services: number; policies: unknown[] }
+  /** Not read the fast way (a problem, or something it does not model): the schema's slow way decides. */
+  | { declined: string };
+
+/**
+ * The local config's fast path (native/dataplane/src/state/local.rs): the YAML file's bytes read straight into
+ * validated workloads and services, held natively for `Dataplane.applyLocal`; the policies come back as written.
+ * Runs on the calling thread (the loader's worker).
+ */
+export function localPrepare(text: Uint8Array): PreparedLocal {
+  return JSON.parse(call(() => load().localPrepare(text))) as PreparedLocal;
+}
+
+/**
+ * The slow way's accepted records (`{ workloads, services }` in the dataplane's JSON form, UTF-8), validated and held
+ * like `localPrepare`'s; returns the ticket. Throws INVALID_STATE when the dataplane refuses a record.
+ */
+export function localPrepareRecords(json: Uint8Array): number {
+  return call(() => load().localPrepareRecords(json));
+}
+
+/** Drops a held local document that will not be applied (unknown or taken tickets are ignored). */
+export function localDiscard(ticket: number): void {
+  call(() => load().localDiscard(ticket));
+}
+
 /** Up to this many resources, an Address response is applied on the JS thread (well under a millisecond each). */
 export const APPLY_NOW_RESOURCES = 64;
 
@@ -180,6 +209,16 @@ export class Dataplane {
    */
   async applyStateBatches(chunks: Uint8Array[]): Promise<AppliedOut> {
     return JSON.parse(await callAsync(() => this.inner.applyStateBatches(chunks))) as AppliedOut;
+  }
+
+  /**
+   * Applies the local config document held under `ticket` with the compiled policy part of its change (StateDelta
+   * chunks of policies only, UTF-8 JSON), as one change off the JS thread: what the last applied local document had
+   * and this one lacks is removed; xDS records are not touched. Rejects (nothing applied) when a chunk is bad or the
+   * ticket is not held.
+   */
+  async applyLocal(ticket: number, policyChunks: Uint8Array[]): Promise<AppliedOut> {
+    return JSON.parse(await callAsync(() => this.inner.applyLocal(ticket, policyChunks))) as AppliedOut;
   }
 
   /**

@@ -143,19 +143,23 @@ export interface StateDelta {
   removedPolicies?: string[];
 }
 
-/** A changed workload as the dataplane reports it: the whole record on this node, else what the control side indexes. */
-export type WorkloadView = Workload | { node: string; authorizationPolicies: string[] };
-
 /** What the dataplane reports a state change did (`applyState`, `applyStateBatches`, `applyAddresses`). */
 export interface AppliedOut {
-  /** Workloads whose record changed and that are (or were) on this node, or name a policy. */
-  workloads: Array<{ uid: string; before: WorkloadView | null; after: WorkloadView | null }>;
+  /** Workloads whose record changed and that are (or were) on this node, whole. */
+  workloads: Array<{ uid: string; before: Workload | null; after: Workload | null }>;
   /** Workloads whose record changed, listed or not. */
   changedWorkloads: number;
   services: number;
   policies: number;
   /** What the dataplane holds after the change: [workloads, services, policies]. */
   counts: [number, number, number];
+  /**
+   * The (workload, policy) references this change made unresolved: such a workload denies every inbound connection
+   * until the policy arrives (fail closed).
+   */
+  missing: Array<{ uid: string; policy: string }>;
+  /** How many (workload, policy) references are unresolved after the change. */
+  missingReferences: number;
   /** WDS batches: [name, version] of each resource that applied. */
   accepted: Array<[string, string]>;
   /** WDS batches: "<name>: <reason>" of each resource refused (NACKed; its previous version keeps serving). */

@@ -14,7 +14,7 @@
 // - `apply` commits its policies only after `send` returned: if the dataplane rejects a delta (INVALID_STATE), both
 //   sides keep the previous state.
 // - Work here is O(size of the change), never O(size of the state).
-import type { AppliedOut, StateDelta, WorkloadView } from '../native/types.js';
+import type { AppliedOut, StateDelta, Workload } from '../native/types.js';
 import { compilePolicy, type NativePolicy } from '../policy/compile.js';
 import {
   policyKey,
@@ -82,14 +82,13 @@ export interface StateChange {
 }
 
 /**
- * One workload whose entry changed: `before` undefined = added, `after` undefined = removed. The dataplane reports the
- * whole record for a workload on this node, else only its node and the policies it names; workloads that are neither
- * on this node nor name a policy are counted (`AppliedChange.changedWorkloads`), not listed.
+ * One workload on this node (before or after) whose entry changed: `before` undefined = added, `after` undefined =
+ * removed. Workloads elsewhere are counted (`AppliedChange.changedWorkloads`), not listed.
  */
 export interface WorkloadTransition {
   uid: string;
-  before: WorkloadView | undefined;
-  after: WorkloadView | undefined;
+  before: Workload | undefined;
+  after: Workload | undefined;
 }
 
 export interface AppliedChange {
@@ -100,6 +99,8 @@ export interface AppliedChange {
   changedWorkloads: number;
   services: number;
   policies: number;
+  /** The (workload, policy) references the change made unresolved (the dataplane tracks them). */
+  missing: Array<{ uid: string; policy: string }>;
 }
 
 /** A document as the worker keeps it: per kind, key -> stable JSON of the resource. */
@@ -155,6 +156,7 @@ export class StateStore {
   /** The workloads on this node, by uid (the local-workload reconciler's index). */
   private readonly local = new Map<string, WorkloadInfo>();
   private counts: readonly [number, number, number] = [0, 0, 0];
+  private missingRefs = 0;
 
   /** `nodeName`: this node (NODE_NAME); null: no workload is local. */
   constructor(private readonly nodeName: string | null) {}
@@ -210,11 +212,12 @@ export class StateStore {
     const workloads: WorkloadTransition[] = out.workloads.map((t) => ({ uid: t.uid, before: t.before ?? undefined, after: t.after ?? undefined }));
     for (const t of workloads) {
       const after = t.after;
-      if (after !== undefined && this.nodeName !== null && after.node === this.nodeName && 'uid' in after) this.local.set(t.uid, after);
+      if (after !== undefined && this.nodeName !== null && after.node === this.nodeName) this.local.set(t.uid, after);
       else this.local.delete(t.uid);
     }
     this.counts = out.counts;
-    return { delta: null, workloads, changedWorkloads: out.changedWorkloads, services: out.services, policies: out.policies };
+    this.missingRefs = out.missingReferences;
+    return { delta: null, workloads, changedWorkloads: out.changedWorkloads, services: out.services, policies: out.policies, missing: out.missing };
   }
 
   /** The policy part of `change` undone (for a batch the dataplane refused after the policies were committed). */
@@ -227,6 +230,11 @@ export class StateStore {
       else upserts.push(old);
     }
     return { upserts, removed };
+  }
+
+  /** How many (workload, policy) references do not resolve (as of the last change). */
+  get missingReferences(): number {
+    return this.missingRefs;
   }
 
   has(kind: 'policy', key: string): boolean {

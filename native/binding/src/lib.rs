@@ -45,6 +45,21 @@ impl Dataplane {
             .map_err(err)
     }
 
+    /// Applies the local config document held under `ticket` (`localPrepare` / `localPrepareRecords`) with the
+    /// compiled policy part of its change (JSON deltas of policies only), as one change, off the JS thread.
+    #[napi]
+    pub async fn apply_local(&self, ticket: u32, policy_chunks: Vec<Uint8Array>) -> Result<String> {
+        let chunks: Vec<Vec<u8>> = policy_chunks.iter().map(|c| c.to_vec()).collect();
+        let inner = self.inner.clone();
+        inner
+            .handle()
+            .clone()
+            .spawn_blocking(move || inner.apply_local(ticket, &chunks))
+            .await
+            .map_err(err)?
+            .map_err(err)
+    }
+
     /// One WDS response's Address resources (encoded envoy Resources, each prefixed by its u32 LE length) and
     /// removed names, decoded and applied off the JS thread; resolves `AppliedOut` JSON with `accepted`/`rejected`.
     #[napi]
@@ -233,6 +248,40 @@ pub fn decode_address(body: Uint8Array) -> Result<String> {
 #[napi]
 pub fn yaml_to_json(text: String) -> Result<String> {
     dataplane::yaml::yaml_to_json(&text).map_err(err)
+}
+
+/// The local config's fast path (dataplane/src/state/local.rs), on the calling thread (the loader's worker): the
+/// YAML read into validated workloads and services, held for `Dataplane.applyLocal`. JSON
+/// `{ "ticket": n, "workloads": n, "services": n, "policies": [...] }` (the policies as written, for the control side's
+/// schema), or `{ "declined": "why" }` when the control side's slow way must decide.
+#[napi]
+pub fn local_prepare(text: Uint8Array) -> Result<String> {
+    let Ok(text) = std::str::from_utf8(&text) else {
+        return Ok(r#"{"declined":"not UTF-8"}"#.into());
+    };
+    Ok(match dataplane::state::local::LocalDocument::from_yaml(text) {
+        Ok(mut doc) => {
+            let (w, s) = (doc.workloads.len(), doc.services.len());
+            let policies = std::mem::take(&mut doc.policies_json);
+            let ticket = dataplane::state::local::stash(doc);
+            format!(r#"{{"ticket":{ticket},"workloads":{w},"services":{s},"policies":{policies}}}"#)
+        }
+        Err(d) => serde_json::json!({ "declined": d.0 }).to_string(),
+    })
+}
+
+/// The slow way's records (`{ workloads, services }` as the dataplane's JSON deltas carry them, after the control side's
+/// schema accepted the document), validated and held like `localPrepare`'s; returns the ticket.
+#[napi]
+pub fn local_prepare_records(json: Uint8Array) -> Result<u32> {
+    let doc = dataplane::state::local::LocalDocument::from_json(&json).map_err(err)?;
+    Ok(dataplane::state::local::stash(doc))
+}
+
+/// Drops a held document that will not be applied.
+#[napi]
+pub fn local_discard(ticket: u32) {
+    dataplane::state::local::take(ticket);
 }
 
 /// JSON `{ version, cryptoProvider, buildProfile }` of the native build.

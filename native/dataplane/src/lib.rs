@@ -216,6 +216,41 @@ impl Dataplane {
         Ok(out)
     }
 
+    /// Applies a local config document held by `state::local::stash` (ticket `id`), with the compiled policy part
+    /// of its change (JSON deltas carrying only policies), as one change: the workloads and services it has are
+    /// upserted (those equal to what is held change nothing), and those the last applied local document had and this
+    /// one lacks are removed; sources other than the local document (xDS) are not touched. All or nothing: a bad
+    /// policy chunk, or an unknown ticket, changes nothing (the document is dropped either way).
+    pub fn apply_local(&self, id: u32, policy_chunks: &[Vec<u8>]) -> Result<String, DataplaneError> {
+        let doc = state::local::take(id)
+            .ok_or_else(|| DataplaneError::Spec(format!("no local config document is held under ticket {id}")))?;
+        let mut delta = state::ValidDelta::default();
+        for chunk in policy_chunks {
+            let d: StateDelta = serde_json::from_slice(chunk).map_err(state::StateError::from)?;
+            if d.full || !d.workloads.is_empty() || !d.services.is_empty() {
+                return Err(DataplaneError::Spec("a local policy chunk carries more than policies".into()));
+            }
+            let v = d.validate()?;
+            delta.policies.extend(v.policies);
+            delta.removed_policies.extend(v.removed_policies);
+        }
+        let keys = state::local::LocalKeys::of(&doc);
+        delta.workloads = doc.workloads;
+        delta.services = doc.services;
+        let applied = self.apply_valid(
+            delta,
+            move |st, d| {
+                (d.removed_workloads, d.removed_services) = st.local_removals(&keys);
+                keys
+            },
+            |st, keys| st.local_record(keys),
+        );
+        let out = self.applied_json(&applied, Vec::new(), Vec::new());
+        state::intern::sweep();
+        alloc::release_free_heap();
+        Ok(out)
+    }
+
     /// Authorization is continuous: the live connections the change can affect are judged again by the
     /// re-evaluation task (proxy/reevaluation.rs), after this returns.
     pub fn apply_state(&self, delta: StateDelta) -> Result<state::Applied, DataplaneError> {
@@ -299,12 +334,11 @@ impl Dataplane {
     }
 
     fn applied_json(&self, applied: &state::Applied, accepted: Vec<(String, String)>, rejected: Vec<String>) -> String {
-        let (workloads, services, policies) = {
+        let (counts, missing) = {
             let st = self.pi.state.read().expect("state lock");
-            (st.workload_count(), st.service_count(), st.policy_count())
+            ([st.workload_count(), st.service_count(), st.policy_count()], st.missing_references())
         };
-        let out =
-            state::dump::applied(applied, &self.pi.cfg.node_name, accepted, rejected, [workloads, services, policies]);
+        let out = state::dump::applied(applied, &self.pi.cfg.node_name, accepted, rejected, counts, missing);
         serde_json::to_string(&out).expect("the outcome serializes")
     }
 

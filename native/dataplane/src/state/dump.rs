@@ -197,31 +197,23 @@ pub fn mesh(st: &State) -> MeshDump<'_> {
     }
 }
 
-/// A changed workload as the control side hears of it: the whole record when it is (or was) on this node (the
-/// local-workload reconciler serves it), else only what the control side indexes (its node and the policies it
-/// names).
-// Short-lived, one per resource: boxing would add an allocation per resource for nothing.
-#[allow(clippy::large_enum_variant)]
-#[derive(Serialize)]
-#[serde(untagged)]
-pub enum WorkloadView<'a> {
-    Full(WorkloadOut<'a>),
-    #[serde(rename_all = "camelCase")]
-    Slim {
-        node: &'a str,
-        authorization_policies: &'a [Str],
-    },
-}
-
 #[derive(Serialize)]
 pub struct TransitionOut<'a> {
     uid: &'a str,
-    before: Option<WorkloadView<'a>>,
-    after: Option<WorkloadView<'a>>,
+    before: Option<WorkloadOut<'a>>,
+    after: Option<WorkloadOut<'a>>,
 }
 
-/// What one apply changed, for the control side: the workload transitions it needs (on this node, or naming a
-/// policy, before or after), how many workloads changed in all, and the state's sizes. For a WDS batch, also the
+/// A policy reference that became unresolved.
+#[derive(Serialize)]
+pub struct MissingOut<'a> {
+    uid: &'a str,
+    policy: &'a str,
+}
+
+/// What one apply changed, for the control side: the transitions of workloads on this node (before or after: the
+/// local-workload reconciler's input), how many workloads changed in all, the policy references it made missing
+/// (warned of) and how many are missing in all, and the state's sizes. For a WDS batch, also the
 /// (name, version) of each resource that applied and "<name>: <reason>" of each that did not.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -232,6 +224,8 @@ pub struct AppliedOut<'a> {
     policies: usize,
     /// [workloads, services, policies] held after the change.
     counts: [usize; 3],
+    missing: Vec<MissingOut<'a>>,
+    missing_references: usize,
     accepted: Vec<(String, String)>,
     rejected: Vec<String>,
 }
@@ -242,28 +236,22 @@ pub fn applied<'a>(
     accepted: Vec<(String, String)>,
     rejected: Vec<String>,
     counts: [usize; 3],
+    missing_references: usize,
 ) -> AppliedOut<'a> {
     let local = |w: &Option<std::sync::Arc<Workload>>| w.as_ref().is_some_and(|w| !node.is_empty() && w.node == node);
-    let names = |w: &Option<std::sync::Arc<Workload>>| w.as_ref().is_some_and(|w| !w.authorization_policies.is_empty());
     let workloads = a
         .workloads
         .iter()
-        .filter(|t| local(&t.before) || local(&t.after) || names(&t.before) || names(&t.after))
-        .map(|t| {
-            let full = local(&t.before) || local(&t.after);
-            let view = |w: &'a Option<std::sync::Arc<Workload>>| {
-                w.as_ref().map(|w| {
-                    if full {
-                        WorkloadView::Full(workload(w))
-                    } else {
-                        WorkloadView::Slim { node: &w.node, authorization_policies: &w.authorization_policies }
-                    }
-                })
-            };
-            TransitionOut { uid: &t.uid, before: view(&t.before), after: view(&t.after) }
+        .filter(|t| local(&t.before) || local(&t.after))
+        .map(|t| TransitionOut {
+            uid: &t.uid,
+            before: t.before.as_deref().map(workload),
+            after: t.after.as_deref().map(workload),
         })
         .collect();
     AppliedOut {
+        missing: a.missing.iter().map(|(uid, policy)| MissingOut { uid, policy }).collect(),
+        missing_references,
         workloads,
         changed_workloads: a.workloads.len(),
         services: a.services,

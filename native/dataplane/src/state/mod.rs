@@ -14,6 +14,7 @@
 
 pub mod dump;
 pub mod intern;
+pub mod local;
 mod model;
 pub mod policy;
 pub mod wds;
@@ -51,7 +52,7 @@ pub enum AddrKey {
 /// A workload whose record changed: `before` None = added, `after` None = removed.
 #[derive(Debug, Clone)]
 pub struct Transition {
-    pub uid: String,
+    pub uid: Str,
     pub before: Option<Arc<Workload>>,
     pub after: Option<Arc<Workload>>,
 }
@@ -64,6 +65,8 @@ pub struct Applied {
     pub services: usize,
     /// Policies upserted or removed.
     pub policies: usize,
+    /// (workload uid, policy key) references that became unresolved with this change (`State::missing_references`).
+    pub missing: Vec<(Str, Str)>,
 }
 
 #[derive(Default, Debug)]
@@ -92,6 +95,13 @@ pub struct State {
     /// WDS resource name → what it denotes (istiod names workloads by uid and services by namespace/hostname, but a
     /// name may be renamed in place; a removal names the resource, not the key).
     wds_names: HashMap<String, AddrKey>,
+    /// The keys the last applied local config document put here (local.rs): the next document removes those it lacks.
+    local_keys: local::LocalKeys,
+    /// Policy references that do not resolve: policy key → the workloads naming it. Such a workload denies every
+    /// inbound connection until the policy arrives (fail closed); the control side warns of each as it appears and
+    /// exports the count. Kept in O(change); a batch that removes policies makes one pass over the workloads.
+    missing_refs: HashMap<Str, std::collections::HashSet<Str>>,
+    missing_count: usize,
 }
 
 /// Pushes onto an index list that usually holds one entry: grown one at a time (a first push would reserve four).
@@ -157,6 +167,7 @@ impl State {
         if full {
             *self = State { wds_names: std::mem::take(&mut self.wds_names), ..State::default() };
         }
+        let upserted_policies: Vec<String> = policies.iter().map(|p| p.key()).collect();
         for key in &removed_policies {
             if self.remove_policy(key) {
                 applied.policies += 1;
@@ -166,11 +177,13 @@ impl State {
             self.insert_policy(p);
             applied.policies += 1;
         }
-        // Removals first, then upserts: a batch may remove and re-add one key (the upsert wins).
-        let mut before: HashMap<String, Option<Arc<Workload>>> = HashMap::new();
+        // Removals first, then upserts: a batch may remove and re-add one key (the upsert wins). Keyed by the
+        // records' own shared uids (no copy per workload: a first load changes 100k).
+        let mut before: HashMap<Str, Option<Arc<Workload>>> =
+            HashMap::with_capacity(removed_workloads.len() + workloads.len());
         for uid in &removed_workloads {
             if let Some(old) = self.remove_workload(uid) {
-                before.entry(uid.clone()).or_insert(Some(old));
+                before.entry(old.uid.clone()).or_insert(Some(old));
             }
         }
         for key in &removed_services {
@@ -180,9 +193,9 @@ impl State {
                 }
             }
         }
-        let mut after: HashMap<String, Arc<Workload>> = HashMap::new();
+        let mut after: HashMap<Str, Arc<Workload>> = HashMap::with_capacity(workloads.len());
         for w in workloads {
-            let uid = w.uid.to_string();
+            let uid = w.uid.clone();
             let (old, new) = self.insert_workload(w);
             before.entry(uid.clone()).or_insert(old);
             after.insert(uid, new);
@@ -200,7 +213,89 @@ impl State {
             }
             applied.workloads.push(Transition { uid, before: b, after: a });
         }
+        applied.missing = self.track_missing(&applied.workloads, &upserted_policies, &removed_policies);
         applied
+    }
+
+    /// Follows one applied change in the missing-reference index; returns the references it made missing (not those
+    /// that were missing before it and still are).
+    fn track_missing(&mut self, changed: &[Transition], upserted: &[String], removed: &[String]) -> Vec<(Str, Str)> {
+        let mut was = std::collections::HashSet::new();
+        let mut now = Vec::new();
+        for t in changed {
+            if let Some(b) = &t.before {
+                for p in &b.authorization_policies {
+                    if self.unmiss(p, &b.uid) {
+                        was.insert((b.uid.clone(), p.clone()));
+                    }
+                }
+            }
+        }
+        for key in upserted {
+            if let Some(uids) = self.missing_refs.remove(key.as_str()) {
+                self.missing_count -= uids.len();
+            }
+        }
+        let gone: std::collections::HashSet<&str> =
+            removed.iter().map(String::as_str).filter(|k| !self.policies.contains_key(*k)).collect();
+        let mut found: Vec<(Str, Str)> = Vec::new();
+        for t in changed {
+            if let Some(a) = &t.after {
+                for p in &a.authorization_policies {
+                    if !self.policies.contains_key(p.as_str()) {
+                        found.push((a.uid.clone(), p.clone()));
+                    }
+                }
+            }
+        }
+        if !gone.is_empty() {
+            for w in self.workloads.values() {
+                for p in &w.authorization_policies {
+                    if gone.contains(p.as_str()) {
+                        found.push((w.uid.clone(), p.clone()));
+                    }
+                }
+            }
+        }
+        for (uid, p) in found {
+            if self.miss(&p, &uid) && !was.contains(&(uid.clone(), p.clone())) {
+                now.push((uid, p));
+            }
+        }
+        now
+    }
+
+    /// Records a missing reference; true if it was not recorded yet.
+    fn miss(&mut self, policy: &Str, uid: &Str) -> bool {
+        let added = self.missing_refs.entry(policy.clone()).or_default().insert(uid.clone());
+        self.missing_count += added as usize;
+        added
+    }
+
+    /// Forgets a missing reference; true if it was recorded.
+    fn unmiss(&mut self, policy: &str, uid: &str) -> bool {
+        let Some(uids) = self.missing_refs.get_mut(policy) else { return false };
+        let gone = uids.remove(uid);
+        if uids.is_empty() {
+            self.missing_refs.remove(policy);
+        }
+        self.missing_count -= gone as usize;
+        gone
+    }
+
+    /// How many (workload, policy) references do not resolve.
+    pub fn missing_references(&self) -> usize {
+        self.missing_count
+    }
+
+    /// The removals a local document with these keys implies: what the last applied one had and it lacks.
+    pub fn local_removals(&self, next: &local::LocalKeys) -> (Vec<String>, Vec<String>) {
+        self.local_keys.removed_by(next)
+    }
+
+    /// Records the keys of the local document just applied.
+    pub fn local_record(&mut self, keys: local::LocalKeys) {
+        self.local_keys = keys;
     }
 
     /// The removals a WDS batch implies, beyond its upserts: the keys that `removed` names (a known name's key, else
