@@ -121,7 +121,7 @@ test('the loader validates off the main thread, says what an in-thread parse say
     assert.deepEqual(first.counts, { workloads: 30, services: 3, policies: 1 });
     assert.deepEqual(first.chunks.map(parseJson).map((c) => c.policies.map((p) => p.name)), [['p0']], 'only compiled policies cross');
     assert.deepEqual(first.policies.upserts.map((p) => p.name), ['p0'], 'the policy part as written, for the main thread');
-    assert.equal(renderStaticConfig(first.text).workloads.length, 30, 'the text, rendered for config_dump when asked');
+    assert.equal(renderStaticConfig(await first.text).workloads.length, 30, 'the text, rendered for config_dump when asked');
     let out = await dp.applyLocal(first.ticket, first.chunks);
     assert.deepEqual([out.changedWorkloads, out.services, out.policies], [30, 3, 1]);
     loader.commit();

@@ -1,4 +1,4 @@
-// The main thread's handle on the local config worker (local-worker.ts): `load()` has the worker read and validate
+// The main thread's handle on the local config: `load()` has a worker thread (local-worker.ts) read and validate
 // LOCAL_XDS_PATH / LOCAL_XDS, and resolves with the ticket under which the dataplane holds the document's workloads
 // and services plus the policy part of the change (the dataplane's JSON deltas, handed over unparsed); `commit()` or
 // `discard()` then says whether it was applied. The main thread never parses YAML or runs the schema, so a large file
@@ -8,14 +8,16 @@
 // - A refused document rejects `load()` with a LocalConfigError carrying exactly the message an in-thread load
 //   (local.ts) throws: the file, the path inside it and the problem.
 // - One load at a time: `load()` calls are queued, and each must be followed by `commit()` or `discard()` before
-//   the next load's diff is computed (the worker diffs against the last committed document).
-// - The worker keeps the process alive only while a load is in flight, and `close()` ends it.
+//   the next load's policy diff is computed (it is against the last committed document's policies, kept here).
+// - One worker per load, ended when the load is: between loads nothing of the document is held but what the
+//   dataplane holds, the committed policies and the text for config_dump (deflated by the worker when large).
+//   A worker keeps the process alive while it runs; `close()` ends it.
 import { Worker } from 'node:worker_threads';
-import { deflateRaw, inflateRawSync } from 'node:zlib';
+import { inflateRawSync } from 'node:zlib';
 import { LocalConfigError } from '../errors.js';
 import { localDiscard, yamlToJson } from '../native/index.js';
 import type { PolicyChange } from '../state/store.js';
-import type { FromWorker, LoadedCounts, LocalWorkerData, ToWorker } from './local-worker.js';
+import type { FromWorker, LoadedCounts, LocalWorkerData, StaticText } from './local-worker.js';
 
 export interface LocalLoad {
   /** The file path, or "LOCAL_XDS" for inline YAML. */
@@ -28,87 +30,64 @@ export interface LocalLoad {
   chunks: Uint8Array[];
   /** The policy part of the change, as written. */
   policies: PolicyChange;
-  /** The document's text as read (UTF-8): config_dump's `staticConfig` (taken by `AppliedText` once applied). */
-  text: Uint8Array;
+  /** The document's text, for config_dump's `staticConfig`: arrives after the load (the worker deflates a large one). */
+  text: Promise<StaticText>;
   /** Read by the dataplane's fast path (false: by the schema's slow way). */
   fast: boolean;
 }
 
-/** Parses UTF-8 JSON bytes (a chunk or the raw document of a LocalLoad). */
+/** Parses UTF-8 JSON bytes. */
 export function parseJson(bytes: Uint8Array): unknown {
   return JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('utf8'));
 }
 
 /**
- * config_dump's `staticConfig`: the applied document as written, as JSON (rendered when asked: a large file's JSON
+ * config_dump's `staticConfig`: a document's text as written, as JSON (rendered when asked: a large file's JSON
  * would otherwise be held all along). An empty document is `{}`, as it loads.
  */
-export function renderStaticConfig(text: Uint8Array): unknown {
-  const yaml = Buffer.from(text.buffer, text.byteOffset, text.byteLength).toString('utf8');
+export function renderStaticConfig(text: StaticText): unknown {
+  const bytes = text.deflated ? inflateRawSync(text.bytes) : text.bytes;
+  const yaml = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('utf8');
   try {
     return (JSON.parse(yamlToJson(yaml)) as unknown) ?? {};
   } catch (err) {
-    // Read the fast way, but not by the slower parser (the two differ on rare syntax): show what was applied's text.
+    // Read the fast way, but not by the slower parser (the two differ on rare syntax): show the text applied.
     return { text: yaml, renderError: err instanceof Error ? err.message : String(err) };
   }
 }
 
-/** Documents at least this large are kept deflated once applied (a 51 MiB file deflates to a few MiB). */
-const DEFLATE_FROM_BYTES = 1 << 20;
-
-/**
- * The text of the local document last applied, for config_dump's `staticConfig`: a large one is deflated off the JS
- * thread (zlib on libuv's pool) once applied, and rendered only when a dump asks.
- */
-export class AppliedText {
-  private text: Uint8Array | null;
-  private deflated: Buffer | null = null;
-
-  /** Takes the load's text (the load keeps an empty one: a retained load must not keep 50 MiB alive). */
-  constructor(load: { text: Uint8Array }) {
-    const text = load.text;
-    load.text = new Uint8Array(0);
-    this.text = text;
-    if (text.byteLength < DEFLATE_FROM_BYTES) return;
-    deflateRaw(text, { level: 1 }, (err, deflated) => {
-      if (err !== null) return; // kept as it is
-      this.deflated = deflated;
-      this.text = null;
-    });
-  }
-
-  render(): unknown {
-    return renderStaticConfig(this.text ?? inflateRawSync(this.deflated ?? Buffer.alloc(0)));
-  }
-}
-
 interface InFlight {
+  worker: Worker;
   resolve(load: LocalLoad): void;
   reject(err: Error): void;
+  /** Settles the load's text (empty if the worker ends without sending it). */
+  text(t: StaticText): void;
+  settled: boolean;
 }
 
+const NO_TEXT: StaticText = { deflated: false, bytes: new Uint8Array(0) };
+
 export class LocalConfigLoader {
-  private readonly worker: Worker;
   private inFlight: InFlight | null = null;
   private queue: Promise<unknown> = Promise.resolve();
-  private dead: Error | null = null;
+  private closed = false;
   private loads = 0;
+  /** The last committed document's policies (key → stable JSON), and those of the last load until it is committed. */
+  private committed: Array<[string, string]> = [];
+  private pending: Array<[string, string]> | null = null;
   /** The ticket of the last load, until it is committed or discarded. */
   private ticket: number | null = null;
 
-  /** Starts the worker; null when neither LOCAL_XDS nor LOCAL_XDS_PATH is set. */
+  /** A loader; null when neither LOCAL_XDS nor LOCAL_XDS_PATH is set. */
   static open(cfg: { localXdsPath: string | null; localXds: string | null }): LocalConfigLoader | null {
     if (cfg.localXds === null && cfg.localXdsPath === null) return null;
-    return new LocalConfigLoader({ localXdsPath: cfg.localXdsPath, localXds: cfg.localXds });
+    return new LocalConfigLoader(cfg.localXdsPath, cfg.localXds);
   }
 
-  private constructor(data: LocalWorkerData) {
-    this.worker = new Worker(new URL('./local-worker.js', import.meta.url), { workerData: data });
-    this.worker.unref();
-    this.worker.on('message', (m: FromWorker) => this.onMessage(m));
-    this.worker.on('error', (err: Error) => this.fail(new Error(`the local config worker failed: ${err.message}`, { cause: err })));
-    this.worker.on('exit', (code) => this.fail(new Error(`the local config worker exited (code ${code})`)));
-  }
+  private constructor(
+    private readonly localXdsPath: string | null,
+    private readonly localXds: string | null,
+  ) {}
 
   /**
    * Reads and validates the document off the main thread; resolves the change to apply, or rejects. Every load
@@ -118,63 +97,87 @@ export class LocalConfigLoader {
     const next = this.queue.then(
       () =>
         new Promise<LocalLoad>((resolve, reject) => {
-          if (this.dead !== null) return reject(this.dead);
-          this.inFlight = { resolve, reject };
-          this.worker.ref();
-          this.send({ op: 'load', reload: this.loads++ > 0 });
+          if (this.closed) return reject(new Error('the local config loader is closed'));
+          const data: LocalWorkerData = { localXdsPath: this.localXdsPath, localXds: this.localXds, reload: this.loads++ > 0, base: this.committed };
+          const worker = new Worker(new URL('./local-worker.js', import.meta.url), { workerData: data });
+          let text!: (t: StaticText) => void;
+          const textPromise = new Promise<StaticText>((r) => (text = r));
+          const load: InFlight = { worker, resolve, reject, text, settled: false };
+          this.inFlight = load;
+          worker.on('message', (m: FromWorker) => this.onMessage(load, m, textPromise));
+          worker.on('error', (err: Error) => this.end(load, new Error(`the local config worker failed: ${err.message}`, { cause: err })));
+          worker.on('exit', (code) => this.end(load, new Error(`the local config worker exited (code ${code})`)));
         }),
     );
     this.queue = next.catch(() => undefined);
     return next;
   }
 
-  /** The last load was applied: the next load is diffed against it. */
+  /** The last load was applied: the next load's policies are diffed against it. */
   commit(): void {
     this.ticket = null;
-    this.send({ op: 'commit' });
+    if (this.pending !== null) this.committed = this.pending;
+    this.pending = null;
   }
 
-  /** The last load was not applied: the next load is diffed against the one before it. */
+  /** The last load was not applied: its document is dropped; the next load is diffed against the one before it. */
   discard(): void {
     // The dataplane takes a document when it applies it; one that was not applied would stay held.
     if (this.ticket !== null) localDiscard(this.ticket);
     this.ticket = null;
-    this.send({ op: 'discard' });
+    this.pending = null;
   }
 
-  /** Ends the worker; a load in flight rejects. */
+  /** Ends a load in flight (it rejects); later loads reject. */
   async close(): Promise<void> {
-    if (this.dead !== null) return;
-    this.fail(new Error('the local config loader is closed'));
-    await this.worker.terminate();
-  }
-
-  private send(m: ToWorker): void {
-    if (this.dead === null) this.worker.postMessage(m);
-  }
-
-  private onMessage(m: FromWorker): void {
+    if (this.closed) return;
+    this.closed = true;
     const load = this.inFlight;
-    if (load === null) return;
-    this.settle();
-    if (m.op === 'loaded') {
-      this.ticket = m.ticket;
-      load.resolve({ source: m.source, counts: m.counts, ticket: m.ticket, chunks: m.chunks, text: m.text, fast: m.fast, policies: parseJson(m.policies) as PolicyChange });
+    if (load !== null) {
+      this.end(load, new Error('the local config loader is closed'));
+      await load.worker.terminate();
     }
-    else if (m.op === 'invalid') load.reject(new LocalConfigError(m.message));
-    else load.reject(new Error(`cannot load the local config: ${m.message}`));
   }
 
-  private settle(): void {
-    this.inFlight = null;
-    this.worker.unref();
+  private onMessage(load: InFlight, m: FromWorker, text: Promise<StaticText>): void {
+    switch (m.op) {
+      case 'loaded':
+        if (load.settled || this.closed) return;
+        load.settled = true;
+        this.ticket = m.ticket;
+        this.pending = m.kept;
+        load.resolve({ source: m.source, counts: m.counts, ticket: m.ticket, chunks: m.chunks, text, fast: m.fast, policies: parseJson(m.policies) as PolicyChange });
+        return;
+      case 'text':
+        load.text(m.text);
+        return;
+      case 'invalid':
+        this.end(load, new LocalConfigError(m.message));
+        return;
+      case 'failed':
+        this.end(load, new Error(`cannot load the local config: ${m.message}`));
+        return;
+    }
   }
 
-  private fail(err: Error): void {
-    if (this.dead !== null) return;
-    this.dead = err;
-    const load = this.inFlight;
-    this.settle();
-    load?.reject(err);
+  /** The worker ended or failed: a load not settled yet rejects with `err`; its text, if it never came, is empty. */
+  private end(load: InFlight, err: Error): void {
+    load.text(NO_TEXT);
+    if (this.inFlight === load) this.inFlight = null;
+    if (load.settled) return;
+    load.settled = true;
+    load.reject(err);
+  }
+}
+
+/**
+ * The text of the local document last applied, for config_dump's `staticConfig`, rendered only when a dump asks
+ * (until the worker has sent it, a dump waits for it).
+ */
+export class AppliedText {
+  constructor(private readonly text: Promise<StaticText>) {}
+
+  async render(): Promise<unknown> {
+    return renderStaticConfig(await this.text);
   }
 }

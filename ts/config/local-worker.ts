@@ -12,23 +12,24 @@
 //   way. Every error message is the schema's.
 //
 // Invariants:
+// - One worker per load (local-loader.ts starts it and it ends when the load is done): the document's text, its
+//   parse and the schema's objects live and die with it.
 // - The whole document is validated before anything is sent: a refused document sends only `invalid`, so the
 //   main thread applies nothing of it.
 // - The dataplane diffs workloads and services itself (it knows which keys the last applied local document put in
 //   its state); the policy part of the change is computed here, against the last COMMITTED document's policies (the
-//   stable JSON of each, by key): `commit` makes the last load the base of the next diff, `discard` (the main thread
-//   could not apply it) keeps the previous base.
+//   stable JSON of each, by key, which the main thread keeps and passes in as `base`) and sent back with the new
+//   ones (`kept`).
 // - The policy change crosses as the dataplane's own deltas (compiled policies), UTF-8 JSON in transferred buffers;
-//   the policies as written cross too (small), for the main thread's policy index and config_dump; so does the
-//   document's text (config_dump's `staticConfig`, rendered only when asked).
+//   the policies as written cross too (small), for the main thread's policy index and config_dump. The document's
+//   text follows the result (config_dump's `staticConfig`), deflated when large.
 //
-// Protocol, one load at a time:
-//   main → worker  { op: 'load', reload }  (reload: an empty file is refused, not an empty config)
-//   worker → main  { op: 'loaded', source, ticket, chunks, counts, text, policies, fast }
+// Protocol: started with `LocalWorkerData`;
+//   worker → main  { op: 'loaded', source, ticket, chunks, counts, policies, kept, fast }, then { op: 'text', text }
 //              or  { op: 'invalid', message }   (a LocalConfigError: file, path, problem)
 //              or  { op: 'failed', message }    (anything else)
-//   main → worker  { op: 'commit' } | { op: 'discard' }
 import { parentPort, workerData } from 'node:worker_threads';
+import { deflateRawSync } from 'node:zlib';
 import { LocalConfigError, ZtunnelError } from '../errors.js';
 import { localDiscard, localPrepare, localPrepareRecords } from '../native/index.js';
 import { compilePolicy } from '../policy/compile.js';
@@ -42,9 +43,20 @@ import { parseLocalConfig, parseLocalPolicies, readLocalText } from './local.js'
 export interface LocalWorkerData {
   localXdsPath: string | null;
   localXds: string | null;
+  /** A reload: an empty file is refused, not an empty config. */
+  reload: boolean;
+  /** The last committed document's policies: [key, stable JSON]. */
+  base: Array<[string, string]>;
 }
 
-export type ToWorker = { op: 'load'; reload: boolean } | { op: 'commit' } | { op: 'discard' };
+/** A document's text for config_dump: as read, or deflated (raw deflate) when large. */
+export interface StaticText {
+  deflated: boolean;
+  bytes: Uint8Array;
+}
+
+/** Documents at least this large cross deflated (a 51 MiB file deflates to about 9 MiB). */
+const DEFLATE_FROM_BYTES = 1 << 20;
 
 export interface LoadedCounts {
   workloads: number;
@@ -61,38 +73,22 @@ export type FromWorker =
       /** The policy part of the change: StateDelta chunks of compiled policies, UTF-8 JSON. */
       chunks: Uint8Array[];
       counts: LoadedCounts;
-      /** The document's text (UTF-8), for config_dump. */
-      text: Uint8Array;
       /** The policy part of the change as written: `{ upserts, removed }`, UTF-8 JSON. */
       policies: Uint8Array;
+      /** This document's policies: [key, stable JSON] (the next load's base once committed). */
+      kept: Array<[string, string]>;
       /** Whether the fast path read it (false: the schema's slow way). */
       fast: boolean;
     }
+  | { op: 'text'; text: StaticText }
   | { op: 'invalid'; message: string }
   | { op: 'failed'; message: string };
 
 if (parentPort !== null) {
   const port = parentPort;
-  const source = workerData as LocalWorkerData;
-  let committed: Kept = EMPTY_KEPT;
-  let pending: Kept | null = null;
+  const data = workerData as LocalWorkerData;
   const post = (m: FromWorker, transfer: ArrayBuffer[] = []) => port.postMessage(m, transfer);
   const utf8 = new TextEncoder();
-
-  port.on('message', (m: ToWorker) => {
-    switch (m.op) {
-      case 'load':
-        void load(m.reload);
-        return;
-      case 'commit':
-        if (pending !== null) committed = pending;
-        pending = null;
-        return;
-      case 'discard':
-        pending = null;
-        return;
-    }
-  });
 
   /** The document's workloads and services held by the dataplane, and its policies, read the fast way or the slow. */
   function prepare(text: Buffer, name: string): { ticket: number; workloads: number; services: number; policies: Policy[]; fast: boolean } {
@@ -119,28 +115,31 @@ if (parentPort !== null) {
     return { ticket, workloads: doc.workloads.length, services: doc.services.length, policies: doc.policies, fast: false };
   }
 
-  async function load(reload: boolean): Promise<void> {
+  async function load(): Promise<void> {
     try {
-      const read = await readLocalText(source, { reload });
+      const read = await readLocalText(data, { reload: data.reload });
       if (read === null) throw new Error('no local config is configured');
       const doc = prepare(read.text, read.source);
-      const { change, kept } = diffKept(committed, { workloads: [], services: [], policies: doc.policies });
+      const base: Kept = { ...EMPTY_KEPT, policies: new Map(data.base) };
+      const { change, kept } = diffKept(base, { workloads: [], services: [], policies: doc.policies });
       const chunks: Uint8Array[] = [];
       for (const chunk of splitChange(change)) {
         if ((chunk.policies?.length ?? 0) + (chunk.removedPolicies?.length ?? 0) === 0) continue;
         chunks.push(utf8.encode(JSON.stringify({ policies: chunk.policies?.map(compilePolicy), removedPolicies: chunk.removedPolicies })));
       }
-      pending = kept;
       const policies = utf8.encode(JSON.stringify({ upserts: change.policies ?? [], removed: change.removedPolicies ?? [] }));
       const counts = { workloads: doc.workloads, services: doc.services, policies: doc.policies.length };
-      const text = new Uint8Array(read.text.buffer, read.text.byteOffset, read.text.byteLength);
       const transfer = [...chunks.map((c) => c.buffer as ArrayBuffer), policies.buffer as ArrayBuffer];
-      // A file's bytes own their buffer (transferable); LOCAL_XDS's may share Node's pool (copied instead).
-      if (text.byteOffset === 0 && text.byteLength === text.buffer.byteLength) transfer.push(text.buffer as ArrayBuffer);
-      post({ op: 'loaded', source: read.source, ticket: doc.ticket, chunks, counts, text, policies, fast: doc.fast }, transfer);
+      post({ op: 'loaded', source: read.source, ticket: doc.ticket, chunks, counts, policies, kept: [...kept.policies], fast: doc.fast }, transfer);
+      // After the result: the daemon is not kept waiting for config_dump's copy.
+      const large = read.text.byteLength >= DEFLATE_FROM_BYTES;
+      const bytes = large ? deflateRawSync(read.text, { level: 1 }) : read.text;
+      post({ op: 'text', text: { deflated: large, bytes } });
     } catch (err) {
       if (err instanceof LocalConfigError) post({ op: 'invalid', message: err.message });
       else post({ op: 'failed', message: err instanceof Error ? err.message : String(err) });
     }
   }
+
+  void load();
 }

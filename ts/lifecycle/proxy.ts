@@ -351,7 +351,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       throw err;
     }
     loader?.commit();
-    staticConfig = new AppliedText(load);
+    staticConfig = new AppliedText(load.text);
     return {
       workloads: applied.changedWorkloads,
       services: applied.services,
@@ -386,7 +386,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
         return dp.authorize(r);
       },
-      configDump: () => {
+      configDump: async () => {
         // The mesh is rendered by the dataplane, its only holder (before it opens: empty).
         const mesh = dp?.meshDump() ?? { workloads: [], services: [], stagedServices: {} };
         return {
@@ -394,7 +394,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         services: mesh.services,
         policies: store.dumpPolicies(),
         stagedServices: mesh.stagedServices,
-        staticConfig: staticConfig?.render() ?? null,
+        staticConfig: (await staticConfig?.render()) ?? null,
         certificates: certs?.dump() ?? [],
         config: configForDump(config),
         version: buildInfo(version, config.istioVersion),
