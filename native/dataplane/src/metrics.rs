@@ -128,8 +128,8 @@ impl Side {
             canonical_revision: w.canonical_revision.to_string(),
             namespace: w.namespace.to_string(),
             cluster: w.cluster_id.to_string(),
-            region: w.locality.region.clone(),
-            zone: w.locality.zone.clone(),
+            region: w.locality.region.to_string(),
+            zone: w.locality.zone.to_string(),
         }
     }
 }

@@ -114,6 +114,14 @@ fn table() -> &'static Mutex<HashSet<Str>> {
 }
 
 /// The shared copy of `s`.
+/// Deserialized shared (`intern`): for fields whose values repeat across records (localities).
+impl<'de> serde::Deserialize<'de> for Str {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Str, D::Error> {
+        let s: std::borrow::Cow<'de, str> = serde::Deserialize::deserialize(d)?;
+        Ok(intern(&s))
+    }
+}
+
 pub fn intern(s: &str) -> Str {
     let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(found) = t.get(s) {

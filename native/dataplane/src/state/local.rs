@@ -596,7 +596,7 @@ impl<'a> Reader<'a> {
     fn locality(&mut self) -> R<Locality> {
         let mut l = Locality::default();
         self.fields(&["region", "zone", "subzone"], |r, i| {
-            let v = r.header_text(false)?;
+            let v = super::intern::intern(&r.header_text(false)?);
             match i {
                 0 => l.region = v,
                 1 => l.zone = v,

@@ -29,9 +29,10 @@ pub enum WorkloadStatus {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(default)]
 pub struct Locality {
-    pub region: String,
-    pub zone: String,
-    pub subzone: String,
+    /// Shared: a few values across the whole mesh.
+    pub region: Str,
+    pub zone: Str,
+    pub subzone: Str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -316,7 +317,8 @@ pub struct ValidDelta {
 pub struct Workload {
     /// Shared by the state's indexes (not interned: unique).
     pub uid: Str,
-    pub name: String,
+    /// Shared with the (namespace, name) index (not interned: nearly unique).
+    pub name: Str,
     pub namespace: Str,
     pub service_account: Str,
     pub trust_domain: Str,
@@ -452,7 +454,7 @@ impl WorkloadJson {
             });
         }
         for (field, v) in [
-            ("namespace", &self.namespace),
+            ("namespace", self.namespace.as_str()),
             ("serviceAccount", &self.service_account),
             ("trustDomain", &self.trust_domain),
             ("network", &self.network),
@@ -461,9 +463,9 @@ impl WorkloadJson {
             ("canonicalName", &self.canonical_name),
             ("canonicalRevision", &self.canonical_revision),
             ("clusterId", &self.cluster_id),
-            ("locality.region", &self.locality.region),
-            ("locality.zone", &self.locality.zone),
-            ("locality.subzone", &self.locality.subzone),
+            ("locality.region", self.locality.region.as_str()),
+            ("locality.zone", self.locality.zone.as_str()),
+            ("locality.subzone", self.locality.subzone.as_str()),
         ] {
             header_safe(field, v).map_err(bad)?;
         }
@@ -490,7 +492,7 @@ impl WorkloadJson {
             .collect::<Result<Vec<_>, StateError>>()?;
         Ok(Workload {
             uid: Str::from(self.uid.as_str()),
-            name: self.name.clone(),
+            name: Str::from(self.name.as_str()),
             namespace: intern(&self.namespace),
             // Istio's defaults for an empty field.
             service_account: intern(default_if_empty(&self.service_account, defaults::SERVICE_ACCOUNT)),

@@ -340,8 +340,14 @@ fn workload(w: WireWorkload) -> Result<WorkloadJson, Reason> {
         .collect::<Result<Vec<_>, _>>()?;
     let waypoint = gateway(&w.waypoint, "waypoint")?;
     let network_gateway = gateway(&w.network_gateway, "networkGateway")?;
-    let locality =
-        w.locality.map(|l| Locality { region: l.region, zone: l.zone, subzone: l.subzone }).unwrap_or_default();
+    let locality = w
+        .locality
+        .map(|l| Locality {
+            region: super::intern::intern(&l.region),
+            zone: super::intern::intern(&l.zone),
+            subzone: super::intern::intern(&l.subzone),
+        })
+        .unwrap_or_default();
     Ok(WorkloadJson {
         uid: w.uid,
         name: w.name,
