@@ -7,7 +7,7 @@ export function openBenchDataplane() {
     nodeName: 'bench', clusterId: 'Kubernetes', network: '', trustDomain: 'cluster.local', workerThreads: 1, hbonePort: 15008,
     poolMaxStreamsPerConnection: 100, poolUnusedReleaseTimeoutMs: 300000,
     http2: { streamWindowSize: 4194304, connectionWindowSize: 16777216, frameSize: 1048576 },
-    connectTimeoutMs: 10000, terminationDeadlineMs: 1000, socks5Enabled: false, bindSourceIp: false,
+    connectTimeoutMs: 10000, socks5Enabled: false, bindSourceIp: false,
   });
 }
 

@@ -141,7 +141,6 @@ export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameserve
     poolUnusedReleaseTimeoutMs: config.poolUnusedReleaseTimeoutMs,
     http2: { ...config.http2 },
     connectTimeoutMs: config.connectionTimeoutMs,
-    terminationDeadlineMs: config.terminationDeadlineMs,
     missingPolicyGraceMs: config.missingPolicyGraceMs,
     localhostAppTunnel: config.localhostAppTunnel,
     enableResponseBaggage: config.enableResponseBaggage,

@@ -15,7 +15,6 @@ export interface DataplaneConfig {
   poolUnusedReleaseTimeoutMs: number;
   http2: { streamWindowSize: number; connectionWindowSize: number; frameSize: number };
   connectTimeoutMs: number;
-  terminationDeadlineMs: number;
   /** How long live inbound connections are not judged on a named policy that has not arrived. */
   missingPolicyGraceMs: number;
   /** Reach PROXY application tunnels on loopback, from loopback. */

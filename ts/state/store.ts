@@ -252,11 +252,6 @@ export class StateStore {
     return [...this.local.values()].sort((a, b) => byString(a.uid, b.uid));
   }
 
-  /** All policies (the L4 authorization compiler's input). */
-  policyList(): Policy[] {
-    return [...this.policies.values()];
-  }
-
   /** config_dump `policies`: sorted by "namespace/name". */
   dumpPolicies(): Policy[] {
     return [...this.policies.entries()].sort(([a], [b]) => byString(a, b)).map(([, p]) => p);

@@ -73,7 +73,7 @@ fn open_latency(dp: &Arc<Dataplane>, during: impl FnOnce()) -> (f64, f64, usize)
             let t = Instant::now();
             let guard = pi.tracker.register(local.clone(), c.clone(), "HBONE");
             let allowed = {
-                let st = pi.state.read().unwrap();
+                let st = pi.state.read();
                 let w = local.resolve(&st).unwrap();
                 rbac::authorize(&st, &w, &c).allowed
             };

@@ -27,11 +27,12 @@
 //! 3. After a burst (the count fell below an eighth of the budget after passing a quarter of it), free heap is given
 //!    back to the kernel (`malloc_trim`), so the resident size returns with the buffers.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -139,7 +140,7 @@ impl Budget {
             streams: Mutex::new(HashMap::new()),
             shed: CancellationToken::new(),
         });
-        self.conns.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&conn));
+        self.conns.lock().insert(id, Arc::downgrade(&conn));
         conn
     }
 
@@ -190,7 +191,7 @@ impl Budget {
 
     /// What the connections not being shed hold, and the largest of them.
     fn survey(&self) -> (usize, Option<Arc<ConnBuffers>>) {
-        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let conns = self.conns.lock();
         let mut live = 0;
         let mut largest: Option<Arc<ConnBuffers>> = None;
         for c in conns.values().filter_map(Weak::upgrade) {
@@ -253,16 +254,16 @@ impl ConnBuffers {
     /// Starts counting a stream's data (before any of it is handed to h2).
     pub fn stream(self: &Arc<Self>, id: u32) -> StreamMeter {
         let count = Arc::new(StreamCount::default());
-        self.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(id, count.clone());
+        self.streams.lock().insert(id, count.clone());
         StreamMeter { conn: self.clone(), id, count }
     }
 
     fn lookup(&self, id: u32) -> Option<Arc<StreamCount>> {
-        self.streams.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned()
+        self.streams.lock().get(&id).cloned()
     }
 
     fn remove(&self, id: u32) {
-        self.streams.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        self.streams.lock().remove(&id);
     }
 
     /// `n` bytes of a stream's count left the node (written, or dropped by h2): takes off at most what it holds,
@@ -342,7 +343,7 @@ impl Drop for ConnBuffers {
     fn drop(&mut self) {
         // The connection is gone, and with it whatever h2 still held.
         self.budget.sub(self.buffered.load(Ordering::Relaxed));
-        self.budget.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        self.budget.conns.lock().remove(&self.id);
     }
 }
 

@@ -99,7 +99,6 @@ pub struct Config {
     pub pool_unused_release_timeout_ms: u64,
     pub http2: Http2Config,
     pub connect_timeout_ms: u64,
-    pub termination_deadline_ms: u64,
     pub socks5_enabled: bool,
     /// How long an inbound peer may take to finish the TLS handshake and the HTTP/2 preface. ztunnel has no such
     /// deadline (security.md §1.5); without one a peer can hold sockets open for free.
@@ -134,7 +133,6 @@ impl Default for Config {
             pool_unused_release_timeout_ms: 5 * 60 * 1000,
             http2: Http2Config::default(),
             connect_timeout_ms: 10_000,
-            termination_deadline_ms: 5_000,
             socks5_enabled: true,
             handshake_timeout_ms: 10_000,
             bind_source_ip: false,

@@ -9,9 +9,9 @@
 //!   each; the rest are counted and reported as one `suppressed` event per cause and window, so a flood of refused
 //!   streams cannot flood the log.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -137,7 +137,7 @@ impl Events {
         if !self.enabled(e.kind, e.level) {
             return;
         }
-        let mut g = self.inner.lock().expect("events lock");
+        let mut g = self.inner.lock();
         if e.level >= Level::Warn {
             let now = Instant::now();
             let (report, allowed) = {
@@ -174,7 +174,7 @@ impl Events {
 
     pub fn drain_json(&self) -> String {
         let (events, dropped) = {
-            let mut g = self.inner.lock().expect("events lock");
+            let mut g = self.inner.lock();
             g.flush_windows(Instant::now(), false);
             (std::mem::take(&mut g.events), std::mem::take(&mut g.dropped))
         };
@@ -248,7 +248,7 @@ mod tests {
         assert_eq!(count("connection denied"), 1, "another cause has its own allowance");
         assert_eq!(count("m"), 500, "info events are not limited");
         // The window has not ended: the count is reported when it does (here: forced).
-        e.inner.lock().unwrap().flush_windows(Instant::now(), true);
+        e.inner.lock().flush_windows(Instant::now(), true);
         let out: Vec<Value> = serde_json::from_str(&e.drain_json()).unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0]["kind"], "suppressed");

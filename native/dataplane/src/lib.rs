@@ -22,10 +22,11 @@ pub mod state;
 pub mod tls;
 pub mod yaml;
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -267,7 +268,7 @@ impl Dataplane {
         after: impl FnOnce(&mut State, T),
     ) -> state::Applied {
         let (scope, applied) = {
-            let mut state = self.pi.state.write().expect("state lock");
+            let mut state = self.pi.state.write();
             let kept = before(&state, &mut valid);
             state.drop_unchanged(&mut valid);
             let scope = proxy::reevaluation::Scope::of_change(&state, &valid);
@@ -329,13 +330,13 @@ impl Dataplane {
 
     /// config_dump's `{ workloads, services, stagedServices }`, rendered from the state.
     pub fn mesh_dump_json(&self) -> String {
-        let st = self.pi.state.read().expect("state lock");
+        let st = self.pi.state.read();
         serde_json::to_string(&state::dump::mesh(&st)).expect("the dump serializes")
     }
 
     fn applied_json(&self, applied: &state::Applied, accepted: Vec<(String, String)>, rejected: Vec<String>) -> String {
         let (counts, missing) = {
-            let st = self.pi.state.read().expect("state lock");
+            let st = self.pi.state.read();
             ([st.workload_count(), st.service_count(), st.policy_count()], st.missing_references())
         };
         let out = state::dump::applied(applied, &self.pi.cfg.node_name, accepted, rejected, counts, missing);
@@ -381,7 +382,6 @@ impl Dataplane {
             .pi
             .state
             .read()
-            .expect("state lock")
             .workload(&spec.uid)
             .cloned()
             .ok_or_else(|| DataplaneError::Spec(format!("workload {} is not in the state", spec.uid)))?;
@@ -428,13 +428,13 @@ impl Dataplane {
                 }
             }
         }
-        self.local.lock().expect("local lock").insert(spec.uid.clone(), LocalWorkload { bound: bound.clone(), drain });
+        self.local.lock().insert(spec.uid.clone(), LocalWorkload { bound: bound.clone(), drain });
         Ok(bound)
     }
 
     /// Stop a local workload's listeners and close its connections at once.
     pub async fn remove_local_workload(&self, uid: &str) -> bool {
-        let old = self.local.lock().expect("local lock").remove(uid);
+        let old = self.local.lock().remove(uid);
         match old {
             Some(w) => {
                 w.drain.drain_now().await;
@@ -449,7 +449,7 @@ impl Dataplane {
     pub fn start_inpod(&self, config_json: &str) -> Result<(), DataplaneError> {
         let cfg: inpod::InPodConfig =
             serde_json::from_str(config_json).map_err(|e| DataplaneError::Spec(e.to_string()))?;
-        let mut slot = self.inpod.lock().expect("inpod lock");
+        let mut slot = self.inpod.lock();
         if slot.is_some() {
             return Err(DataplaneError::Spec("the in-pod manager is already running".into()));
         }
@@ -469,7 +469,7 @@ impl Dataplane {
             dedicated: true,
         };
         let m = inpod::WorkloadManager::new(self.pi.clone(), cfg, self.drain.clone());
-        *self.inpod.lock().expect("inpod lock") = Some(m.clone());
+        *self.inpod.lock() = Some(m.clone());
         let info = inpod::zds::WorkloadInfo {
             name: spec.name,
             namespace: spec.namespace,
@@ -480,14 +480,14 @@ impl Dataplane {
 
     /// The in-pod manager's state (JSON; `null` when not running).
     pub fn inpod_state_json(&self, connections: bool) -> String {
-        match self.inpod.lock().expect("inpod lock").as_ref() {
+        match self.inpod.lock().as_ref() {
             Some(m) => m.state_json(connections),
             None => "null".into(),
         }
     }
 
     pub fn listeners(&self) -> Vec<BoundListeners> {
-        let mut v: Vec<_> = self.local.lock().expect("local lock").values().map(|w| w.bound.clone()).collect();
+        let mut v: Vec<_> = self.local.lock().values().map(|w| w.bound.clone()).collect();
         v.sort_by(|a, b| a.uid.cmp(&b.uid));
         v
     }
@@ -508,7 +508,7 @@ impl Dataplane {
             Some(s) => Some(s.parse::<Identity>()?),
             None => None,
         };
-        let state = self.pi.state.read().expect("state lock");
+        let state = self.pi.state.read();
         let w = state
             .workload_by_addr(&self.pi.cfg.network, req.dst.ip())
             .ok_or_else(|| DataplaneError::Spec(format!("no workload has the address {}", req.dst.ip())))?;
@@ -563,8 +563,8 @@ impl Dataplane {
 
     /// Graceful drain of everything: listeners stop, HBONE servers send GOAWAY, connections get until the deadline.
     pub async fn drain(&self, deadline: Duration) -> bool {
-        let locals: Vec<Drain> = self.local.lock().expect("local lock").values().map(|w| w.drain.clone()).collect();
-        let inpod = self.inpod.lock().expect("inpod lock").clone();
+        let locals: Vec<Drain> = self.local.lock().values().map(|w| w.drain.clone()).collect();
+        let inpod = self.inpod.lock().clone();
         self.drain.graceful.cancel();
         let pods = async {
             if let Some(m) = inpod {
@@ -579,7 +579,7 @@ impl Dataplane {
 
     /// Stop the runtime and join its threads. Must not be called from inside the runtime.
     pub fn shutdown(&self) {
-        if let Some(rt) = self.rt.lock().expect("runtime lock").take() {
+        if let Some(rt) = self.rt.lock().take() {
             self.drain.force.cancel();
             rt.shutdown_timeout(Duration::from_secs(2));
         }
@@ -589,7 +589,7 @@ impl Dataplane {
 impl Drop for Dataplane {
     fn drop(&mut self) {
         // Runtime::drop would panic if dropped inside an async context; shut it down explicitly, off-runtime.
-        if let Some(rt) = self.rt.get_mut().ok().and_then(|r| r.take()) {
+        if let Some(rt) = self.rt.get_mut().take() {
             rt.shutdown_background();
         }
     }

@@ -3,9 +3,10 @@
 //! Invariant: nothing here is on the per-byte path except one relaxed atomic add per chunk copied; label sets are
 //! resolved once per connection (a mutex-protected map lookup at open time).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -183,7 +184,7 @@ impl Metrics {
     /// The bucket of a label set: its shared key (one allocation per distinct label set, not per connection) and
     /// its counters.
     fn bucket(&self, labels: TrafficLabels) -> (Arc<TrafficLabels>, Arc<Counters>) {
-        let mut b = self.buckets.lock().expect("metrics lock");
+        let mut b = self.buckets.lock();
         if let Some((k, c)) = b.get_key_value(&labels) {
             return (k.clone(), c.clone());
         }
@@ -215,7 +216,7 @@ impl Metrics {
 
     /// The snapshot, with the dataplane runtime's figures (ztunnel's `tokio_*` metrics) when given its handle.
     pub fn snapshot_json_with(&self, runtime: Option<&tokio::runtime::Handle>) -> String {
-        let b = self.buckets.lock().expect("metrics lock");
+        let b = self.buckets.lock();
         let connections: Vec<BucketJson> = b
             .iter()
             .map(|(l, c)| BucketJson {

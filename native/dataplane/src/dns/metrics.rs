@@ -1,9 +1,9 @@
 //! The DNS proxy's counters, under ztunnel's names and labels (request_query_type in lowercase, request_protocol,
 //! source_canonical_service, source_canonical_revision), read by TS once per scrape.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use hickory_proto::rr::RecordType;
@@ -62,7 +62,7 @@ struct Row<'a> {
 
 impl DnsMetrics {
     fn with(&self, l: &Labels, f: impl FnOnce(&mut Counts)) {
-        let mut m = self.by_labels.lock().expect("dns metrics lock");
+        let mut m = self.by_labels.lock();
         match m.get_mut(l) {
             Some(c) => f(c),
             None => f(m.entry(l.clone()).or_default()),
@@ -99,7 +99,7 @@ impl DnsMetrics {
     }
 
     pub fn snapshot(&self) -> serde_json::Value {
-        let m = self.by_labels.lock().expect("dns metrics lock");
+        let m = self.by_labels.lock();
         let rows: Vec<Row<'_>> = m.iter().map(|(labels, counts)| Row { labels, counts }).collect();
         serde_json::json!({ "rows": rows, "dropped": self.dropped.load(Ordering::Relaxed) })
     }

@@ -271,7 +271,7 @@ impl Server {
         let query = &request.queries[0];
         let qtype = query.query_type();
         let (client, found) = {
-            let st = self.pi.state.read().expect("state lock");
+            let st = self.pi.state.read();
             let client = self.client.resolve(&st);
             let found = match &client {
                 Some(c) if matches!(qtype, RecordType::A | RecordType::AAAA) => {

@@ -9,8 +9,9 @@
 //!   and asks the control side for it (`next_wants`, a queue the control side long-polls); prefetch by the
 //!   control side is only an optimisation. `forget` frees an identity's key and certificate.
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -107,7 +108,7 @@ impl CertStore {
     }
 
     fn want(&self, identity: &Identity) {
-        let mut wants = self.wants.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut wants = self.wants.lock();
         if !wants.contains(identity) {
             wants.push(identity.clone());
         }
@@ -121,7 +122,7 @@ impl CertStore {
             let wanted = self.wanted.notified();
             tokio::pin!(wanted);
             wanted.as_mut().enable();
-            let wants = std::mem::take(&mut *self.wants.lock().unwrap_or_else(PoisonError::into_inner));
+            let wants = std::mem::take(&mut *self.wants.lock());
             if !wants.is_empty() {
                 return wants;
             }
@@ -133,7 +134,7 @@ impl CertStore {
     /// certificate keeps serving until a new one is installed.
     pub fn create_csr(&self, identity: &Identity) -> Result<String, StoreError> {
         let (pending, csr) = create_csr(identity).map_err(|e| StoreError::Csr(e.to_string()))?;
-        let mut entries = self.entries.write().expect("cert store lock");
+        let mut entries = self.entries.write();
         entries.entry(identity.clone()).or_default().pending = Some(pending);
         Ok(csr)
     }
@@ -162,7 +163,7 @@ impl CertStore {
         .map_err(|e| StoreError::Invalid(format!("chain does not verify against the roots: {e}")))?;
         let (not_before, not_after, serial) = validity(leaf)?;
 
-        let mut entries = self.entries.write().expect("cert store lock");
+        let mut entries = self.entries.write();
         let entry = entries
             .get_mut(identity)
             .ok_or_else(|| StoreError::Mismatch(format!("no key was generated for {identity}")))?;
@@ -198,24 +199,20 @@ impl CertStore {
     }
 
     pub fn get(&self, identity: &Identity) -> Option<Arc<InstalledCert>> {
-        let entries = self.entries.read().expect("cert store lock");
+        let entries = self.entries.read();
         entries.get(identity).and_then(|e| e.current.clone())
-    }
-
-    pub fn require(&self, identity: &Identity) -> Result<Arc<InstalledCert>, StoreError> {
-        self.get(identity).ok_or_else(|| StoreError::Missing(identity.to_string()))
     }
 
     /// Free `identity`'s key and certificate (the control side forgot it: no local workload uses it). Live
     /// connections keep the certificate they hold; a new handshake asks for it again.
     pub fn forget(&self, identity: &Identity) -> bool {
-        let removed = self.entries.write().expect("cert store lock").remove(identity).is_some();
-        self.wants.lock().unwrap_or_else(PoisonError::into_inner).retain(|w| w != identity);
+        let removed = self.entries.write().remove(identity).is_some();
+        self.wants.lock().retain(|w| w != identity);
         removed
     }
 
     pub fn all(&self) -> Vec<Arc<InstalledCert>> {
-        let entries = self.entries.read().expect("cert store lock");
+        let entries = self.entries.read();
         let mut out: Vec<_> = entries.values().filter_map(|e| e.current.clone()).collect();
         out.sort_by(|a, b| a.identity.cmp(&b.identity));
         out

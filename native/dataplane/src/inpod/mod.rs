@@ -16,12 +16,13 @@
 pub mod netns;
 pub mod zds;
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -81,7 +82,6 @@ struct Pod {
     phase: PodPhase,
     error: Option<String>,
     drain: Option<Drain>,
-    pi: Option<Arc<ProxyInputs>>,
     /// Held for a retry of a failed add.
     retry_netns: Option<Arc<NetNs>>,
 }
@@ -150,8 +150,8 @@ impl WorkloadManager {
     /// The manager's state as JSON. `connections`: list each pod's live connections (config_dump); without them
     /// the answer costs O(pods), not O(connections), which is what readiness polls and metric scrapes need.
     pub fn state_json(&self, connections: bool) -> String {
-        let pods = self.pods.lock().expect("pods lock");
-        let status = self.status.lock().expect("status lock");
+        let pods = self.pods.lock();
+        let status = self.status.lock();
         let pending = pods.values().filter(|p| p.phase == PodPhase::Pending).count();
         let active = pods.values().filter(|p| p.phase == PodPhase::Up).count();
         let mut workloads = serde_json::Map::new();
@@ -213,7 +213,7 @@ impl WorkloadManager {
                         r = self.clone().serve(&conn) => r,
                         _ = self.daemon_drain.graceful.cancelled() => return,
                     };
-                    let mut st = self.status.lock().expect("status lock");
+                    let mut st = self.status.lock();
                     st.connected = false;
                     st.snapshot_done = false;
                     match result {
@@ -234,7 +234,7 @@ impl WorkloadManager {
                     }
                 }
                 Err(e) => {
-                    let first = self.status.lock().expect("status lock").last_error.replace(e.to_string()).is_none();
+                    let first = self.status.lock().last_error.replace(e.to_string()).is_none();
                     if first {
                         self.log(
                             Level::Warn,
@@ -252,7 +252,7 @@ impl WorkloadManager {
     async fn serve(self: Arc<Self>, conn: &ZdsConn) -> Result<(), ZdsError> {
         conn.send(&ZdsHello { version: zds::Version::V1 as i32 }).await?;
         {
-            let mut st = self.status.lock().expect("status lock");
+            let mut st = self.status.lock();
             st.connected = true;
             st.snapshot_done = false;
         }
@@ -300,7 +300,7 @@ impl WorkloadManager {
                         conn.ack(Some("keep after snapshot_sent".into())).await?;
                         return Err(ZdsError::Protocol("keep after snapshot_sent".into()));
                     }
-                    let known = self.pods.lock().expect("pods lock").contains_key(&keep.uid);
+                    let known = self.pods.lock().contains_key(&keep.uid);
                     self.log(Level::Debug, "ZDS keep", fields! {"uid" => keep.uid.clone(), "known" => known});
                     seen.insert(keep.uid.clone());
                     conn.ack((!known).then(|| format!("keep for unknown pod {}", keep.uid))).await?;
@@ -320,8 +320,7 @@ impl WorkloadManager {
                         return Err(ZdsError::Protocol("second snapshot_sent on one connection".into()));
                     }
                     snapshot_done = true;
-                    let stale: Vec<String> =
-                        self.pods.lock().expect("pods lock").keys().filter(|u| !seen.contains(*u)).cloned().collect();
+                    let stale: Vec<String> = self.pods.lock().keys().filter(|u| !seen.contains(*u)).cloned().collect();
                     self.log(
                         Level::Debug,
                         "ZDS snapshot received",
@@ -330,7 +329,7 @@ impl WorkloadManager {
                     for uid in stale {
                         self.remove(&uid).await;
                     }
-                    self.status.lock().expect("status lock").snapshot_done = true;
+                    self.status.lock().snapshot_done = true;
                     conn.ack(None).await?;
                 }
             }
@@ -341,7 +340,6 @@ impl WorkloadManager {
         let pending: Vec<(String, WorkloadInfo, Arc<NetNs>)> = self
             .pods
             .lock()
-            .expect("pods lock")
             .iter()
             .filter(|(_, p)| p.phase == PodPhase::Pending)
             .filter_map(|(u, p)| p.retry_netns.clone().map(|n| (u.clone(), p.info.clone(), n)))
@@ -355,7 +353,7 @@ impl WorkloadManager {
     pub async fn add(&self, uid: &str, info: WorkloadInfo, fd: OwnedFd) -> Result<(), String> {
         let netns = Arc::new(NetNs::from_fd(fd).map_err(|e| format!("netns fd: {e}"))?);
         let existing = {
-            let pods = self.pods.lock().expect("pods lock");
+            let pods = self.pods.lock();
             pods.get(uid).map(|p| (p.netns_id, p.phase))
         };
         if let Some((Some(id), PodPhase::Up)) = existing {
@@ -371,9 +369,9 @@ impl WorkloadManager {
 
     async fn start(&self, uid: &str, info: WorkloadInfo, netns: Arc<NetNs>) -> Result<(), String> {
         match self.start_proxies(uid, &info, netns.clone()).await {
-            Ok((drain, pi)) => {
+            Ok(drain) => {
                 self.started.fetch_add(1, Ordering::Relaxed);
-                self.pods.lock().expect("pods lock").insert(
+                self.pods.lock().insert(
                     uid.to_string(),
                     Pod {
                         info,
@@ -381,7 +379,6 @@ impl WorkloadManager {
                         phase: PodPhase::Up,
                         error: None,
                         drain: Some(drain),
-                        pi: Some(pi),
                         retry_netns: None,
                     },
                 );
@@ -389,7 +386,7 @@ impl WorkloadManager {
                 Ok(())
             }
             Err(e) => {
-                self.pods.lock().expect("pods lock").insert(
+                self.pods.lock().insert(
                     uid.to_string(),
                     Pod {
                         info,
@@ -397,7 +394,6 @@ impl WorkloadManager {
                         phase: PodPhase::Pending,
                         error: Some(e.clone()),
                         drain: None,
-                        pi: None,
                         retry_netns: Some(netns),
                     },
                 );
@@ -413,7 +409,7 @@ impl WorkloadManager {
 
     /// Drain a pod's proxies at once and forget it.
     pub async fn remove(&self, uid: &str) {
-        let pod = self.pods.lock().expect("pods lock").remove(uid);
+        let pod = self.pods.lock().remove(uid);
         if let Some(Pod { drain: Some(drain), .. }) = pod {
             drain.drain_now().await;
             self.stopped.fetch_add(1, Ordering::Relaxed);
@@ -421,12 +417,7 @@ impl WorkloadManager {
         }
     }
 
-    async fn start_proxies(
-        &self,
-        uid: &str,
-        info: &WorkloadInfo,
-        netns: Arc<NetNs>,
-    ) -> Result<(Drain, Arc<ProxyInputs>), String> {
+    async fn start_proxies(&self, uid: &str, info: &WorkloadInfo, netns: Arc<NetNs>) -> Result<Drain, String> {
         let base = &self.base;
         let sockets: Arc<dyn SocketFactory> = Arc::new(InPodSockets { netns: netns.clone(), mark: self.cfg.mark });
         let drain = self.daemon_drain.child();
@@ -468,7 +459,7 @@ impl WorkloadManager {
         };
         // The trust domain comes from the pod's workload when known, else the daemon's.
         let td = local
-            .resolve(&base.state.read().expect("state lock"))
+            .resolve(&base.state.read())
             .map(|w| w.trust_domain.clone())
             .unwrap_or_else(|| base.cfg.trust_domain.as_str().into());
         let identity = Identity::new(&td, &info.namespace, &info.service_account);
@@ -516,7 +507,7 @@ impl WorkloadManager {
                 }
             }
         }
-        Ok((drain, pi))
+        Ok(drain)
     }
 
     /// Dedicated mode: one workload, proxies in the daemon's own namespace (iptables redirection there).
@@ -525,7 +516,7 @@ impl WorkloadManager {
         let uid = format!("dedicated/{}/{}", info.namespace, info.name);
         let r = self.start(&uid, info, netns).await;
         if r.is_ok() {
-            let mut st = self.status.lock().expect("status lock");
+            let mut st = self.status.lock();
             st.connected = true;
             st.snapshot_done = true;
         }
@@ -534,13 +525,8 @@ impl WorkloadManager {
 
     /// Drain every pod (daemon shutdown).
     pub async fn drain_all(&self, deadline: Duration) {
-        let drains: Vec<Drain> =
-            self.pods.lock().expect("pods lock").values().filter_map(|p| p.drain.clone()).collect();
+        let drains: Vec<Drain> = self.pods.lock().values().filter_map(|p| p.drain.clone()).collect();
         futures_util::future::join_all(drains.iter().map(|d| d.drain(deadline))).await;
-    }
-
-    pub fn pod_inputs(&self, uid: &str) -> Option<Arc<ProxyInputs>> {
-        self.pods.lock().expect("pods lock").get(uid).and_then(|p| p.pi.clone())
     }
 }
 

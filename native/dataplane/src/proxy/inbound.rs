@@ -56,7 +56,7 @@ pub const MAX_PENDING_STREAMS_PER_PEER: usize = 256;
 /// What each peer IP holds on one listener: its connections, and the permits for its streams being set up.
 #[derive(Default)]
 struct Peers {
-    by_ip: std::sync::Mutex<std::collections::HashMap<IpAddr, (usize, Arc<Semaphore>)>>,
+    by_ip: parking_lot::Mutex<std::collections::HashMap<IpAddr, (usize, Arc<Semaphore>)>>,
 }
 
 /// One admitted connection of a peer; releases its place when dropped.
@@ -68,7 +68,7 @@ struct PeerGuard {
 
 impl Peers {
     fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<PeerGuard> {
-        let mut map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.by_ip.lock();
         let entry = map.entry(ip).or_insert_with(|| (0, Arc::new(Semaphore::new(MAX_PENDING_STREAMS_PER_PEER))));
         if entry.0 >= MAX_CONNECTIONS_PER_PEER {
             return None;
@@ -80,7 +80,7 @@ impl Peers {
 
 impl Drop for PeerGuard {
     fn drop(&mut self) {
-        let mut map = self.peers.by_ip.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.peers.by_ip.lock();
         if let Some(entry) = map.get_mut(&self.ip) {
             entry.0 -= 1;
             if entry.0 == 0 {
@@ -535,7 +535,7 @@ async fn establish_stream(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|n| !n.eq_ignore_ascii_case(&pi.cfg.network));
     let (local, source, resolved) = {
-        let st = pi.state.read().expect("state lock");
+        let st = pi.state.read();
         let local = local_ref.resolve(&st);
         // The source workload by the connection's IP, used for metrics only when its identity is the verified one.
         let source = local
@@ -569,7 +569,7 @@ async fn establish_stream(
     let conn = rbac::Connection::new(Some(peer_id.clone()), peer.ip(), target.ip(), target.port());
     let track = pi.tracker.register(local_ref.clone(), conn.clone(), "HBONE");
     let decision = {
-        let st = pi.state.read().expect("state lock");
+        let st = pi.state.read();
         let resolved = local_ref.resolve(&st);
         let current = resolved.as_ref().unwrap_or(&local);
         if st.has_dry_run_policies() {
@@ -587,7 +587,7 @@ async fn establish_stream(
     // destination_service: the service the authority named, else (an address authority) the destination workload's
     // service that delivers to this port, as ztunnel infers it, so service dashboards see inbound traffic too.
     let service = service.or_else(|| {
-        let st = pi.state.read().expect("state lock");
+        let st = pi.state.read();
         service_for_port(&st, &local, target.port())
     });
     let mut guard = pi.metrics.open(TrafficLabels::new(&ConnectionInfo {

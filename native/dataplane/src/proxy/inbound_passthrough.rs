@@ -110,18 +110,18 @@ async fn establish(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr) -> Opt
         refused(pi, peer, Some(dst), format!("port {} is ztunnel-node's own", dst.port()));
         return None;
     }
-    let Some(local) = local_ref.resolve(&pi.state.read().expect("state lock")) else {
+    let Some(local) = local_ref.resolve(&pi.state.read()) else {
         refused(pi, peer, Some(dst), format!("local workload {local_ref} is not known"));
         return None;
     };
     let conn = rbac::Connection::new(None, peer.ip(), dst.ip(), dst.port());
     let track = pi.tracker.register(local_ref.clone(), conn.clone(), "TCP");
     let decision = {
-        let st = pi.state.read().expect("state lock");
+        let st = pi.state.read();
         rbac::authorize(&st, &local, &conn)
     };
     let (source, service) = {
-        let st = pi.state.read().expect("state lock");
+        let st = pi.state.read();
         (
             st.workload_by_addr(&local.network, peer.ip()).cloned(),
             super::inbound::service_for_port(&st, &local, dst.port()),

@@ -12,7 +12,8 @@ pub mod reevaluation;
 pub mod socks5;
 pub mod tracker;
 
-use std::sync::{Arc, RwLock};
+use parking_lot::RwLock;
+use std::sync::Arc;
 
 use crate::config::Config;
 use crate::events::Events;

@@ -628,7 +628,7 @@ pub async fn connect(
     dst: SocketAddr,
 ) -> Result<(Routed, Upstream), (Option<Routed>, OutboundError)> {
     let (source, request, src_ip) = {
-        let state = pi.state.read().expect("state lock");
+        let state = pi.state.read();
         let source = src.resolve(&state).ok_or_else(|| (None, OutboundError::UnknownSource(src.to_string())))?;
         let src_ip = if source.ips.contains(&client.ip()) {
             client.ip()
@@ -911,7 +911,7 @@ pub fn record_failure(
     routed: Option<&Routed>,
     err: &OutboundError,
 ) {
-    let source = local.resolve(&pi.state.read().expect("state lock"));
+    let source = local.resolve(&pi.state.read());
     let mut guard = pi.metrics.open(labels(routed, source.as_deref()));
     guard.fail(err.response_flag());
     let mut f = crate::fields! {

@@ -11,10 +11,11 @@
 //! - A key unused for POOL_UNUSED_RELEASE_TIMEOUT is released: the pool drops its handles and h2 closes the
 //!   connection once its last stream ends.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -122,7 +123,7 @@ impl StreamLease {
 impl Drop for StreamLease {
     fn drop(&mut self) {
         self.conn.active.fetch_sub(1, Ordering::AcqRel);
-        *self.key_entry.last_used.lock().expect("pool lock") = Instant::now();
+        *self.key_entry.last_used.lock() = Instant::now();
     }
 }
 
@@ -134,12 +135,12 @@ struct KeyEntry {
 
 impl KeyEntry {
     fn try_reserve(self: &Arc<Self>) -> Option<StreamLease> {
-        let mut conns = self.conns.lock().expect("pool lock");
+        let mut conns = self.conns.lock();
         conns.retain(|c| c.is_usable());
         for c in conns.iter() {
             if c.active.load(Ordering::Acquire) < c.limit() {
                 c.active.fetch_add(1, Ordering::AcqRel);
-                *self.last_used.lock().expect("pool lock") = Instant::now();
+                *self.last_used.lock() = Instant::now();
                 return Some(StreamLease { conn: c.clone(), key_entry: self.clone() });
             }
         }
@@ -147,11 +148,11 @@ impl KeyEntry {
     }
 
     fn idle_since(&self) -> Option<Instant> {
-        let conns = self.conns.lock().expect("pool lock");
+        let conns = self.conns.lock();
         if conns.iter().any(|c| c.active.load(Ordering::Acquire) > 0) {
             return None;
         }
-        Some(*self.last_used.lock().expect("pool lock"))
+        Some(*self.last_used.lock())
     }
 }
 
@@ -200,7 +201,7 @@ impl Pool {
     /// Release keys idle for longer than the configured timeout. Run periodically by `run_eviction`.
     pub fn evict_idle(&self, now: Instant) -> usize {
         let timeout = Duration::from_millis(self.cfg.pool_unused_release_timeout_ms);
-        let mut keys = self.keys.lock().expect("pool lock");
+        let mut keys = self.keys.lock();
         let before = keys.len();
         keys.retain(|_, e| match e.idle_since() {
             Some(t) => now.duration_since(t) < timeout,
@@ -217,7 +218,7 @@ impl Pool {
                 _ = tokio::time::sleep(period) => { self.evict_idle(Instant::now()); }
                 _ = self.drain.graceful.cancelled() => {
                     // Drop every handle: h2 closes each connection once its streams end.
-                    self.keys.lock().expect("pool lock").clear();
+                    self.keys.lock().clear();
                     return;
                 }
             }
@@ -226,12 +227,12 @@ impl Pool {
 
     /// Number of live pooled connections (for tests and the admin API).
     pub fn connection_count(&self) -> usize {
-        let keys = self.keys.lock().expect("pool lock");
-        keys.values().map(|e| e.conns.lock().expect("pool lock").iter().filter(|c| c.is_usable()).count()).sum()
+        let keys = self.keys.lock();
+        keys.values().map(|e| e.conns.lock().iter().filter(|c| c.is_usable()).count()).sum()
     }
 
     fn entry(&self, key: &PoolKey) -> Arc<KeyEntry> {
-        let mut keys = self.keys.lock().expect("pool lock");
+        let mut keys = self.keys.lock();
         keys.entry(key.clone())
             .or_insert_with(|| {
                 Arc::new(KeyEntry {
@@ -255,8 +256,8 @@ impl Pool {
         }
         let conn = self.connect(key).await?;
         conn.active.store(1, Ordering::Release);
-        entry.conns.lock().expect("pool lock").push(conn.clone());
-        *entry.last_used.lock().expect("pool lock") = Instant::now();
+        entry.conns.lock().push(conn.clone());
+        *entry.last_used.lock() = Instant::now();
         Ok(StreamLease { conn, key_entry: entry.clone() })
     }
 

@@ -19,9 +19,10 @@
 //!   closes at once (the final set contains it whatever arrives). New connections are refused all along
 //!   (`rbac::authorize`). So no connection the final policy set allows is closed.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -137,7 +138,7 @@ impl Reevaluator {
         if scope.is_empty() {
             return;
         }
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pending = self.pending.lock();
         self.submitted.fetch_add(1, Ordering::AcqRel);
         match pending.as_mut() {
             Some(p) => p.merge(scope),
@@ -154,7 +155,7 @@ impl Reevaluator {
 
     /// The pending scope, and how many submitted changes it holds (all of them so far).
     fn take(&self) -> (Scope, u64) {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pending = self.pending.lock();
         (pending.take().unwrap_or_default(), self.submitted.load(Ordering::Acquire))
     }
 
@@ -229,7 +230,7 @@ async fn pass(pi: &ProxyInputs, scope: &Scope, grace: &mut Grace) {
     let conns = pi.tracker.inbound_snapshot();
     for chunk in conns.chunks(CHUNK) {
         {
-            let state = pi.state.read().unwrap_or_else(PoisonError::into_inner);
+            let state = pi.state.read();
             let now = Instant::now();
             for t in chunk {
                 judge(pi, &state, t, scope, grace, now);
@@ -238,7 +239,7 @@ async fn pass(pi: &ProxyInputs, scope: &Scope, grace: &mut Grace) {
         // Let connection tasks on this worker run between chunks.
         tokio::task::yield_now().await;
     }
-    let state = pi.state.read().unwrap_or_else(PoisonError::into_inner);
+    let state = pi.state.read();
     grace.forget_arrived(&state);
 }
 

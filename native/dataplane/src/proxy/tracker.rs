@@ -10,9 +10,10 @@
 //! - Lock order: never the state lock while a shard is held (the snapshot takes only shards; evaluation takes only
 //!   the state).
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
@@ -109,11 +110,11 @@ impl Tracker {
     /// A shard's map. The maps hold no invariant a panicking holder could break halfway (one insert or remove, or
     /// a read), so a poisoned lock is taken as it is rather than spreading the panic to every connection.
     fn shard(&self, id: u64) -> MutexGuard<'_, HashMap<u64, Arc<Tracked>>> {
-        self.shards[(id % SHARDS as u64) as usize].lock().unwrap_or_else(PoisonError::into_inner)
+        self.shards[(id % SHARDS as u64) as usize].lock()
     }
 
     fn shards(&self) -> impl Iterator<Item = MutexGuard<'_, HashMap<u64, Arc<Tracked>>>> {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner))
+        self.shards.iter().map(|s| s.lock())
     }
 
     /// The live (inbound, outbound) connections of one local workload.

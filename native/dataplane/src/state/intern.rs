@@ -6,11 +6,12 @@
 //! Interned when a record is validated (outside the state's lock); `sweep` drops the strings no record holds any
 //! more, after large batches.
 
+use parking_lot::Mutex;
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::fmt;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// A shared string: compares, hashes, orders and serializes as its text (so a `HashMap<Str, _>` is looked up by
 /// `&str`), and clones by reference count.
@@ -123,7 +124,7 @@ impl<'de> serde::Deserialize<'de> for Str {
 }
 
 pub fn intern(s: &str) -> Str {
-    let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
+    let mut t = table().lock();
     if let Some(found) = t.get(s) {
         return found.clone();
     }
@@ -134,7 +135,7 @@ pub fn intern(s: &str) -> Str {
 
 /// Forgets the strings only the table still holds. Returns how many are kept.
 pub fn sweep() -> usize {
-    let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
+    let mut t = table().lock();
     t.retain(|s| Arc::strong_count(&s.0) > 1);
     t.shrink_to_fit();
     t.len()
@@ -152,7 +153,7 @@ mod tests {
         assert_eq!(&*a, "ns-intern-test");
         drop((a, b));
         sweep();
-        let t = table().lock().unwrap();
+        let t = table().lock();
         assert!(!t.contains("ns-intern-test"));
     }
 }

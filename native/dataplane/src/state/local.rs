@@ -21,10 +21,10 @@
 //! A document read here (either way) is held in a process-wide slot (`stash`) until the dataplane applies it
 //! (`Dataplane::apply_local`): the reading happens on the loader's worker thread, which has no dataplane handle.
 
+use parking_lot::Mutex;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::Mutex;
 
 use saphyr_parser::{Event, Parser, ScalarStyle, StrInput};
 use serde::Deserialize;
@@ -1021,9 +1021,9 @@ struct Slots {
 
 static SLOTS: Mutex<Slots> = Mutex::new(Slots { next: 1, held: std::collections::BTreeMap::new() });
 
-fn slots() -> std::sync::MutexGuard<'static, Slots> {
+fn slots() -> parking_lot::MutexGuard<'static, Slots> {
     // A panic while holding it cannot leave a slot half-written: take the guard back.
-    SLOTS.lock().unwrap_or_else(|e| e.into_inner())
+    SLOTS.lock()
 }
 
 /// Holds a document until the dataplane applies it; returns its ticket.

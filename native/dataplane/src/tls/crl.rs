@@ -3,7 +3,8 @@
 //! changes); a list that does not parse is refused whole and the previous one stays. A certificate whose issuer no
 //! list covers is accepted (the lists are the mesh CA's, not every issuer's), as ztunnel does.
 
-use std::sync::{Arc, RwLock};
+use parking_lot::RwLock;
+use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateRevocationListDer;
@@ -66,14 +67,14 @@ pub struct Crls(RwLock<Arc<CrlSet>>);
 
 impl Crls {
     pub fn current(&self) -> Arc<CrlSet> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0.read().clone()
     }
 
     /// Replaces the lists with those of `pem` (empty: none); a refused `pem` changes nothing.
     pub fn set(&self, pem: &str) -> Result<usize, String> {
         let set = CrlSet::parse(pem)?;
         let n = set.len();
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(set);
+        *self.0.write() = Arc::new(set);
         Ok(n)
     }
 }
