@@ -169,6 +169,16 @@ test('the loader validates off the main thread, says what an in-thread parse say
   await assert.rejects(loader.load(), /closed/);
 });
 
+test('closing the loader right after a load (inline LOCAL_XDS) keeps that load\'s text for config_dump', async () => {
+  for (let i = 0; i < 5; i++) {
+    const loader = LocalConfigLoader.open({ localXdsPath: null, localXds: `workloads: [{uid: a${i}, name: a, namespace: ns}]` });
+    const load = await loader.load();
+    await loader.close();
+    assert.deepEqual(renderStaticConfig(await load.text).workloads.map((w) => w.uid), [`a${i}`]);
+    loader.discard();
+  }
+});
+
 test('a large local file: readiness and metrics answer while it loads at startup and while it reloads; a bad one is refused and the last good one keeps serving', async () => {
   const path = join(dir, 'large.yaml');
   const bytes = writeLargeConfig(path, { workloads: WORKLOADS });

@@ -128,12 +128,16 @@ export class LocalConfigLoader {
     this.pending = null;
   }
 
-  /** Ends a load in flight (it rejects); later loads reject. */
+  /**
+   * Ends a load in flight (it rejects); later loads reject. A load already resolved keeps its worker until it has sent
+   * the text (it ends by itself right after): closing right after the first load (inline LOCAL_XDS) must not leave
+   * config_dump without it.
+   */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
     const load = this.inFlight;
-    if (load !== null) {
+    if (load !== null && !load.settled) {
       this.end(load, new Error('the local config loader is closed'));
       await load.worker.terminate();
     }
