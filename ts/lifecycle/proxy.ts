@@ -62,7 +62,6 @@ export const EVENT_PUMP_INTERVAL_MS = 250;
 export type DataplanePort = Pick<
   Dataplane,
   | 'applyState'
-  | 'applyStateBatches'
   | 'applyLocal'
   | 'applyAddresses'
   | 'meshDump'

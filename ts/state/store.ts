@@ -9,7 +9,7 @@
 //
 // Invariants:
 // - Every change, from any source, crosses as one delta (`apply`) or one batch (the dataplane's asynchronous
-//   `applyStateBatches` / `applyAddresses`, whose answer goes through `absorb`); the dataplane answers with what
+//   `applyLocal` / `applyAddresses`, whose answer goes through `absorb`); the dataplane answers with what
 //   changed (`AppliedOut`), and an upsert equal to what it holds reports nothing.
 // - `apply` commits its policies only after `send` returned: if the dataplane rejects a delta (INVALID_STATE), both
 //   sides keep the previous state.
@@ -218,18 +218,6 @@ export class StateStore {
     this.counts = out.counts;
     this.missingRefs = out.missingReferences;
     return { delta: null, workloads, changedWorkloads: out.changedWorkloads, services: out.services, policies: out.policies, missing: out.missing };
-  }
-
-  /** The policy part of `change` undone (for a batch the dataplane refused after the policies were committed). */
-  policyInverse(change: PolicyChange): PolicyChange {
-    const upserts: Policy[] = [];
-    const removed: string[] = [];
-    for (const key of new Set([...change.upserts.map(policyKey), ...change.removed])) {
-      const old = this.policies.get(key);
-      if (old === undefined) removed.push(key);
-      else upserts.push(old);
-    }
-    return { upserts, removed };
   }
 
   /** How many (workload, policy) references do not resolve (as of the last change). */
