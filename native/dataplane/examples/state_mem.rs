@@ -1,6 +1,8 @@
 //! Live heap bytes of the mesh state for the large-input shape (100k workloads, 10k services, 1k policies), counted
 //! by a wrapping global allocator, and the process RSS. Run:
 //! cargo run --release -p ztunnel-dataplane --example state_mem [workloads]
+//! Under heaptrack, `FORGET=1` leaves the state allocated at exit, so `heaptrack_print --print-leaks` shows where each
+//! byte of it was allocated.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -75,4 +77,7 @@ fn main() {
         "serviceStructBytes": std::mem::size_of::<dataplane::state::Service>()})
     );
     std::hint::black_box(&st);
+    if std::env::var_os("FORGET").is_some() {
+        std::mem::forget(st);
+    }
 }

@@ -413,6 +413,14 @@ pub mod defaults {
     pub const HBONE_MTLS_PORT: u16 = crate::config::HBONE_PORT;
 }
 
+/// A kept list at its exact length. Collecting through a `Result` or a filter starts a Vec at four elements (the
+/// iterator's lower bound is 0), so a one-address workload held 4 IPs' and 4 service entries' worth of heap: about
+/// 19 MiB at 100k workloads.
+fn exact<T>(mut v: Vec<T>) -> Vec<T> {
+    v.shrink_to_fit();
+    v
+}
+
 fn default_if_empty<'a>(s: &'a str, d: &'a str) -> &'a str {
     if s.is_empty() {
         d
@@ -480,7 +488,8 @@ impl WorkloadJson {
             .workload_ips
             .iter()
             .map(|s| s.parse::<IpAddr>().map_err(|_| bad(format!("{s:?} is not an IP address"))))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map(exact)?;
         let service_ports = self
             .services
             .iter()
@@ -489,7 +498,8 @@ impl WorkloadJson {
                     ServiceKey::parse(k).ok_or_else(|| bad(format!("service key {k:?} is not namespace/hostname")))?;
                 Ok((key, PortMap::new(port_map("workload", &self.uid, m)?.into_iter().collect())))
             })
-            .collect::<Result<Vec<_>, StateError>>()?;
+            .collect::<Result<Vec<_>, StateError>>()
+            .map(exact)?;
         Ok(Workload {
             uid: Str::from(self.uid.as_str()),
             name: Str::from(self.name.as_str()),
@@ -545,13 +555,15 @@ impl ServiceJson {
                 let ip = ip.parse::<IpAddr>().map_err(|_| bad(format!("vip {v:?} is not <network>/<ip>")))?;
                 Ok((net.to_string(), ip))
             })
-            .collect::<Result<Vec<_>, StateError>>()?;
-        let subject_alt_names = self
-            .subject_alt_names
-            .iter()
-            // Like ztunnel: SANs that are not SPIFFE identities are ignored, not fatal.
-            .filter_map(|s| s.parse::<Identity>().ok())
-            .collect();
+            .collect::<Result<Vec<_>, StateError>>()
+            .map(exact)?;
+        let subject_alt_names = exact(
+            self.subject_alt_names
+                .iter()
+                // Like ztunnel: SANs that are not SPIFFE identities are ignored, not fatal.
+                .filter_map(|s| s.parse::<Identity>().ok())
+                .collect(),
+        );
         let cidr_vips = self
             .cidr_vips
             .iter()
@@ -561,7 +573,8 @@ impl ServiceJson {
                     .ok_or_else(|| bad(format!("cidrVip {v:?} is not <network>/<ip>/<prefix>")))?;
                 Ok((net.to_string(), cidr))
             })
-            .collect::<Result<Vec<_>, StateError>>()?;
+            .collect::<Result<Vec<_>, StateError>>()
+            .map(exact)?;
         Ok(Service {
             key,
             name: self.name.clone(),
