@@ -12,6 +12,7 @@
 // in each round, rounds interleaved, so drift on this shared machine hits all three alike; the ratios are the result.
 // The proxy is a release build (npm run build) of a local-mode daemon with the default two dataplane threads.
 import { spawn, spawnSync } from 'node:child_process';
+import { DAEMON_NODE_FLAGS } from './daemon-flags.mjs';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -59,7 +60,7 @@ services:
 - {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: ["/127.50.53.100"], ports: {80: 8080}}
 `,
 );
-const daemon = spawn(process.execPath, [join(root, 'bin', 'ztunnel-node.js'), 'proxy'], {
+const daemon = spawn(process.execPath, [...DAEMON_NODE_FLAGS, join(root, 'bin', 'ztunnel-node.js'), 'proxy'], {
   env: {
     PATH: process.env.PATH, PROXY_MODE: 'local', NODE_NAME: 'node-a', LOCAL_XDS_PATH: join(dir, 'mesh.yaml'),
     LOCAL_CA_DIR: join(dir, 'ca'), DNS_RESOLV_CONF: join(dir, 'resolv.conf'), ADMIN_ADDR: `${ADMIN}:15000`,

@@ -14,7 +14,7 @@
 // the daemon from "response decoded" to "delta returned by the native dataplane" (the `applyMs` of its debug log),
 // and from this process, push -> ACK. Ratios compare the largest scale with the smallest (an O(change) update
 // path keeps the ratio near 1). Writes bench/results/xds-scale.json. Needs the native module (dist/native).
-// DAEMON_NODE_ARGS passes Node flags to the daemon (e.g. `--cpu-prof --cpu-prof-dir=/tmp/prof` to see where its
+// The daemon runs with bench/daemon-flags.mjs's flags; DAEMON_NODE_ARGS adds Node flags (e.g. `--cpu-prof --cpu-prof-dir=/tmp/prof` to see where its
 // main thread spends the first push). Measures; asserts nothing.
 import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -22,8 +22,9 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { ADDRESS, AUTHORIZATION, ISTIOD_HOSTNAME, policyResource, serviceResource, startFakeIstiod, workloadResource } from '../test/helpers/fake-istiod.js';
+import { ADDRESS, AUTHORIZATION, ISTIOD_HOSTNAME, policyResource, prepareResponse, serviceResource, startFakeIstiod, workloadResource } from '../test/helpers/fake-istiod.js';
 import { writeLargeConfig } from '../test/helpers/large-config.js';
+import { DAEMON_NODE_FLAGS } from './daemon-flags.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const SCALES = (process.env.BENCH_XDS_SCALES ?? '1000,100000').split(',').map(Number);
@@ -79,6 +80,9 @@ async function run(n) {
   const istiod = await startFakeIstiod({ dir: mkdtempSync(join(tmp, `istiod-${n}-`)) });
   const t0 = performance.now();
   const push = firstPush(n);
+  // Encoded before the daemon starts: what is timed is the daemon's work and the transfer, not this process's encoder.
+  const addressResponse = prepareResponse(ADDRESS, { resources: push.address });
+  const authzResponse = prepareResponse(AUTHORIZATION, { resources: push.authz });
   const buildMs = performance.now() - t0;
 
   const env = {
@@ -99,7 +103,7 @@ async function run(n) {
     CONNECTION_TERMINATION_DEADLINE: '1s',
   };
   const started = performance.now();
-  const child = spawn(process.execPath, [...(process.env.DAEMON_NODE_ARGS?.split(' ') ?? []), join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, [...DAEMON_NODE_FLAGS, join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'pipe', 'inherit'] });
   children.add(child);
   const applied = [];
   createInterface({ input: child.stdout }).on('line', (line) => {
@@ -115,9 +119,9 @@ async function run(n) {
   await stream.nextRequest(ADDRESS, 60_000);
   await stream.nextRequest(AUTHORIZATION, 60_000);
   const pushAt = performance.now();
-  await stream.pushAndWait(ADDRESS, { resources: push.address }, 300_000);
+  await stream.pushPreparedAndWait(addressResponse, 300_000);
   const firstAckMs = performance.now() - pushAt;
-  await stream.pushAndWait(AUTHORIZATION, { resources: push.authz }, 60_000);
+  await stream.pushPreparedAndWait(authzResponse, 60_000);
   for (;;) {
     const ok = await fetch(`http://${ADMIN_IP}:15021/healthz/ready`).then((r) => r.status === 200, () => false);
     if (ok) break;
@@ -136,13 +140,16 @@ async function run(n) {
     roundTrips.push(performance.now() - at);
     if (ack.errorDetail) throw new Error(`update NACKed: ${ack.errorDetail.message}`);
   }
-  await new Promise((r) => setTimeout(r, 300));
+  // Settled, as the local part reads it (2 s after ready): the daemon collects a large push's garbage and returns the
+  // free heap within about a quarter of a second after the response that follows it (ts/heap.ts).
+  await new Promise((r) => setTimeout(r, 2000));
   const applyMs = applied.slice(before).filter((a) => a.typeUrl === ADDRESS).map((a) => a.applyMs).sort((x, y) => x - y);
   const rtt = roundTrips.sort((x, y) => x - y);
   const status = readFileSync(`/proc/${child.pid}/status`, 'utf8');
   const peakRssMiB = Number(/VmHWM:\s+(\d+) kB/.exec(status)?.[1] ?? 0) / 1024;
   // After the load and the updates (the issue's "RSS after the load"): what the daemon keeps, not its transient peak.
   const rssAfterMiB = Number(/VmRSS:\s+(\d+) kB/.exec(status)?.[1] ?? 0) / 1024;
+  const heap = await jsHeapOf();
   child.kill('SIGTERM');
   await new Promise((r) => child.once('close', r));
   children.delete(child);
@@ -160,6 +167,7 @@ async function run(n) {
     timeToReadyMs: Math.round(readyMs),
     peakRssMiB: Math.round(peakRssMiB),
     rssAfterMiB: Math.round(rssAfterMiB),
+    ...heap,
     updates: applyMs.length,
     updateApplyMs: { p50: quantile(applyMs, 0.5), p99: quantile(applyMs, 0.99), max: applyMs.at(-1) },
     updateRoundTripMs: { p50: round(quantile(rtt, 0.5)), p99: round(quantile(rtt, 0.99)) },
@@ -167,6 +175,17 @@ async function run(n) {
 }
 
 const round = (x) => Math.round(x * 1000) / 1000;
+
+/**
+ * The share of the daemon's RSS that is its main thread's JavaScript heap (V8's committed heap, MiB) and the memory
+ * outside it that JS objects hold (Buffers), from its Prometheus endpoint: the rest is the native dataplane, Node's
+ * own code and the allocator.
+ */
+async function jsHeapOf() {
+  const text = await fetch(`http://${ADMIN_IP}:15020/metrics`).then((r) => r.text(), () => '');
+  const metric = (name) => Math.round(Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1] ?? NaN) / 2 ** 20);
+  return { jsHeapMiB: metric('nodejs_heap_size_total_bytes'), jsExternalMiB: metric('nodejs_external_memory_bytes') };
+}
 
 /** VmHWM (peak) and VmRSS of a process, in MiB. */
 function rssOf(pid) {
@@ -193,7 +212,7 @@ async function runLocal(n) {
     CONNECTION_TERMINATION_DEADLINE: '1s',
   };
   const started = performance.now();
-  const child = spawn(process.execPath, [...(process.env.DAEMON_NODE_ARGS?.split(' ') ?? []), join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'ignore', 'inherit'] });
+  const child = spawn(process.execPath, [...DAEMON_NODE_FLAGS, join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'ignore', 'inherit'] });
   children.add(child);
   for (;;) {
     const ok = await fetch(`http://${ADMIN_IP}:15021/healthz/ready`).then((r) => r.status === 200, () => false);
@@ -204,10 +223,11 @@ async function runLocal(n) {
   const readyMs = performance.now() - started;
   await new Promise((r) => setTimeout(r, 2000));
   const rss = rssOf(child.pid);
+  const heap = await jsHeapOf();
   child.kill('SIGTERM');
   await new Promise((r) => child.once('close', r));
   children.delete(child);
-  return { workloads: n, fileMiB: round(bytes / 2 ** 20), timeToReadyMs: Math.round(readyMs), peakRssMiB: rss.peakRssMiB, rssAfterMiB: rss.rssMiB };
+  return { workloads: n, fileMiB: round(bytes / 2 ** 20), timeToReadyMs: Math.round(readyMs), peakRssMiB: rss.peakRssMiB, rssAfterMiB: rss.rssMiB, ...heap };
 }
 
 const SOURCES = (process.env.BENCH_XDS_SOURCES ?? 'xds,local').split(',');

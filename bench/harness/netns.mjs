@@ -17,6 +17,7 @@
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { DAEMON_NODE_FLAGS } from '../daemon-flags.mjs';
 import { parsePrometheusText, sumSamples } from '../../dist/cli/prom-text.js';
 import { startCni } from '../../test/helpers/fake-cni.js';
 import { Cluster, isRoot } from '../../test/helpers/netns.js';
@@ -109,7 +110,7 @@ export async function startNetns({ root, tmp, loadgen, workers, envoy, want, chi
         RUST_LOG: 'warn', ZTUNNEL_WORKER_THREADS: String(workers),
       };
       // `ip netns exec` execs the command: the child's pid is the daemon's.
-      daemons[node] = children.track(cluster.spawn(cluster.nodeNs(node), process.execPath, [join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'ignore', 'pipe'] }), `node-${node} (in-pod)`);
+      daemons[node] = children.track(cluster.spawn(cluster.nodeNs(node), process.execPath, [...DAEMON_NODE_FLAGS, join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'ignore', 'pipe'] }), `node-${node} (in-pod)`);
     }
     for (const [node, pod] of [['a', a1], ['b', b1]]) {
       await cni[node].next((e) => e.event === 'connected', `node-${node} connected to its CNI agent`, 30_000).catch((err) => {

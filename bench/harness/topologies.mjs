@@ -25,6 +25,7 @@ import { spawn } from 'node:child_process';
 import { connect } from 'node:net';
 import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { DAEMON_NODE_FLAGS } from '../daemon-flags.mjs';
 import { sumSamples, parsePrometheusText } from '../../dist/cli/prom-text.js';
 import { clientConfig, envoyCertificates, envoyStats, handshakeCounts, serverConfig } from './envoy.mjs';
 import { NETNS_TOPOLOGIES, startNetns } from './netns.mjs';
@@ -118,7 +119,7 @@ async function startLoopback({ root, tmp, block, loadgen, workers, envoy, want, 
       RUST_LOG: 'warn', ZTUNNEL_WORKER_THREADS: String(workers), XDS_ADDRESS: '', CA_ADDRESS: '',
       ...daemonEnv,
     };
-    const child = children.track(spawn(process.execPath, [join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'ignore', 'pipe'] }), node);
+    const child = children.track(spawn(process.execPath, [...DAEMON_NODE_FLAGS, join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'ignore', 'pipe'] }), node);
     daemons.push({ node, child, ready: `http://${ip}:15021` });
     // node-a creates the CA root; node-b starting at the same time waits on its file lock.
   }

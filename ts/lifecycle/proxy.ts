@@ -52,6 +52,7 @@ import { startCapture, type Capture } from './capture.js';
 import { watchLocalConfig, type LocalConfigWatch } from '../config/watch.js';
 import { buildInfo } from '../version.js';
 import { Drain, type DrainMode } from './drain.js';
+import { collectAfterBatch } from '../heap.js';
 import { logNativeEvent, type SuppressedCounts } from './events.js';
 import { Readiness } from './readiness.js';
 
@@ -275,7 +276,12 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   let batches: Promise<unknown> = Promise.resolve();
   function serially<T>(run: () => Promise<T>): Promise<T> {
     const next = batches.then(run);
-    batches = next.catch(() => undefined);
+    // The chain keeps no batch's answer (a first push's answer names every resource: 100k entries held until the
+    // next batch otherwise).
+    batches = next.then(
+      () => undefined,
+      () => undefined,
+    );
     return next;
   }
 
@@ -350,6 +356,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     }
     loader?.commit();
     staticConfig = new AppliedText(load.text);
+    collectAfterBatch(load.counts.workloads + load.counts.services + load.counts.policies);
     return {
       workloads: applied.changedWorkloads,
       services: applied.services,

@@ -841,5 +841,6 @@ module.exports.decodeAddress = nativeBinding.decodeAddress
 module.exports.localDiscard = nativeBinding.localDiscard
 module.exports.localPrepare = nativeBinding.localPrepare
 module.exports.localPrepareRecords = nativeBinding.localPrepareRecords
+module.exports.releaseFreeHeap = nativeBinding.releaseFreeHeap
 module.exports.version = nativeBinding.version
 module.exports.yamlToJson = nativeBinding.yamlToJson

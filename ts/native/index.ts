@@ -172,6 +172,11 @@ export function localDiscard(ticket: number): void {
   call(() => load().localDiscard(ticket));
 }
 
+/** Returns the process's free malloc heap to the kernel (after a large batch's garbage is collected). */
+export function releaseFreeHeap(): void {
+  call(() => load().releaseFreeHeap());
+}
+
 /** Up to this many resources, an Address response is applied on the JS thread (well under a millisecond each). */
 export const APPLY_NOW_RESOURCES = 64;
 

@@ -46,6 +46,7 @@ import type { AppliedOut } from '../native/types.js';
 import { ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, convertAuthorizationResource } from './convert.js';
 import { channelCredentials, grpcTarget, requestMetadata, serverNameOptions, type ControlPlaneTarget, type TokenSource } from './grpc.js';
 import type { XdsMetrics } from './metrics.js';
+import { responseCollector } from '../heap.js';
 
 export const DELTA_ADS_PATH = '/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources';
 /** Watched at connect, in this order (ztunnel's). */
@@ -240,12 +241,15 @@ export class XdsClient {
       metadata,
     );
     this.call = call;
+    const handled = responseCollector();
     call.on('data', (r: Received) => {
       if (attempt !== this.attempt) return;
       gotResponse = true;
+      const bytes = r.bytes;
       this.handling = this.handling
         .then(() => this.onResponse(call, r))
-        .catch((err: unknown) => opts.logger.error({ err: err instanceof Error ? err.message : String(err) }, 'XDS response handling failed'));
+        .catch((err: unknown) => opts.logger.error({ err: err instanceof Error ? err.message : String(err) }, 'XDS response handling failed'))
+        .then(() => handled(bytes));
     });
     // 'error' carries the same status as 'status'; a listener is required so grpc-js does not throw it.
     call.on('error', () => undefined);

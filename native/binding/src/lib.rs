@@ -284,6 +284,14 @@ pub fn local_discard(ticket: u32) {
     dataplane::state::local::take(ticket);
 }
 
+/// Gives the allocator's free heap back to the kernel (malloc_trim). The control side calls it after collecting the
+/// garbage of a large batch: the batch's answer, its JSON and the JS buffers are freed only after the dataplane has
+/// returned, so the trim the dataplane does at the end of a batch cannot reach them (33 MiB resident at 100k).
+#[napi]
+pub fn release_free_heap() {
+    dataplane::alloc::release_free_heap();
+}
+
 /// JSON `{ version, cryptoProvider, buildProfile }` of the native build.
 #[napi]
 pub fn version() -> String {
