@@ -16,4 +16,14 @@ export default tseslint.config(
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_' }],
     },
   },
+  // Type-aware rules for the TypeScript layer: a promise nobody awaits or handles is a rejection nobody sees (the
+  // daemon's lifecycle is promise chains), and a promise where a callback's result is ignored is one too.
+  {
+    files: ['ts/**/*.ts'],
+    languageOptions: { parserOptions: { projectService: true, tsconfigRootDir: import.meta.dirname } },
+    rules: {
+      '@typescript-eslint/no-floating-promises': ['error', { ignoreVoid: false }],
+      '@typescript-eslint/no-misused-promises': 'error',
+    },
+  },
 );

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs istio-cni's in-pod redirection inside a pod network namespace (Istio cni/pkg/iptables, the rules of
-# its default golden file; spec §5.2): outbound TCP to 15001, inbound TCP (except 15008) to 15006, ztunnel's own
-# marked traffic (0x539) exempt, kubelet probes from 169.254.7.127 exempt, and the connmark + policy route that
+# its golden file testdata/default.golden): outbound TCP to 15001, inbound TCP (except 15008) to 15006, ztunnel's
+# own marked traffic (0x539) exempt, kubelet probes from 169.254.7.127 exempt, and the connmark + policy route that
 # delivers replies to ztunnel's transparent sockets. IPv4 only.
 # DNS capture, as istio-cni installs it when DNS capture is on (Istio's default since 1.25): the pod's DNS over UDP
 # (not via lo) and TCP (not to 127.0.0.1) to port 53 goes to the DNS proxy on 15053, ztunnel's own marked queries to

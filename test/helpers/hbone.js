@@ -1,6 +1,6 @@
 // An independent HBONE peer built only on Node's own `tls` and `http2`: it shares no code with ztunnel-node, so a
-// daemon that talks to it interoperates with HTTP/2 CONNECT over mutual TLS as specified (istio-ambient.md §2), not
-// merely with itself.
+// daemon that talks to it interoperates with HTTP/2 CONNECT over mutual TLS as Istio's HBONE defines it (TLS 1.3,
+// ALPN h2, SPIFFE URI SANs, one CONNECT stream per TCP connection), not merely with itself.
 import { connect as http2Connect, createSecureServer } from 'node:http2';
 import { connect as tlsConnect } from 'node:tls';
 import assert from 'node:assert/strict';

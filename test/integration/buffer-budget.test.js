@@ -140,7 +140,7 @@ test('ten connections that stop reading stay within the buffer budget: the large
     timeoutMs: 10_000,
     message: `RSS back within 32 MiB of its baseline (${(baseline / MiB).toFixed(0)} MiB)`,
   });
-  // Descriptors back to where they were, and no half-closed sockets left behind (security.md §7 item 25).
+  // Descriptors back to where they were, and no half-closed sockets left behind once the hostile peers are gone.
   await waitFor(() => fds() <= baseFds + 2, { timeoutMs: 10_000, message: `descriptors back to ${baseFds}` });
   await waitFor(() => halfClosed() === 0, { timeoutMs: 10_000, message: 'no CLOSE-WAIT or FIN-WAIT-2 sockets' });
   await roundTrip();

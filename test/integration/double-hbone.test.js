@@ -1,4 +1,4 @@
-// Double HBONE (istio-ambient.md §2.7): a client on one network reaches a service endpoint on another through that
+// Double HBONE: a client on one network reaches a service endpoint on another through that
 // network's east-west gateway, a real Envoy configured as Istio's (test/fixtures/envoy/eastwest-gateway.yaml).
 //
 //   sleep ─SOCKS5─▶ node-a (NETWORK=net-a) ══outer HBONE══▶ Envoy E/W gateway (net-b) ──TCP──▶ node-b (NETWORK=net-b)

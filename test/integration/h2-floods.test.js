@@ -1,7 +1,7 @@
-// HTTP/2 floods from an authenticated peer (security.md §7 item 22; issue: hardening): frames no client library
-// sends, written by hand (test/helpers/h2raw.js). Each must end in GOAWAY or a close, with the daemon's memory flat
-// and a legitimate round trip working meanwhile. Asserted on the daemon's own figures: the GOAWAY code it sends, when
-// it closes, its RSS (/proc/<pid>/status).
+// HTTP/2 floods from an authenticated peer, the known attack classes on an h2 server (issue: hardening): frames no
+// client library sends, written by hand (test/helpers/h2raw.js). Each must end in GOAWAY or a close, with the
+// daemon's memory flat and a legitimate round trip working meanwhile. Asserted on the daemon's own figures: the
+// GOAWAY code it sends, when it closes, its RSS (/proc/<pid>/status).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';

@@ -1,4 +1,4 @@
-// The admin server's routes and answers (spec §7.1), against fake handlers.
+// The admin server's routes and answers (ztunnel's), against fake handlers.
 import { request } from 'node:http';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

@@ -1,5 +1,5 @@
 // The admin server (ADMIN_ADDR, default 127.0.0.1:15000; local-only because it can stop the proxy).
-// Routes and answers follow ztunnel (spec §7.1) so istioctl and existing runbooks keep working.
+// Routes and answers follow ztunnel's admin API so istioctl and existing runbooks keep working.
 import { createServer, type IncomingMessage, type Server } from 'node:http';
 import { isIP } from 'node:net';
 import { formatLogFilter, parseLogFilter } from '../log/filter.js';

@@ -1,4 +1,4 @@
-// Prometheus metrics (spec §7.3). The dataplane counts in Rust; this module only renders.
+// Prometheus metrics, with ztunnel's names and labels. The dataplane counts in Rust; this module only renders.
 //
 // Invariants:
 // - The native MetricsSnapshot is read ONCE per scrape, and every istio_ metric of that scrape comes from that
@@ -171,7 +171,10 @@ type ContentType = RegistryContentType;
 const DNS_LABELS = ['request_query_type', 'request_protocol', 'source_canonical_service', 'source_canonical_revision'] as const;
 /** ztunnel's HELP texts (src/dns/metrics.rs), so dashboards built on them read the same. */
 const DNS_DURATION_HELP = 'Total time in seconds Istio takes to get DNS response from upstream (unstable)';
-/** The spec's buckets for the upstream duration histogram (seconds; ztunnel's source writes the first as 0.005). */
+/**
+ * ztunnel's buckets for the upstream duration histogram, in seconds. Its source (src/dns/metrics.rs) writes the first
+ * as 0.005, which breaks the ascending order; 0.0005 is taken as meant.
+ */
 export const DNS_DURATION_BUCKETS = [0.0005, 0.001, 0.01, 0.1, 1, 5] as const;
 const DNS_COUNTERS = [
   { name: 'istio_dns_requests_total', help: 'Total number of DNS requests (unstable)', field: 'requests' },

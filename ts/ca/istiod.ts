@@ -1,4 +1,4 @@
-// istiod's CA (spec §4.1): `/istio.v1.auth.IstioCertificateService/CreateCertificate` over TLS, behind the same
+// istiod's CA: `/istio.v1.auth.IstioCertificateService/CreateCertificate` over TLS, behind the same
 // CertificateAuthority interface as the built-in CA, so local mode and istiod mode share the manager.
 //
 // The response is checked before anything is installed: the leaf's SPIFFE URI SAN must be the identity asked

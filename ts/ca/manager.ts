@@ -1,5 +1,5 @@
 // Keeps one certificate per identity installed in the dataplane: CSR (the key stays in Rust) -> CA -> install.
-// ztunnel's SecretManager (spec §4.2), in TypeScript: the native side asks for nothing per connection, it only
+// ztunnel's SecretManager, in TypeScript: the native side asks for nothing per connection, it only
 // receives certificates.
 //
 // Invariants:
@@ -235,11 +235,17 @@ export class CertificateManager {
       this.queue.delete(entry);
       entry.phase = 'inflight';
       this.inflight++;
-      void this.fetchOnce(entry).finally(() => {
-        this.inflight--;
-        entry.phase = 'idle';
-        this.pump();
-      });
+      this.fetchOnce(entry)
+        .finally(() => {
+          this.inflight--;
+          entry.phase = 'idle';
+          this.pump();
+        })
+        // fetchOnce reports its own failures; this is for a bug past it (a rejection left unhandled ends Node).
+        .catch((err: unknown) => {
+          const message = err instanceof Error ? err.message : String(err);
+          this.opts.logger.error({ identity: entry.identity, err: message }, 'certificate fetch failed unexpectedly');
+        });
     }
   }
 

@@ -157,7 +157,10 @@ async function waitReady(node: RunningNode): Promise<void> {
   const deadline = Date.now() + READY_TIMEOUT_MS;
   let last = 'no answer';
   let exitCode: number | null | undefined;
-  void node.exited.then((c) => (exitCode = c));
+  node.exited.then(
+    (c) => (exitCode = c),
+    () => undefined,
+  );
   while (Date.now() < deadline) {
     if (exitCode !== undefined) throw new Error(`${node.name} exited with code ${String(exitCode)} before it was ready`);
     try {
@@ -323,7 +326,7 @@ export async function runDemo(args: readonly string[], env: Readonly<Record<stri
   const onSigint = () => {
     process.stderr.write('\nstopping...\n');
     interrupted?.();
-    void cleanup();
+    cleanup().catch((err: unknown) => process.stderr.write(`cleanup failed: ${err instanceof Error ? err.message : String(err)}\n`));
   };
   process.on('SIGINT', onSigint);
   process.on('SIGTERM', onSigint);
@@ -397,7 +400,7 @@ ${table(policy.rows)}
       await new Promise<void>((resolve) => {
         interrupted = resolve;
         // A node dying while we wait ends the demo too.
-        for (const n of nodes) void n.exited.then(() => resolve());
+        for (const n of nodes) n.exited.then(() => resolve(), () => resolve());
       });
     }
     await cleanup();

@@ -1,4 +1,4 @@
-// Default values, each with the reason it is what it is. Most are ztunnel's (spec §6.2) so that a chart written
+// Default values, each with the reason it is what it is. Most are ztunnel's own defaults, so that a chart written
 // for ztunnel behaves the same with ztunnel-node.
 import type { SocketAddress } from './address.js';
 

@@ -256,7 +256,7 @@ function resolve(
 }
 
 /**
- * ztunnel's rule (spec §9): an explicit deadline wins; else from the pod's grace period leave time for the
+ * ztunnel's rule: an explicit deadline wins; else from the pod's grace period leave time for the
  * kubelet's SIGKILL (N-5 s for long grace periods, N-1 s for short ones), never under 1 s; else 5 s.
  */
 export function terminationDeadlineMs(explicitMs: number | undefined, gracePeriodSeconds: number | undefined): number {
@@ -268,7 +268,7 @@ export function terminationDeadlineMs(explicitMs: number | undefined, gracePerio
   return D.DEFAULT_TERMINATION_DEADLINE_MS;
 }
 
-/** Worker threads per spec §0. The core count honours container CPU limits before the machine's count. */
+/** Worker threads by ztunnel's rule. The core count honours container CPU limits before the machine's count. */
 export function workerThreads(
   raw: Pick<RawConfig, 'ZTUNNEL_WORKER_THREADS' | 'ZTUNNEL_CPU_LIMIT' | 'ZTUNNEL_RESOURCE_CPU_LIMIT' | 'ZTUNNEL_RESOURCE_CPU_REQUEST'>,
   cpuCount: number,

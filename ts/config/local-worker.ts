@@ -141,5 +141,6 @@ if (parentPort !== null) {
     }
   }
 
-  void load();
+  // load() posts its own failures; this is for a bug past it (the daemon then hears of it instead of waiting).
+  load().catch((err: unknown) => post({ op: 'failed', message: err instanceof Error ? err.message : String(err) }));
 }

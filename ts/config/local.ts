@@ -1,4 +1,4 @@
-// The local config file (LOCAL_XDS_PATH / LOCAL_XDS; spec §6.1): workloads, services and policies in ztunnel's
+// The local config file (LOCAL_XDS_PATH / LOCAL_XDS): workloads, services and policies in ztunnel's
 // camelCase YAML. Validation is strict, like ztunnel's `deny_unknown_fields`: a typo must fail loudly, not turn
 // into a silently missing field. Every error names the file, the path inside the document
 // (`workloads[1].workloadIps[0]`) and the problem. This is the edge where untyped YAML becomes the state model;
@@ -208,7 +208,7 @@ const matchSchema = z.strictObject({
 
 const policySchema = z.strictObject({
   name: z.string().min(1, { error: 'must not be empty' }),
-  // Global policies live under namespace "" (spec §8).
+  // Global policies live under namespace "", as ztunnel stores them.
   namespace: z.string().default(''),
   scope: z.enum(['Global', 'Namespace', 'WorkloadSelector']),
   action: z.enum(['Allow', 'Deny']),

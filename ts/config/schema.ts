@@ -1,5 +1,5 @@
 // The ONE schema for ztunnel-node's configuration. Keys are environment variable names (ztunnel's names where
-// ztunnel has the knob, spec §6.2); every key also has a CLI flag derived mechanically from it
+// ztunnel has the knob); every key also has a CLI flag derived mechanically from it
 // (NODE_NAME <-> --node-name), so docs, `--help` and parsing cannot drift apart. Values arrive as strings from
 // either source and each field schema converts and validates its own string; cross-field rules live in
 // `superRefine` below. Defaults are NOT here: they depend on other fields (mode, CPU count) and live, named and

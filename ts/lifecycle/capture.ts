@@ -1,7 +1,7 @@
 // Traffic capture: shared (in-pod) mode hands the dataplane's workload proxy manager the istio-cni ZDS socket;
 // dedicated mode starts capture listeners for the one PROXY_WORKLOAD_INFO workload in the daemon's own namespace.
 //
-// Readiness (spec §7.2): shared mode registers "workload proxy manager", which is done only while the manager is
+// Readiness (as in ztunnel): shared mode registers "workload proxy manager", which is done only while the manager is
 // connected to istio-cni, has received the snapshot and has no pending pod; it turns pending again when the CNI
 // connection drops, and done again when it recovers, without a restart. The manager's state is polled (one native
 // call per tick, with the event pump), never pushed per pod; polls and metric scrapes leave the pods' live

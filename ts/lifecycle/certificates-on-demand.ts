@@ -31,9 +31,14 @@ export function answerCertificateRequests(plane: CertificateAsks, certs: Certifi
       if (asked.length === 0 || stopped) return;
       for (const identity of asked) {
         log.info({ identity }, 'certificate requested on demand by the dataplane');
-        void certs.ensure(identity, 'RealTime').then((ok) => {
-          if (!ok && !stopped) log.warn({ identity }, 'certificate requested on demand could not be obtained');
-        });
+        certs.ensure(identity, 'RealTime').then(
+          (ok) => {
+            if (!ok && !stopped) log.warn({ identity }, 'certificate requested on demand could not be obtained');
+          },
+          (err: unknown) => {
+            if (!stopped) log.warn({ identity, err: err instanceof Error ? err.message : String(err) }, 'certificate requested on demand could not be obtained');
+          },
+        );
       }
     }
   })();

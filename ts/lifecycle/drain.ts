@@ -35,7 +35,8 @@ export class Drain {
   /** Registers work to do at drain. Watchers added after the trigger run immediately. */
   watch(name: string, fn: DrainWatcher): void {
     if (this.started) {
-      void this.run(name, fn, this.drainMode ?? 'immediate');
+      // run() logs a failed step itself and never rejects.
+      this.run(name, fn, this.drainMode ?? 'immediate').catch(() => undefined);
       return;
     }
     this.watchers.push({ name, fn });

@@ -101,9 +101,13 @@ export class LocalWorkloads {
       if (!this.stopped) this.opts.onError(uid, err);
     });
     this.chains.set(uid, next);
-    void next.then(() => {
-      if (this.chains.get(uid) === next) this.chains.delete(uid);
-    });
+    // `next` never rejects (its failures went to onError above).
+    next.then(
+      () => {
+        if (this.chains.get(uid) === next) this.chains.delete(uid);
+      },
+      () => undefined,
+    );
   }
 
   /** Brings one uid's listeners to `want` (undefined: none). Certificates were claimed in `reconcile`. */
@@ -155,7 +159,8 @@ export class LocalWorkloads {
       let set = this.users.get(identity);
       if (!set) this.users.set(identity, (set = new Set()));
       set.add(uid);
-      void this.opts.certs.ensure(identity, 'Warmup');
+      // A warm-up only: the listener that needs it asks again and reports a failure (converge).
+      this.opts.certs.ensure(identity, 'Warmup').catch(() => undefined);
     } else {
       this.claims.delete(uid);
     }

@@ -234,11 +234,18 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       resolveClosed(exitCode);
     });
   }
+  /** shutdown() from a callback that cannot wait for it: a failure of the drain itself is logged, and still exits. */
+  function shutdownSoon(mode: DrainMode, reason: string): void {
+    shutdown(mode, reason).catch((err: unknown) => {
+      log.error({ err: err instanceof Error ? err.message : String(err) }, 'shutdown failed');
+      resolveClosed(1);
+    });
+  }
   function fatal(what: string, err: unknown): void {
     if (drain.signal.aborted) return;
     log.error({ err: err instanceof Error ? err.message : String(err), code: (err as { code?: string }).code }, `${what}; shutting down`);
     exitCode = 1;
-    void shutdown('immediate', 'fatal error');
+    shutdownSoon('immediate', 'fatal error');
   }
 
   // Certificates and listeners for the workloads on this node (local mode), or certificate prefetch only
@@ -386,7 +393,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     });
     const admin = createAdminServer({
       logs,
-      quit: (reason) => void shutdown('graceful', reason),
+      quit: (reason) => shutdownSoon('graceful', reason),
       authorize: (r) => {
         if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
         return dp.authorize(r);
@@ -471,7 +478,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         }
         return;
       }
-      void shutdown('graceful', signal);
+      shutdownSoon('graceful', signal);
     };
     process.on('SIGTERM', onSignal);
     process.on('SIGINT', onSignal);
@@ -592,7 +599,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   }
   firstApplied(true);
   // Inline LOCAL_XDS never changes: its worker (and the policies it keeps for diffs) can go.
-  if (localWatch === null) void loader?.close();
+  if (localWatch === null) loader?.close().catch((err: unknown) => log.warn({ err: err instanceof Error ? err.message : String(err) }, 'closing the local config loader failed'));
   if (config.xdsAddress === null) markSynced();
 
   if (config.xdsAddress !== null) {
@@ -622,21 +629,24 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     proxyTask.done();
     proxyReady = true;
   }
-  void stateReady.then(async () => {
-    stateTask.done();
-    if (config.proxyMode !== 'local' && !drain.signal.aborted) {
-      // ztunnel connects to istio-cni only after the initial state sync.
-      capture = startCapture(config, dp as DataplanePort, readiness, log, (id) => (certs === null ? Promise.reject(new Error('no CA configured (CA_ADDRESS or LOCAL_CA_DIR)')) : certs.ensure(id)));
-    }
-    if (localWorkloads === null || !gatesReadiness) return;
-    const nodeName = config.nodeName as string;
-    if (store.workloadsOnNode(nodeName).length === 0) log.warn({ node: nodeName }, 'no workload in the state runs on this node (yet)');
-    await localWorkloads.settled();
-    if (drain.signal.aborted || exitCode !== 0) return;
-    certTask.done();
-    proxyTask.done();
-    proxyReady = true;
-  });
+  stateReady
+    .then(async () => {
+      stateTask.done();
+      if (config.proxyMode !== 'local' && !drain.signal.aborted) {
+        // ztunnel connects to istio-cni only after the initial state sync.
+        capture = startCapture(config, dp as DataplanePort, readiness, log, (id) => (certs === null ? Promise.reject(new Error('no CA configured (CA_ADDRESS or LOCAL_CA_DIR)')) : certs.ensure(id)));
+      }
+      if (localWorkloads === null || !gatesReadiness) return;
+      const nodeName = config.nodeName as string;
+      if (store.workloadsOnNode(nodeName).length === 0) log.warn({ node: nodeName }, 'no workload in the state runs on this node (yet)');
+      await localWorkloads.settled();
+      if (drain.signal.aborted || exitCode !== 0) return;
+      certTask.done();
+      proxyTask.done();
+      proxyReady = true;
+    })
+    // Capture or the local listeners failing to start after the first sync ends the daemon, as at startup.
+    .catch((err: unknown) => fatal('starting after the initial state sync failed', err));
 
   return handle;
 }

@@ -36,7 +36,7 @@ export class Readiness {
   }
 }
 
-/** The /healthz/ready answer for a set of pending tasks (spec §7.2). */
+/** The /healthz/ready answer for a set of pending tasks, byte for byte as ztunnel's. */
 export function renderReadiness(pending: readonly string[]): { status: number; body: string } {
   if (pending.length === 0) return { status: 200, body: 'ready\n' };
   return { status: 500, body: `not ready, pending: ${[...pending].sort().join(', ')}\n` };

@@ -16,7 +16,7 @@ export interface ServiceAccountMatch {
   serviceAccount: string;
 }
 
-/** One match of a policy clause; every list empty means "no constraint" (spec §8). */
+/** One match of a policy clause; every list empty means "no constraint", as in ztunnel. */
 export interface PolicyMatch {
   namespaces: StringMatch[];
   notNamespaces: StringMatch[];

@@ -1,4 +1,4 @@
-// The delta ADS client (spec §3.1): one DeltaAggregatedResources stream to istiod carrying both watched types,
+// The delta ADS client, as ztunnel's: one DeltaAggregatedResources stream to istiod carrying both watched types,
 // Address (workloads and services) and Authorization (policies).
 //
 // Invariants:
@@ -67,7 +67,7 @@ export function ztunnelNodeId(c: { instanceIp: string | null; podName: string | 
   return `ztunnel~${c.instanceIp ?? '1.1.1.1'}~${c.podName ?? ''}.${ns}~${ns}.svc.cluster.local`;
 }
 
-/** Node metadata (spec §3.2): NAME, NAMESPACE, INSTANCE_IPS, NODE_NAME, then ISTIO_META_* / ISTIO_METAJSON_*. */
+/** ztunnel's node metadata: NAME, NAMESPACE, INSTANCE_IPS, NODE_NAME, then ISTIO_META_* / ISTIO_METAJSON_*. */
 export function ztunnelNodeMetadata(c: {
   podName: string | null;
   podNamespace: string | null;

@@ -1,4 +1,4 @@
-// The XDS client's counters (spec §7.3): istio_xds_connection_terminations_total{reason},
+// The XDS client's counters, named as ztunnel's: istio_xds_connection_terminations_total{reason},
 // istio_xds_message_total{url}, istio_xds_message_bytes_total{url}. Counted here, rendered by ts/admin/metrics.ts.
 
 export interface XdsCounters {

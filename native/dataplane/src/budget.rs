@@ -1,4 +1,5 @@
-//! The node's budget for stream data buffered toward HBONE peers, across all connections (security.md §7).
+//! The node's budget for stream data buffered toward HBONE peers, across all connections, so that memory stays
+//! bounded however many authenticated peers open streams and never read.
 //!
 //! What is counted: the bytes a copy loop read from a local socket for an HTTP/2 stream that the connection has not
 //! yet written to its TLS session. That is where a peer that stops reading makes us hold memory: h2 keeps up to

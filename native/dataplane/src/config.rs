@@ -101,7 +101,7 @@ pub struct Config {
     pub connect_timeout_ms: u64,
     pub socks5_enabled: bool,
     /// How long an inbound peer may take to finish the TLS handshake and the HTTP/2 preface. ztunnel has no such
-    /// deadline (security.md §1.5); without one a peer can hold sockets open for free.
+    /// deadline on its 15008 listener; without one a peer can hold sockets open for free.
     pub handshake_timeout_ms: u64,
     /// Bind outbound sockets to the source workload's IP. Local mode sets it, so peers (and their policies) see
     /// the workload's address rather than 127.0.0.1; in a pod's netns the pod IP is the only address anyway.

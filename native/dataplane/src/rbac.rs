@@ -1,4 +1,4 @@
-//! L4 authorization, evaluated at the destination for every inbound connection (spec §8).
+//! L4 authorization, evaluated at the destination for every inbound connection (never at the source, as in ztunnel).
 //!
 //! Istio's semantics: the policy set of a destination workload is the GLOBAL policies, the NAMESPACE policies of
 //! its namespace, and the WORKLOAD_SELECTOR policies it names. Dry-run policies are only reported. Any matching

@@ -2,7 +2,7 @@
 //!
 //! Every socket ztunnel-node creates comes from a `SocketFactory`: in local mode the daemon's own network namespace;
 //! in-pod, the pod's namespace with `SO_MARK` set, so the pod's iptables rules let ztunnel-node's own traffic through
-//! instead of capturing it again (security.md I5).
+//! instead of capturing it again, which would loop it back into the proxy.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};

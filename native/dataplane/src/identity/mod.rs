@@ -78,8 +78,8 @@ pub fn uri_sans(der: &[u8]) -> Result<Vec<String>, String> {
 }
 
 /// The single SPIFFE identity of a certificate. Istio takes the first URI SAN that parses; we refuse a
-/// certificate with more than one SPIFFE SAN instead (security.md §1.4: two SANs let trust-domain checks and
-/// authorization look at different identities).
+/// certificate with more than one SPIFFE SAN instead: with two, a trust-domain check could pass on one SAN while
+/// authorization looks at the other.
 pub fn spiffe_identity(der: &[u8]) -> Result<Identity, String> {
     let ids: Vec<Identity> = uri_sans(der)?.iter().filter_map(|s| s.parse::<Identity>().ok()).collect();
     match ids.len() {

@@ -1,4 +1,4 @@
-//! ZDS: the istio-cni ↔ ztunnel protocol (package istio.workload.zds, spec §5.1), and its transport: a Unix
+//! ZDS: the istio-cni ↔ ztunnel protocol (package istio.workload.zds), and its transport: a Unix
 //! SOCK_SEQPACKET socket, one protobuf message per datagram, the pod's netns fd passed with SCM_RIGHTS.
 //!
 //! Message types are declared with prost's derive (the field numbers below are Istio's; `proto/zds.proto` is the
@@ -242,7 +242,7 @@ pub fn send_with_fd(sock: RawFd, msg: &impl Message, fd: Option<RawFd>) -> Resul
 mod tests {
     use super::*;
 
-    /// Field numbers are the contract with istio-cni (spec §5.1): DelWorkload.uid = 2, WorkloadRequest.keep = 5.
+    /// Field numbers are the contract with istio-cni: DelWorkload.uid = 2, WorkloadRequest.keep = 5.
     #[test]
     fn wire_encoding_matches_istio_field_numbers() {
         let del = WorkloadRequest { payload: Some(workload_request::Payload::Del(DelWorkload { uid: "u".into() })) };

@@ -1,4 +1,4 @@
-//! Double HBONE (spec 2.7): reaching a service endpoint on another network through that network's gateway.
+//! Double HBONE: reaching a service endpoint on another network through that network's gateway.
 //!
 //! The outer CONNECT goes to the gateway over the ordinary pooled HBONE connection (verified as the gateway). Inside
 //! that stream runs a second, end-to-end HBONE connection to the destination's node: TLS 1.3 (our workload's

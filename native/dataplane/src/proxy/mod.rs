@@ -23,7 +23,7 @@ use crate::state::State;
 
 /// Which local workload a proxy serves. Local mode knows the uid; in-pod, istio-cni names the pod (namespace,
 /// name, service account) and the workload is looked up in the state on each connection, so it can arrive or change
-/// after the proxy started. Never inferred from packet contents (security.md I7).
+/// after the proxy started. Never inferred from packet contents, so a pod cannot pass itself off as another.
 #[derive(Debug, Clone)]
 pub enum LocalRef {
     Uid(Arc<str>),

@@ -855,7 +855,7 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
     access_log(pi, client_addr, Some(&routed), s, r, started, result.as_ref().err().map(|e| e.to_string()));
 }
 
-/// ztunnel's "connection complete" access log record (spec §7.4), outbound side.
+/// ztunnel's "connection complete" access log record (target `access`, same field names), outbound side.
 pub fn access_log(
     pi: &ProxyInputs,
     client: SocketAddr,

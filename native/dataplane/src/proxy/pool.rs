@@ -2,7 +2,8 @@
 //!
 //! Invariants:
 //! - A connection is only ever shared by streams with the same key: {source identity, expected destination
-//!   identities, next-hop address, source IP} (security.md I13). The key is compared whole, not just hashed.
+//!   identities, next-hop address, source IP}, ztunnel's pool key, so a tunnel never carries another identity's
+//!   streams. The key is compared whole, not just hashed.
 //! - A connection carries at most min(POOL_MAX_STREAMS_PER_CONNECTION, the peer's SETTINGS_MAX_CONCURRENT_STREAMS)
 //!   streams; the count is reserved under the key's lock, so concurrent callers never overshoot.
 //! - Concurrent first requests for one key create exactly one connection: creation holds a per-key async lock and

@@ -464,7 +464,7 @@ fn service(s: WireService) -> Result<ServiceJson, Reason> {
         load_balancer,
         ip_families,
         canonical: s.canonical,
-        // An unknown visibility is PUBLIC (spec §3.3): newer istiods may add values.
+        // An unknown visibility is PUBLIC, as ztunnel reads it: newer istiods may add values.
         visibility: Some(if s.visibility == 1 { Visibility::Namespace } else { Visibility::Public }),
     })
 }

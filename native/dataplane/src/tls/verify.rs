@@ -280,7 +280,7 @@ mod tests {
 
     #[test]
     fn certificates_with_two_spiffe_sans_are_refused_both_ways() {
-        // security.md §1.4: a trusted CA issuing two SANs must not let verification and authorization disagree.
+        // A trusted CA issuing two SANs must not let verification and authorization look at different identities.
         let two = cert_with_sans(&[
             "spiffe://cluster.local/ns/default/sa/echo",
             "spiffe://cluster.local/ns/default/sa/admin",

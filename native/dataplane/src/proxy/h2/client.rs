@@ -20,7 +20,7 @@ pub fn builder(cfg: &Config) -> h2::client::Builder {
     b
 }
 
-/// Headers of one CONNECT (spec §2.3).
+/// The headers ztunnel sets on every CONNECT it sends.
 pub struct ConnectHeaders {
     pub baggage: String,
     pub forwarded: String,

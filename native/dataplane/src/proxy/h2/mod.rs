@@ -1,4 +1,4 @@
-//! HTTP/2 for HBONE: the settings both sides use (Istio's, spec §2.2) and the PING keepalive.
+//! HTTP/2 for HBONE: the settings both sides use (ztunnel's) and its PING keepalive.
 
 pub mod client;
 pub mod server;

@@ -1,4 +1,4 @@
-//! The HBONE server side of HTTP/2: Istio's server settings (spec §2.2).
+//! The HBONE server side of HTTP/2: ztunnel's server settings.
 
 /// ztunnel advertises 200 concurrent streams per connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 200;
