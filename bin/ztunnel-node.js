@@ -8,7 +8,10 @@ if (process.argv[2] === 'proxy') {
   const { bindEarlyReadiness } = await import('../dist/admin/early-readiness.js');
   bindEarlyReadiness(process.env, process.argv.slice(3));
   const turn = () => new Promise((resolve) => setTimeout(resolve, 1));
-  for (const part of ['@grpc/grpc-js', 'zod', 'pino', 'prom-client', '../dist/lifecycle/proxy.js']) {
+  // gRPC loads only with an istiod to talk to (the daemon imports it then too; named here so that it loads in a turn
+  // of its own when the environment says so).
+  const istiod = Boolean(process.env.XDS_ADDRESS || process.env.CA_ADDRESS);
+  for (const part of [...(istiod ? ['@grpc/grpc-js'] : []), 'zod', 'pino', 'prom-client', '../dist/lifecycle/proxy.js']) {
     await turn();
     await import(part);
   }

@@ -63,6 +63,7 @@ export const BLOCKS = Object.freeze({
   'buffer-budget': 69,
   'early-readiness': 70,
   'h2-floods': 71,
+  'lazy-modules': 72,
 });
 
 /** Addresses of one file's block. */

@@ -35,7 +35,6 @@ import { createReadinessServer } from '../admin/readiness-server.js';
 import { readinessHandler, takeEarlyReadiness } from '../admin/early-readiness.js';
 import { createStatsServer } from '../admin/stats-server.js';
 import { LocalCertificateAuthority, type CertificateAuthority } from '../ca/authority.js';
-import { IstiodCertificateAuthority } from '../ca/istiod.js';
 import { CertificateManager } from '../ca/manager.js';
 import { ConfigError, LocalConfigError } from '../errors.js';
 import type { Logs } from '../log/logger.js';
@@ -43,8 +42,8 @@ import type { Logger } from 'pino';
 import { Dataplane, nativeVersion } from '../native/index.js';
 import type { AppliedOut, DataplaneConfig, NativeVersion } from '../native/types.js';
 import { StateStore, type AppliedChange, type StateChange } from '../state/store.js';
-import { XdsClient, ztunnelNodeId, ztunnelNodeMetadata } from '../xds/client.js';
-import { TokenSource } from '../xds/grpc.js';
+import type { XdsClient } from '../xds/client.js';
+import { TokenSource } from '../xds/token.js';
 import { XdsMetrics } from '../xds/metrics.js';
 import { LocalWorkloads } from './local-workloads.js';
 import { answerCertificateRequests } from './certificates-on-demand.js';
@@ -522,6 +521,8 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const token = new TokenSource(config.authToken);
   try {
     if (config.caAddress !== null && config.nodeName !== null) {
+      // gRPC and the CA's protobuf code load only when istiod is the CA (bench/results/README.md, the Node footprint).
+      const { IstiodCertificateAuthority } = await import('../ca/istiod.js');
       // One daemon asks for many identities (local and shared modes): istiod must let it impersonate them.
       ca = new IstiodCertificateAuthority({
         target: { address: config.caAddress, rootCa: config.caRootCa, altHostname: config.altCaHostname },
@@ -603,6 +604,8 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   if (config.xdsAddress === null) markSynced();
 
   if (config.xdsAddress !== null) {
+    // The xDS client, gRPC and the envoy/istio protobuf code load only when there is an istiod to talk to.
+    const { XdsClient, ztunnelNodeId, ztunnelNodeMetadata } = await import('../xds/client.js');
     xds = new XdsClient({
       target: { address: config.xdsAddress, rootCa: config.xdsRootCa, altHostname: config.altXdsHostname },
       token,

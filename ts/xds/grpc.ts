@@ -12,8 +12,10 @@ import { existsSync, readFileSync } from 'node:fs';
 import { isIP, type Socket } from 'node:net';
 import { checkServerIdentity, connect as tlsConnect, createSecureContext, type PeerCertificate, type SecureContext } from 'node:tls';
 import * as grpc from '@grpc/grpc-js';
-import { DEFAULT_AUTH_TOKEN_PATH } from '../config/defaults.js';
 import { ConfigError } from '../errors.js';
+import type { TokenSource } from './token.js';
+
+export { TokenSource } from './token.js';
 
 export interface ControlPlaneTarget {
   /** https://host:port */
@@ -112,23 +114,6 @@ export function channelCredentials(t: ControlPlaneTarget): grpc.ChannelCredentia
   };
   // No `ca` (SYSTEM) is Node's default roots, as grpc-js's createSsl(null).
   return new ControlPlaneCredentials(createSecureContext(roots === null ? {} : { ca: roots }), host, checkIdentity);
-}
-
-/** AUTH_TOKEN: a file (read on every call, so a rotated token is used on the next request) or the literal. */
-export class TokenSource {
-  constructor(private readonly setting: string | null) {}
-
-  /** The token, or null when none is configured. Throws when the token file exists but is empty. */
-  read(): string | null {
-    const path = this.setting ?? DEFAULT_AUTH_TOKEN_PATH;
-    if (existsSync(path)) {
-      const token = readFileSync(path, 'utf8').trim();
-      if (token === '') throw new Error(`the token file ${path} is empty`);
-      return token;
-    }
-    // A setting that is not an existing file is the token itself; the default path is simply absent.
-    return this.setting;
-  }
 }
 
 /** Metadata for one request: `authorization: Bearer` and `clusterid` when a token is configured, then extras. */
