@@ -85,10 +85,13 @@ test('ensure: CSR → sign → install, then Available with a dump in ztunnel fo
 
 test('a failed fetch is Unavailable with the reason, then retried', { skip }, async () => {
   const { keys, ca, calls } = fakes({ failFirst: 1 });
-  const m = new CertificateManager({ keys, ca, ttlSeconds: 60, logger });
+  const clock = fakeClock(Date.now());
+  const m = new CertificateManager({ keys, ca, ttlSeconds: 60, logger, now: clock.now, timers: clock.timers });
   const ready = m.ensure(ID);
   await new Promise((r) => setImmediate(r));
   assert.equal(m.dump()[0].state, 'Unavailable: CA is down');
+  // The retry waits its backoff (1 s +-20 %) on the fake clock.
+  await clock.advance(1_200);
   assert.equal(await ready, true);
   assert.equal(calls.sign.length, 2);
   // Each attempt used a fresh CSR: the pending key is replaced, never reused after a failure.
@@ -99,13 +102,16 @@ test('a failed fetch is Unavailable with the reason, then retried', { skip }, as
 
 test('stop() resolves pending ensures with false and stops retrying', { skip }, async () => {
   const { keys, ca, calls } = fakes({ failFirst: 100 });
-  const m = new CertificateManager({ keys, ca, ttlSeconds: 60, logger });
+  const clock = fakeClock(Date.now());
+  const m = new CertificateManager({ keys, ca, ttlSeconds: 60, logger, now: clock.now, timers: clock.timers });
   const ready = m.ensure(ID);
   await new Promise((r) => setImmediate(r));
+  assert.equal(clock.armed().length, 1, 'a retry is armed');
   m.stop();
   assert.equal(await ready, false);
+  assert.deepEqual(clock.armed(), [], 'stop() cancels the retry');
   const attempts = calls.sign.length;
-  await new Promise((r) => setTimeout(r, 700));
+  await clock.advance(10_000);
   assert.equal(calls.sign.length, attempts);
   assert.equal(await m.ensure('spiffe://cluster.local/ns/x/sa/y'), false);
 });
@@ -184,20 +190,19 @@ test('forget: waiters resolve false, the identity leaves the dump, a late respon
 });
 
 test('failures back off exponentially with jitter, capped', { skip }, async () => {
+  // On a fake clock: the delays are the manager's own, not what a loaded machine's timers made of them.
+  const clock = fakeClock(T0);
   const times = [];
-  const ca = { sign: async () => { times.push(Date.now()); throw new Error('down'); } };
-  const m = new CertificateManager({ keys: keysOnly, ca, ttlSeconds: 60, logger, backoff: { initialMs: 200, maxMs: 800, jitter: 0.2 }, random: () => 0 });
+  const ca = { sign: async () => { times.push(clock.now()); throw new Error('down'); } };
+  const m = new CertificateManager({ keys: keysOnly, ca, ttlSeconds: 60, logger, backoff: { initialMs: 200, maxMs: 800, jitter: 0.2 }, random: () => 0, now: clock.now, timers: clock.timers });
   void m.ensure(ID);
-  await new Promise((r) => setTimeout(r, 2_600));
-  m.stop();
+  await clock.advance(2_600);
   const gaps = times.slice(1).map((t, i) => t - times[i]);
-  // random() = 0 takes the low end of the jitter: 160, 320, 640, 640, ... Timers never fire early but may fire late
-  // on a loaded machine, so each upper bound sits well below the next step (the sizes leave >= 140 ms of slack).
-  assert.ok(gaps.length >= 4, `gaps ${gaps}`);
-  assert.ok(gaps[0] >= 155 && gaps[0] < 300, `first gap ${gaps[0]}`);
-  assert.ok(gaps[1] >= 310 && gaps[1] < 480, `second gap ${gaps[1]}`);
-  assert.ok(gaps[2] >= 620 && gaps[3] >= 620 && gaps[3] < 1_000, `capped gaps ${gaps}`);
+  // random() = 0 takes the low end of the jitter (-20%) of 200, 400, then 800 (the cap) again and again: attempts at
+  // 0, 160, 480, 1120, 1760 and 2400 ms.
+  assert.deepEqual(gaps, [160, 320, 640, 640, 640]);
   assert.match(m.dump()[0].state, /^Unavailable: down$/);
+  m.stop();
 });
 
 // ---- The refresh schedule, on a fake clock ----
