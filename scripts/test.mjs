@@ -38,6 +38,11 @@ function testFiles(dir) {
     .map((f) => join(dir, f));
 }
 
+/** Fails (listing them) when ts/native/generated holds files git does not track: a new Rust type's TS not committed. */
+const UNTRACKED_GENERATED = `
+const out = require('node:child_process').execFileSync('git', ['ls-files', '--others', '--exclude-standard', '--', 'ts/native/generated']).toString().trim();
+if (out !== '') { console.error('generated but not committed:\\n' + out); process.exit(1); }`;
+
 if (!process.env.ZTN_TEST_SKIP_LINT) {
   run('rustfmt', 'cargo', ['fmt', '--all', '--check']);
   run('clippy', 'cargo', ['clippy', '--workspace', '--all-targets', '--', '-D', 'warnings']);
@@ -50,8 +55,11 @@ run('build native', 'node', ['scripts/build-native.mjs', '--release']);
 run('build ts', 'npx', ['tsc', '-p', 'tsconfig.json']);
 // The generated loader and .d.ts are checked in (reviewable, usable without a Rust build); after the build above
 // they must be unchanged, or the checked-in copies drifted from native/binding.
+// So are the boundary's TypeScript types generated from the Rust ones (ts-rs, written by `cargo test` above into
+// ts/native/generated): a Rust type changed without its TS copy committed fails here.
 if (existsSync(join(root, '.git'))) {
-  run('generated binding is current', 'git', ['diff', '--exit-code', '--', 'ts/native/binding.d.cts', 'ts/native/binding.cjs']);
+  run('generated binding is current', 'git', ['diff', '--exit-code', '--', 'ts/native/binding.d.cts', 'ts/native/binding.cjs', 'ts/native/generated']);
+  run('no generated boundary type is uncommitted', 'node', ['-e', UNTRACKED_GENERATED]);
 }
 // Distribution, after the build it uses, before the long suites (whose summary stays the run's last words).
 run('install test', 'node', ['scripts/install-test.mjs']);

@@ -33,6 +33,11 @@ export const DEFAULT_HTTP2_CONNECTION_WINDOW_SIZE = 16 * 1024 * 1024;
 export const DEFAULT_HTTP2_FRAME_SIZE = 1024 * 1024;
 /** STREAM_BUFFER_BUDGET: the node's budget for stream data buffered toward HBONE peers (native budget.rs). */
 export const DEFAULT_STREAM_BUFFER_BUDGET = 256 * 1024 * 1024;
+/**
+ * How long an inbound HBONE peer may take to finish the TLS handshake and the HTTP/2 preface. ztunnel has no such
+ * deadline on 15008; without one a peer holds sockets open for free. Not a setting: a fixed protection.
+ */
+export const HANDSHAKE_TIMEOUT_MS = 10_000;
 /** Upstream connect timeout (ztunnel's); long enough for a cold peer, short enough to surface NetworkPolicy drops. */
 export const DEFAULT_CONNECTION_TIMEOUT_MS = 10_000;
 /**

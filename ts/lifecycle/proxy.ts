@@ -23,7 +23,7 @@
 // runtime is joined.
 import type { Server } from 'node:http';
 import { configForDump, type Config } from '../config/index.js';
-import { HBONE_PORT } from '../config/defaults.js';
+import { HANDSHAKE_TIMEOUT_MS, HBONE_PORT } from '../config/defaults.js';
 import { formatSocketAddress, type SocketAddress } from '../config/address.js';
 import { AppliedText, LocalConfigLoader, type LocalLoad } from '../config/local-loader.js';
 import { followCrls } from '../ca/crl.js';
@@ -140,6 +140,7 @@ export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameserve
     poolUnusedReleaseTimeoutMs: config.poolUnusedReleaseTimeoutMs,
     http2: { ...config.http2 },
     connectTimeoutMs: config.connectionTimeoutMs,
+    handshakeTimeoutMs: HANDSHAKE_TIMEOUT_MS,
     missingPolicyGraceMs: config.missingPolicyGraceMs,
     localhostAppTunnel: config.localhostAppTunnel,
     enableResponseBaggage: config.enableResponseBaggage,

@@ -1,52 +1,14 @@
 import type { NativePolicy } from '../policy/compile.js';
-// The JSON shapes that cross the native boundary, exactly as docs/native-api.md defines them. Keep this file and
-// that document identical: the Rust side deserializes these names, so a renamed field is a silent protocol break.
+// The JSON shapes that cross the native boundary, as docs/native-api.md describes them. The generated ones below come
+// from the Rust types; the hand-written ones must be kept identical to their Rust counterparts by hand (the Rust side
+// deserializes these names, so a renamed field is a silent protocol break).
 
-export interface DataplaneConfig {
-  nodeName: string;
-  clusterId: string;
-  network: string;
-  trustDomain: string;
-  /** tokio worker threads (>= 1). */
-  workerThreads: number;
-  /** Port dialed on HBONE peers (15008). */
-  hbonePort: number;
-  poolMaxStreamsPerConnection: number;
-  poolUnusedReleaseTimeoutMs: number;
-  http2: { streamWindowSize: number; connectionWindowSize: number; frameSize: number };
-  connectTimeoutMs: number;
-  /** How long live inbound connections are not judged on a named policy that has not arrived. */
-  missingPolicyGraceMs: number;
-  /** Reach PROXY application tunnels on loopback, from loopback. */
-  localhostAppTunnel: boolean;
-  /** The inbound 200 carries the destination's baggage. */
-  enableResponseBaggage: boolean;
-  /** Include 15080 in the illegal ports. */
-  socks5Enabled: boolean;
-  /** Bind outbound sockets to the source workload's IP (local mode: peers then see the workload's address). */
-  bindSourceIp: boolean;
-  /** The control side's listening ports (admin, stats, readiness): refused as tunnel destinations like the dataplane's. */
-  ownPorts: number[];
-  /** The DNS proxy (15053). */
-  dns: DnsConfig;
-  /** Bytes of stream data buffered toward HBONE peers across all connections (>= 1 MiB). */
-  streamBufferBudget: number;
-}
-
-export interface DnsConfig {
-  /** A server per local workload. */
-  enabled: boolean;
-  /** Where each pod's server listens in its namespace: "localhost:<port>" (127.0.0.1 and ::1) or "ip:port". */
-  addr: string;
-  clusterDomain: string;
-  /** AAAA questions answered from the mesh. */
-  ipv6Enabled: boolean;
-  /** Upstream resolvers, "ip:port". */
-  upstreams: string[];
-  /** The daemon's search list (dedicated mode strips it). */
-  searchDomains: string[];
-  preferedServiceNamespace: string;
-}
+// The dataplane's configuration: generated from the Rust types (native/dataplane/src/config.rs, ts-rs, written by
+// `cargo test`; CI fails when the committed files differ). Every field is required: the daemon sends them all, so
+// the defaults that apply are ts/config/defaults.ts's (Rust's `Default` serves its own tests and examples).
+export type { DataplaneConfig } from './generated/DataplaneConfig.js';
+export type { DnsConfig } from './generated/DnsConfig.js';
+export type { Http2Config } from './generated/Http2Config.js';
 
 export type WorkloadProtocol = 'HBONE' | 'TCP';
 export type HealthStatus = 'Healthy' | 'Unhealthy';

@@ -13,6 +13,7 @@ pub const DNS_PORT: u16 = 15053;
 
 /// The DNS proxy (15053).
 #[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct DnsConfig {
     /// ISTIO_META_DNS_CAPTURE: a server per local workload.
@@ -66,6 +67,7 @@ impl DnsConfig {
 }
 
 #[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Http2Config {
     pub stream_window_size: u32,
@@ -86,6 +88,11 @@ impl Default for Http2Config {
 }
 
 #[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "DataplaneConfig")
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Config {
     pub node_name: String,
@@ -96,18 +103,22 @@ pub struct Config {
     /// The port dialed on HBONE peers.
     pub hbone_port: u16,
     pub pool_max_streams_per_connection: u32,
+    #[cfg_attr(test, ts(type = "number"))]
     pub pool_unused_release_timeout_ms: u64,
     pub http2: Http2Config,
+    #[cfg_attr(test, ts(type = "number"))]
     pub connect_timeout_ms: u64,
     pub socks5_enabled: bool,
     /// How long an inbound peer may take to finish the TLS handshake and the HTTP/2 preface. ztunnel has no such
     /// deadline on its 15008 listener; without one a peer can hold sockets open for free.
+    #[cfg_attr(test, ts(type = "number"))]
     pub handshake_timeout_ms: u64,
     /// Bind outbound sockets to the source workload's IP. Local mode sets it, so peers (and their policies) see
     /// the workload's address rather than 127.0.0.1; in a pod's netns the pod IP is the only address anyway.
     pub bind_source_ip: bool,
     /// How long a live inbound connection is left unjudged while its workload names an authorization policy that
     /// has not arrived (istiod pushes the reference just before the policy). New connections are refused meanwhile.
+    #[cfg_attr(test, ts(type = "number"))]
     pub missing_policy_grace_ms: u64,
     /// Reach a PROXY application tunnel on loopback, from loopback (LOCALHOST_APP_TUNNEL).
     pub localhost_app_tunnel: bool,
@@ -120,6 +131,9 @@ pub struct Config {
     pub stream_buffer_budget: usize,
 }
 
+/// The dataplane's own defaults, for its Rust tests, examples and benches (and a JSON that omits a field). The daemon
+/// sends every field (its TypeScript type, generated from this struct, requires them), with ts/config/defaults.ts's
+/// values: that table is the one that applies.
 impl Default for Config {
     fn default() -> Self {
         Config {
