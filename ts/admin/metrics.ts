@@ -10,7 +10,7 @@
 //   handshake failures) are ztunnel-node's own, so they carry the `ztunnel_node_` prefix, not `istio_`. A snapshot
 //   without `tunnels` renders them as 0.
 import { Counter, Gauge, Registry, collectDefaultMetrics, type RegistryContentType } from 'prom-client';
-import type { DnsCounters, MetricsSnapshot } from '../native/types.js';
+import type { AuthorizationCounters, DnsCounters, MetricsSnapshot, TunnelCounters } from '../native/types.js';
 import type { XdsCounters } from '../xds/metrics.js';
 
 /** ztunnel's CommonTrafficLabels, in its order. */
@@ -56,26 +56,17 @@ const COUNTERS: ReadonlyArray<{ name: string; help: string; field: CounterField 
   { name: 'istio_tcp_received_bytes_total', help: 'The size of total bytes received during request in case of a TCP connection', field: 'received' },
 ];
 
-/** HBONE connections (TLS + HTTP/2), not the TCP connections tunnelled inside them; `snapshot_json` in metrics.rs. */
-export interface TunnelCounters {
-  outboundOpened: number;
-  outboundActive: number;
-  inboundAccepted: number;
-  inboundActive: number;
-  inboundHandshakeFailures: number;
-  outboundHandshakeFailures: number;
-  /** Inbound connections closed at accept: their peer IP held the per-peer limit already. */
-  inboundRefusedPeerLimit: number;
-  /** Failed accepts on the dataplane's listeners (EMFILE and the like). */
-  acceptErrors: number;
-}
+export type { TunnelCounters };
 
-/** What one scrape reads: the native snapshot, whose JSON also carries the tunnel counters. */
-export type ScrapeSnapshot = MetricsSnapshot & {
-  tunnels?: Partial<TunnelCounters>;
-  /** Authorization outcomes counted by the dataplane. */
-  authorization?: { denied?: number; closedByPolicyChange?: number };
-};
+/**
+ * What one scrape reads: the native snapshot (its type generated from metrics.rs). Only the connection rows and
+ * open sockets are always there: before the first read, and from test doubles, the rest may be missing.
+ */
+export type ScrapeSnapshot = Pick<MetricsSnapshot, 'connections' | 'socketsOpen'> &
+  Partial<Pick<MetricsSnapshot, 'runtime' | 'dns' | 'buffers'>> & {
+    tunnels?: Partial<TunnelCounters>;
+    authorization?: Partial<AuthorizationCounters>;
+  };
 
 /** The in-pod workload proxy manager's counters (native inpodState), rendered under ztunnel's names. */
 export interface WorkloadManagerCounters {

@@ -149,53 +149,15 @@ export interface AuthorizeRequest {
   dst: string;
 }
 
-export interface ConnectionCounters {
-  labels: Record<string, string>;
-  opened: number;
-  closed: number;
-  failed: number;
-  sent: number;
-  received: number;
-}
-
-/** Counters are cumulative since the dataplane started. */
-export interface MetricsSnapshot {
-  connections: ConnectionCounters[];
-  socketsOpen: { source: number; destination: number };
-  /** The DNS proxy's counters (dns/metrics.rs). */
-  dns?: DnsCounters;
-  /** The dataplane's tokio runtime (ztunnel's tokio_* metrics); per-worker arrays are indexed by worker. */
-  runtime?: {
-    workers: number;
-    globalQueueDepth: number;
-    aliveTasks: number;
-    busySeconds: number[];
-    parks: number[];
-    parkUnparks: number[];
-  } | null;
-  /** The node's buffer budget (budget.rs). */
-  buffers?: { buffered: number; budget: number; shedConnections: number; backpressuredStreams: number };
-}
-
-export interface DnsCounters {
-  rows: Array<{
-    labels: {
-      request_query_type: string;
-      request_protocol: string;
-      source_canonical_service: string;
-      source_canonical_revision: string;
-    };
-    requests: number;
-    upstreamRequests: number;
-    upstreamFailures: number;
-    /** Cumulative counts for the buckets 0.0005, 0.001, 0.01, 0.1, 1, 5 s. */
-    durationBuckets: number[];
-    durationSum: number;
-    durationCount: number;
-  }>;
-  /** Questions dropped, or TCP connections refused, at a server's cap. */
-  dropped: number;
-}
+// The dataplane's counters (native/dataplane/src/metrics.rs and dns/metrics.rs), generated like the config above.
+export type { MetricsSnapshot } from './generated/MetricsSnapshot.js';
+export type { ConnectionCounters } from './generated/ConnectionCounters.js';
+export type { TrafficLabels } from './generated/TrafficLabels.js';
+export type { TunnelCounters } from './generated/TunnelCounters.js';
+export type { AuthorizationCounters } from './generated/AuthorizationCounters.js';
+export type { BufferCounters } from './generated/BufferCounters.js';
+export type { RuntimeCounters } from './generated/RuntimeCounters.js';
+export type { DnsCounters } from './generated/DnsCounters.js';
 
 export type EventLevel = 'info' | 'error' | 'debug' | 'warn';
 

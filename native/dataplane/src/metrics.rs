@@ -22,6 +22,7 @@ pub enum Reporter {
 
 /// Istio's `CommonTrafficLabels`, in order. Empty strings render as "unknown" on the TS side.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Default)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub struct TrafficLabels {
     pub reporter: String,
     pub source_workload: String,
@@ -169,15 +170,130 @@ pub struct Metrics {
     pub budget: Arc<crate::budget::Budget>,
 }
 
+/// One label set's connection counters (cumulative since the dataplane started).
 #[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "ConnectionCounters")
+)]
 #[serde(rename_all = "camelCase")]
 struct BucketJson<'a> {
     labels: &'a TrafficLabels,
+    #[cfg_attr(test, ts(type = "number"))]
     opened: u64,
+    #[cfg_attr(test, ts(type = "number"))]
     closed: u64,
+    #[cfg_attr(test, ts(type = "number"))]
     failed: u64,
+    /// Bytes toward the destination (the request direction).
+    #[cfg_attr(test, ts(type = "number"))]
     sent: u64,
+    /// Bytes from the destination (the response direction).
+    #[cfg_attr(test, ts(type = "number"))]
     received: u64,
+}
+
+/// The dataplane's counters as the control side reads them, once per scrape (`metrics()`). Counters are cumulative
+/// since the dataplane started.
+#[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "MetricsSnapshot")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotJson<'a> {
+    /// The dataplane's tokio runtime (ztunnel's `tokio_*` metrics); null when not asked for.
+    runtime: Option<RuntimeJson>,
+    connections: Vec<BucketJson<'a>>,
+    sockets_open: SocketsOpenJson,
+    tunnels: TunnelsJson,
+    authorization: AuthorizationJson,
+    dns: &'a crate::dns::metrics::DnsSnapshot<'a>,
+    buffers: BuffersJson,
+}
+
+/// The runtime's figures; per-worker arrays are indexed by worker.
+#[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "RuntimeCounters")
+)]
+#[serde(rename_all = "camelCase")]
+struct RuntimeJson {
+    workers: usize,
+    global_queue_depth: usize,
+    alive_tasks: usize,
+    busy_seconds: Vec<f64>,
+    #[cfg_attr(test, ts(type = "Array<number>"))]
+    parks: Vec<u64>,
+    #[cfg_attr(test, ts(type = "Array<number>"))]
+    park_unparks: Vec<u64>,
+}
+
+/// Connections open now, by reporter.
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "SocketsOpen"))]
+struct SocketsOpenJson {
+    #[cfg_attr(test, ts(type = "number"))]
+    source: i64,
+    #[cfg_attr(test, ts(type = "number"))]
+    destination: i64,
+}
+
+/// HBONE connections (TLS + HTTP/2), not the TCP connections tunnelled inside them.
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "TunnelCounters"))]
+#[serde(rename_all = "camelCase")]
+struct TunnelsJson {
+    #[cfg_attr(test, ts(type = "number"))]
+    outbound_opened: u64,
+    #[cfg_attr(test, ts(type = "number"))]
+    outbound_active: i64,
+    #[cfg_attr(test, ts(type = "number"))]
+    inbound_accepted: u64,
+    #[cfg_attr(test, ts(type = "number"))]
+    inbound_active: i64,
+    #[cfg_attr(test, ts(type = "number"))]
+    inbound_handshake_failures: u64,
+    #[cfg_attr(test, ts(type = "number"))]
+    outbound_handshake_failures: u64,
+    /// Inbound connections closed at accept: their peer IP held the per-peer limit already.
+    #[cfg_attr(test, ts(type = "number"))]
+    inbound_refused_peer_limit: u64,
+    /// Failed accepts on the dataplane's listeners (EMFILE and the like).
+    #[cfg_attr(test, ts(type = "number"))]
+    accept_errors: u64,
+}
+
+/// Authorization outcomes counted by the dataplane.
+#[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "AuthorizationCounters")
+)]
+#[serde(rename_all = "camelCase")]
+struct AuthorizationJson {
+    #[cfg_attr(test, ts(type = "number"))]
+    denied: u64,
+    #[cfg_attr(test, ts(type = "number"))]
+    closed_by_policy_change: u64,
+}
+
+/// The node's budget for stream data buffered toward HBONE peers (budget.rs).
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "BufferCounters"))]
+#[serde(rename_all = "camelCase")]
+struct BuffersJson {
+    buffered: usize,
+    budget: usize,
+    #[cfg_attr(test, ts(type = "number"))]
+    shed_connections: u64,
+    #[cfg_attr(test, ts(type = "number"))]
+    backpressured_streams: u64,
 }
 
 impl Metrics {
@@ -231,45 +347,48 @@ impl Metrics {
         let runtime = runtime.map(|h| {
             let m = h.metrics();
             let workers = m.num_workers();
-            serde_json::json!({
-                "workers": workers,
-                "globalQueueDepth": m.global_queue_depth(),
-                "aliveTasks": m.num_alive_tasks(),
-                "busySeconds": (0..workers).map(|w| m.worker_total_busy_duration(w).as_secs_f64()).collect::<Vec<_>>(),
-                "parks": (0..workers).map(|w| m.worker_park_count(w)).collect::<Vec<_>>(),
-                "parkUnparks": (0..workers).map(|w| m.worker_park_unpark_count(w)).collect::<Vec<_>>(),
-            })
+            RuntimeJson {
+                workers,
+                global_queue_depth: m.global_queue_depth(),
+                alive_tasks: m.num_alive_tasks(),
+                busy_seconds: (0..workers).map(|w| m.worker_total_busy_duration(w).as_secs_f64()).collect(),
+                parks: (0..workers).map(|w| m.worker_park_count(w)).collect(),
+                park_unparks: (0..workers).map(|w| m.worker_park_unpark_count(w)).collect(),
+            }
         });
-        serde_json::json!({
-            "runtime": runtime,
-            "connections": connections,
-            "socketsOpen": {
-                "source": self.sockets_open_source.load(Ordering::Relaxed),
-                "destination": self.sockets_open_destination.load(Ordering::Relaxed),
-            },
-            "tunnels": {
-                "outboundOpened": self.tunnels_opened_outbound.load(Ordering::Relaxed),
-                "outboundActive": self.tunnels_active_outbound.load(Ordering::Relaxed),
-                "inboundAccepted": self.tunnels_accepted_inbound.load(Ordering::Relaxed),
-                "inboundActive": self.tunnels_active_inbound.load(Ordering::Relaxed),
-                "inboundHandshakeFailures": self.tls_handshake_failures_inbound.load(Ordering::Relaxed),
-                "outboundHandshakeFailures": self.tls_handshake_failures_outbound.load(Ordering::Relaxed),
-                "inboundRefusedPeerLimit": self.inbound_refused_peer_limit.load(Ordering::Relaxed),
-                "acceptErrors": self.accept_errors.load(Ordering::Relaxed),
-            },
-            "authorization": {
-                "denied": self.authz_denied.load(Ordering::Relaxed),
-                "closedByPolicyChange": self.authz_closed_by_policy.load(Ordering::Relaxed),
-            },
-            "dns": self.dns.snapshot(),
-            "buffers": {
-                "buffered": self.budget.used(),
-                "budget": self.budget.limit(),
-                "shedConnections": self.budget.shed.load(Ordering::Relaxed),
-                "backpressuredStreams": self.budget.backpressured.load(Ordering::Relaxed),
-            },
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.dns.with_snapshot(|dns| {
+            let snapshot = SnapshotJson {
+                runtime,
+                connections,
+                sockets_open: SocketsOpenJson {
+                    source: self.sockets_open_source.load(Ordering::Relaxed),
+                    destination: self.sockets_open_destination.load(Ordering::Relaxed),
+                },
+                tunnels: TunnelsJson {
+                    outbound_opened: load(&self.tunnels_opened_outbound),
+                    outbound_active: self.tunnels_active_outbound.load(Ordering::Relaxed),
+                    inbound_accepted: load(&self.tunnels_accepted_inbound),
+                    inbound_active: self.tunnels_active_inbound.load(Ordering::Relaxed),
+                    inbound_handshake_failures: load(&self.tls_handshake_failures_inbound),
+                    outbound_handshake_failures: load(&self.tls_handshake_failures_outbound),
+                    inbound_refused_peer_limit: load(&self.inbound_refused_peer_limit),
+                    accept_errors: load(&self.accept_errors),
+                },
+                authorization: AuthorizationJson {
+                    denied: load(&self.authz_denied),
+                    closed_by_policy_change: load(&self.authz_closed_by_policy),
+                },
+                dns,
+                buffers: BuffersJson {
+                    buffered: self.budget.used(),
+                    budget: self.budget.limit(),
+                    shed_connections: load(&self.budget.shed),
+                    backpressured_streams: load(&self.budget.backpressured),
+                },
+            };
+            serde_json::to_string(&snapshot).expect("serializable")
         })
-        .to_string()
     }
 }
 

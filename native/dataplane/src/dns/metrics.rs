@@ -16,6 +16,7 @@ use crate::state::Workload;
 pub const DURATION_BUCKETS: [f64; 6] = [0.0005, 0.001, 0.01, 0.1, 1.0, 5.0];
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "DnsLabels"))]
 pub struct Labels {
     pub request_query_type: String,
     pub request_protocol: &'static str,
@@ -35,14 +36,20 @@ impl Labels {
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "DnsCounts"))]
 #[serde(rename_all = "camelCase")]
 struct Counts {
+    #[cfg_attr(test, ts(type = "number"))]
     requests: u64,
+    #[cfg_attr(test, ts(type = "number"))]
     upstream_requests: u64,
+    #[cfg_attr(test, ts(type = "number"))]
     upstream_failures: u64,
-    /// Cumulative per bucket of DURATION_BUCKETS (Prometheus' `le`).
+    /// Cumulative per bucket of DURATION_BUCKETS (Prometheus' `le`): 0.0005, 0.001, 0.01, 0.1, 1 and 5 s.
+    #[cfg_attr(test, ts(type = "Array<number>"))]
     duration_buckets: [u64; 6],
     duration_sum: f64,
+    #[cfg_attr(test, ts(type = "number"))]
     duration_count: u64,
 }
 
@@ -54,10 +61,21 @@ pub struct DnsMetrics {
 }
 
 #[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "DnsRow"))]
 struct Row<'a> {
     labels: &'a Labels,
     #[serde(flatten)]
     counts: &'a Counts,
+}
+
+/// The DNS proxy's counters, as the control side reads them (`Metrics::snapshot`).
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "DnsCounters"))]
+pub struct DnsSnapshot<'a> {
+    rows: Vec<Row<'a>>,
+    /// Questions dropped, or TCP connections refused, at a server's cap.
+    #[cfg_attr(test, ts(type = "number"))]
+    dropped: u64,
 }
 
 impl DnsMetrics {
@@ -98,10 +116,15 @@ impl DnsMetrics {
         self.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn snapshot(&self) -> serde_json::Value {
+    /// Serialized while `f` holds it (the rows borrow the counters under their lock).
+    pub fn with_snapshot<T>(&self, f: impl FnOnce(&DnsSnapshot<'_>) -> T) -> T {
         let m = self.by_labels.lock();
         let rows: Vec<Row<'_>> = m.iter().map(|(labels, counts)| Row { labels, counts }).collect();
-        serde_json::json!({ "rows": rows, "dropped": self.dropped.load(Ordering::Relaxed) })
+        f(&DnsSnapshot { rows, dropped: self.dropped.load(Ordering::Relaxed) })
+    }
+
+    pub fn snapshot(&self) -> serde_json::Value {
+        self.with_snapshot(|s| serde_json::to_value(s).expect("serializable"))
     }
 }
 
