@@ -127,6 +127,28 @@ export interface ProxyHandle {
   applyStateChange(source: StateSource, change: StateChange): AppliedChange;
 }
 
+/** Policy references one change made unresolved that are warned of one by one; the rest are counted in one line. */
+export const MISSING_REFERENCES_LOGGED = 10;
+
+/**
+ * Warns of the (workload, policy) references a change made unresolved (each such workload denies its inbound
+ * traffic until the policy arrives): the first few one per line, then one line with how many more. A file or a push
+ * whose 100k workloads name a policy not (yet) there made 100k warnings. The gauge
+ * `ztunnel_node_authorization_missing_policies` counts them all.
+ */
+export function warnMissingReferences(log: Logger, missing: ReadonlyArray<{ uid: string; policy: string }>): void {
+  for (const m of missing.slice(0, MISSING_REFERENCES_LOGGED)) {
+    log.warn({ uid: m.uid, policy: m.policy }, 'workload names an authorization policy that is not known: denying its inbound traffic until it arrives');
+  }
+  if (missing.length > MISSING_REFERENCES_LOGGED) {
+    const policies = new Set(missing.map((m) => m.policy)).size;
+    log.warn(
+      { more: missing.length - MISSING_REFERENCES_LOGGED, references: missing.length, policies },
+      'more workloads name authorization policies that are not known: denying their inbound traffic until they arrive',
+    );
+  }
+}
+
 /** The native dataplane's config, derived from the daemon's Config (and the resolver file it names). */
 export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameservers: [], search: [] }): DataplaneConfig {
   return {
@@ -274,9 +296,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   /** What every applied change is followed by: listeners and certificates of local workloads, policy references. */
   function afterApply(applied: AppliedChange): void {
     localWorkloads?.reconcile(applied.workloads);
-    for (const m of applied.missing) {
-      log.warn({ uid: m.uid, policy: m.policy }, 'workload names an authorization policy that is not known: denying its inbound traffic until it arrives');
-    }
+    warnMissingReferences(log, applied.missing);
   }
 
   /** Batches go to the dataplane one at a time, in the order asked (their answers are followed in that order). */
