@@ -8,15 +8,15 @@
 // connections out (their cost is O(pods)), only config_dump lists them.
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.js';
-import type { InPodState } from '../native/types.js';
+import type { DedicatedSpec, InPodConfig, InPodState } from '../native/types.js';
 import type { PendingTask, Readiness } from './readiness.js';
 
 export const CAPTURE_POLL_MS = 250;
 const SUMMARY = { connections: false };
 
 export interface CapturePort {
-  startInpod(cfg: { uds: string; mark: number; reusePort: boolean; origSrc: 'auto' | 'required' | 'never' }): void;
-  startDedicated(spec: { namespace: string; name: string; serviceAccount: string; mark: number; origSrc: 'auto' | 'required' | 'never' }): Promise<void>;
+  startInpod(cfg: InPodConfig): void;
+  startDedicated(spec: DedicatedSpec): Promise<void>;
   inpodState(opts?: { connections: boolean }): InPodState | null;
 }
 
@@ -41,7 +41,7 @@ export function startCapture(
   const origSrc = config.inpod.origSrc;
   if (config.proxyMode === 'shared') {
     let task: PendingTask | null = readiness.register('workload proxy manager');
-    dp.startInpod({ uds: config.inpod.uds, mark: config.inpod.packetMark, reusePort: config.inpod.portReuse, origSrc });
+    dp.startInpod({ uds: config.inpod.uds, mark: config.inpod.packetMark, reusePort: config.inpod.portReuse, origSrc, dedicated: false });
     log.info({ uds: config.inpod.uds }, 'in-pod mode: waiting for the istio-cni node agent');
     const poll = () => {
       const s = dp.inpodState(SUMMARY);

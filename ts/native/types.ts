@@ -206,21 +206,12 @@ export interface NativeVersion {
 }
 
 /** Shared mode: `startInpod`. */
-export interface InPodConfig {
-  uds: string;
-  mark: number;
-  reusePort: boolean;
-  origSrc: 'auto' | 'required' | 'never';
-}
 
 /** Dedicated mode: `startDedicated` (PROXY_WORKLOAD_INFO). */
-export interface DedicatedSpec {
-  namespace: string;
-  name: string;
-  serviceAccount: string;
-  mark: number;
-  origSrc: 'auto' | 'required' | 'never';
-}
+// What startInpod and startDedicated take (native/dataplane/src/inpod/mod.rs, lib.rs), generated like the above.
+export type { InPodConfig } from './generated/InPodConfig.js';
+export type { DedicatedSpec } from './generated/DedicatedSpec.js';
+export type { OrigSrc } from './generated/OrigSrc.js';
 
 /** `inpodState()`: the workload proxy manager, for readiness, config_dump `workloadState` and metrics. */
 export interface InPodState {

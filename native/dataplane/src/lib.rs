@@ -106,6 +106,7 @@ pub struct BoundListeners {
 
 /// What `startDedicated` takes: PROXY_WORKLOAD_INFO plus the socket settings.
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DedicatedSpec {
     pub namespace: String,

@@ -46,6 +46,7 @@ use netns::NetNs;
 use zds::WorkloadInfo;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "lowercase")]
 pub enum OrigSrc {
     /// Preserve the client's source IP when IP_TRANSPARENT works.
@@ -57,6 +58,7 @@ pub enum OrigSrc {
 }
 
 #[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InPodConfig {
     /// INPOD_UDS
