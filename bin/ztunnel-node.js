@@ -9,8 +9,9 @@ if (process.argv[2] === 'proxy') {
   bindEarlyReadiness(process.env, process.argv.slice(3));
   const turn = () => new Promise((resolve) => setTimeout(resolve, 1));
   // gRPC loads only with an istiod to talk to (the daemon imports it then too; named here so that it loads in a turn
-  // of its own when the environment says so).
-  const istiod = Boolean(process.env.XDS_ADDRESS || process.env.CA_ADDRESS);
+  // of its own). As the config reads it: every mode but local has istiod by default; local only when named.
+  const { PROXY_MODE, XDS_ADDRESS, CA_ADDRESS } = process.env;
+  const istiod = (PROXY_MODE ?? 'shared') !== 'local' || Boolean(XDS_ADDRESS || CA_ADDRESS);
   for (const part of [...(istiod ? ['@grpc/grpc-js'] : []), 'zod', 'pino', 'prom-client', '../dist/lifecycle/proxy.js']) {
     await turn();
     await import(part);

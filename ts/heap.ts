@@ -34,6 +34,15 @@ function collector(): () => void {
   return gc;
 }
 
+/** Gives the free heap back; a trim that cannot run (no native module) costs only the memory, never the daemon. */
+function trim(): void {
+  try {
+    releaseFreeHeap();
+  } catch {
+    // Nothing to give back without the native module: the collection alone has run.
+  }
+}
+
 /** A full collection on the next turn of the event loop, at most one per turn however many ask. */
 function collectSoon(): void {
   if (scheduled) return;
@@ -42,7 +51,7 @@ function collectSoon(): void {
     scheduled = false;
     collector()();
     // V8 frees the collected buffers' memory on a background thread (its ArrayBuffer sweeper), after gc() returns.
-    setTimeout(releaseFreeHeap, 250).unref();
+    setTimeout(trim, 250).unref();
   }, 0).unref();
 }
 

@@ -14,7 +14,7 @@ import { ResourceSchema } from '../../dist/gen/envoy/service/discovery/v3/discov
 import { convertAuthorization, ipFromBytes } from '../../dist/xds/convert.js';
 import { nativeService as convertService, nativeWorkload as convertWorkload } from '../helpers/native-wds.js';
 import { XdsClient, ztunnelNodeId, ztunnelNodeMetadata } from '../../dist/xds/client.js';
-import { TokenSource } from '../../dist/xds/grpc.js';
+import { TokenSource } from '../../dist/xds/token.js';
 import { XdsMetrics } from '../../dist/xds/metrics.js';
 import { IstiodCertificateAuthority, checkCertificateChain } from '../../dist/ca/istiod.js';
 import { createLogs } from '../../dist/log/logger.js';

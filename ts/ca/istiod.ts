@@ -14,7 +14,8 @@ import {
   type IstioCertificateRequest,
   type IstioCertificateResponse,
 } from '../gen/istio/ca/ca_pb.js';
-import { channelCredentials, grpcTarget, requestMetadata, serverNameOptions, type ControlPlaneTarget, type TokenSource } from '../xds/grpc.js';
+import { channelCredentials, grpcTarget, requestMetadata, serverNameOptions, type ControlPlaneTarget } from '../xds/grpc.js';
+import type { TokenSource } from '../xds/token.js';
 import type { CertificateAuthority, SignedCertificate } from './authority.js';
 import { splitPem } from './pem.js';
 

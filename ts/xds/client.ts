@@ -44,7 +44,8 @@ import type { StateChange } from '../state/store.js';
 import { policyKey, type Policy } from '../state/model.js';
 import type { AppliedOut } from '../native/types.js';
 import { ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, convertAuthorizationResource } from './convert.js';
-import { channelCredentials, grpcTarget, requestMetadata, serverNameOptions, type ControlPlaneTarget, type TokenSource } from './grpc.js';
+import { channelCredentials, grpcTarget, requestMetadata, serverNameOptions, type ControlPlaneTarget } from './grpc.js';
+import type { TokenSource } from './token.js';
 import type { XdsMetrics } from './metrics.js';
 import { responseCollector } from '../heap.js';
 

@@ -15,8 +15,6 @@ import * as grpc from '@grpc/grpc-js';
 import { ConfigError } from '../errors.js';
 import type { TokenSource } from './token.js';
 
-export { TokenSource } from './token.js';
-
 export interface ControlPlaneTarget {
   /** https://host:port */
   address: string;
