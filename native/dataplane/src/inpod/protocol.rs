@@ -171,7 +171,8 @@ impl Session {
         conn.ack(result.err()).await
     }
 
-    /// `keep`: before the snapshot only; NACKed when we do not have the pod.
+    /// `keep`: before the snapshot only. Acked whether or not the pod is held here, as ztunnel does (its state
+    /// manager only records the name for the snapshot): a kept pod we never had is simply not started.
     async fn keep(&mut self, mgr: &WorkloadManager, conn: &ZdsConn, keep: KeepWorkload) -> Result<(), ZdsError> {
         if self.snapshot_done {
             conn.ack(Some("keep after snapshot_sent".into())).await?;
@@ -180,7 +181,7 @@ impl Session {
         let known = mgr.pods.lock().contains_key(&keep.uid);
         mgr.log(Level::Debug, "ZDS keep", fields! {"uid" => keep.uid.clone(), "known" => known});
         self.seen.insert(keep.uid.clone());
-        conn.ack((!known).then(|| format!("keep for unknown pod {}", keep.uid))).await
+        conn.ack(None).await
     }
 
     /// `del`: after the snapshot the pod goes at once; before it, the pod is only no longer named by this
@@ -280,15 +281,15 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn keep_acks_known_pods_and_nacks_unknown_ones() {
+    async fn keep_acks_known_and_unknown_pods_and_starts_nothing() {
         let mut h = Harness::new("keep");
         // A pod from before this connection (as after a reconnect).
         h.mgr.add("a", info("a"), h.cni.dir.netns("ns-a")).await.unwrap();
         h.run();
         let c = h.cni.accept().await;
         assert_eq!(c.request(keep("a"), &[]).await, "");
-        assert_eq!(c.request(keep("b"), &[]).await, "keep for unknown pod b");
-        assert_eq!(c.request(snapshot(), &[]).await, "", "the session goes on after a NACKed keep");
+        assert_eq!(c.request(keep("b"), &[]).await, "", "an unknown pod's keep is acked, as ztunnel does");
+        assert_eq!(c.request(snapshot(), &[]).await, "");
         let starts = h.proxies.starts("a");
         assert_eq!(starts.len(), 1, "keep does not restart the pod");
         assert!(!drained(&starts[0]), "a kept pod survives the snapshot");
