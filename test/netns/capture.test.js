@@ -395,10 +395,15 @@ test('the CNI connection drops: not ready; reconnect + a snapshot that omits a p
   assert.equal((await cni.a.send({ op: 'snapshot' })).error, '');
   await waitReady('a', 200);
   // At debug level the manager says what the CNI agent did (ztunnel's in-pod debug records).
-  const logged = (msg, pred = () => true) => daemons.a.logs.some((l) => l.message === msg && pred(l));
-  assert.ok(logged('ZDS connection ended'), 'the closed connection is logged');
-  assert.ok(logged('ZDS add', (l) => l.uid === 'uid-a1'), 'the add is logged');
-  assert.ok(logged('ZDS snapshot received', (l) => l.pods === 1 && l.stale === 1), 'the snapshot is logged, with the pod it drains');
+  // Records reach the daemon's log in batches, after the state readiness reads: wait for them a while.
+  const logged = async (msg, pred = () => true) => {
+    const has = () => daemons.a.logs.some((l) => l.message === msg && pred(l));
+    for (const until = Date.now() + 5_000; !has() && Date.now() < until; ) await new Promise((res) => setTimeout(res, 50));
+    return has();
+  };
+  assert.ok(await logged('ZDS connection ended'), 'the closed connection is logged');
+  assert.ok(await logged('ZDS add', (l) => l.uid === 'uid-a1'), 'the add is logged');
+  assert.ok(await logged('ZDS snapshot received', (l) => l.pods === 1 && l.stale === 1), 'the snapshot is logged, with the pod it drains');
   const dump = JSON.parse((await http('a', '/config_dump')).body);
   assert.deepEqual(Object.keys(dump.workloadState).sort(), ['uid-a1']);
   const conns = await serveIn(pods.b1, 8086);
