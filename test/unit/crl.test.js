@@ -14,10 +14,33 @@ import { openNativeDataplane } from '../helpers/native-dataplane.js';
 const dir = mkdtempSync(join(tmpdir(), 'ztn-crl-'));
 test.after(() => rmSync(dir, { recursive: true, force: true }));
 
+/**
+ * The log lines, and `logged(match, what)`: resolves with the first line `match` accepts, once it is logged. The
+ * file is polled and read once settled (config/watch.ts) on real timers here: a bound that allows for a loaded
+ * machine (unit files run in parallel) fails the wait, naming `what`.
+ */
 function recordingLogs() {
   const lines = [];
-  const logs = createLogs({ filter: { level: 'info', targets: {} }, format: 'json', sink: { write: (l) => void lines.push(JSON.parse(l)) } });
-  return { log: logs.root, lines };
+  const waiters = new Set();
+  const write = (l) => {
+    const line = JSON.parse(l);
+    lines.push(line);
+    for (const w of waiters) if (w.match(line)) w.found(line);
+  };
+  const logs = createLogs({ filter: { level: 'info', targets: {} }, format: 'json', sink: { write } });
+  const logged = (match, what) => {
+    const already = lines.find(match);
+    if (already !== undefined) return Promise.resolve(already);
+    return new Promise((resolve, reject) => {
+      const w = {
+        match,
+        found: (line) => (waiters.delete(w), clearTimeout(bound), resolve(line)),
+      };
+      const bound = setTimeout(() => (waiters.delete(w), reject(new Error(`not logged within 15 s: ${what}`))), 15_000);
+      waiters.add(w);
+    });
+  };
+  return { log: logs.root, lines, logged };
 }
 
 /** A dataplane stand-in that judges PEM the way the native one does (see the native test below), and records. */
@@ -25,13 +48,6 @@ function target(native) {
   const calls = [];
   return { calls, setCrls: (pem) => (calls.push(pem), native.setCrls(pem)) };
 }
-
-// The file is polled (watchFile) and read once settled: allow for a loaded machine (unit files run in parallel).
-const until = async (cond, what) => {
-  const deadline = Date.now() + 15_000;
-  while (!cond() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-  assert.ok(cond(), what);
-};
 
 test('the native dataplane refuses a PEM that is not a CRL, and takes an empty one as "no lists"', (t) => {
   const dp = openNativeDataplane();
@@ -57,27 +73,27 @@ test('an absent CRL_PATH warns, is watched for, and a bad update keeps the lists
   const dp = openNativeDataplane();
   t.after(() => dp.shutdown());
   const tg = target(dp);
-  const { log, lines } = recordingLogs();
+  const { log, lines, logged } = recordingLogs();
   const path = join(dir, 'later.pem');
   const watch = await followCrls(path, tg, log);
   t.after(() => watch.stop());
   assert.equal(tg.calls.length, 0);
   assert.ok(lines.some((l) => l.message.includes('does not exist') && l.level === 'warn'));
-  // fs.watchFile takes its first stat asynchronously: a file created before that is its starting point, not a change
-  // (see the session note). Let the first polls happen before the file appears.
-  await new Promise((r) => setTimeout(r, 300));
+  // The watch's first stat is its starting point: a file created before it completes is no change.
+  await watch.ready;
   // Created (as a ConfigMap update does: written aside, renamed into place): loaded.
   writeFileSync(`${path}.tmp`, '');
   renameSync(`${path}.tmp`, path);
-  await until(() => tg.calls.length === 1, 'the new file is read');
-  await until(() => lines.some((l) => l.message === 'certificate revocation lists reloaded'), 'and logged');
+  await logged((l) => l.message === 'certificate revocation lists reloaded', 'the new file is read');
+  assert.deepEqual(tg.calls, ['']);
   // A bad update: refused, logged, and nothing else changes.
   writeFileSync(`${path}.tmp`, 'garbage');
   renameSync(`${path}.tmp`, path);
-  await until(() => lines.some((l) => l.message.includes('could not be reloaded')), 'the refusal is logged');
-  assert.equal(tg.calls.length, 2);
+  await logged((l) => l.message.includes('could not be reloaded'), 'the refusal is logged');
+  assert.deepEqual(tg.calls, ['', 'garbage']);
+  assert.equal(lines.filter((l) => l.message === 'certificate revocation lists reloaded').length, 1);
   // Removed: the lists in force stay (no call).
   rmSync(path);
-  await until(() => lines.some((l) => l.message.includes('disappeared')), 'the disappearance is logged');
+  await logged((l) => l.message.includes('disappeared'), 'the disappearance is logged');
   assert.equal(tg.calls.length, 2);
 });

@@ -80,19 +80,23 @@ function probe(port, path) {
   });
 }
 
-/** Probes readiness and /metrics every 50 ms until `stop()`; resolves every answer. */
+/** Probes readiness and /metrics every 50 ms until `stop()`; resolves every answer. `answered`: the first pair is in. */
 function prober(addresses) {
   const answers = [];
   let running = true;
+  let firstAnswers;
+  const answered = new Promise((r) => (firstAnswers = r));
   const loop = (async () => {
     while (running) {
       const [r, m] = await Promise.all([probe(addresses.readiness.port, '/healthz/ready'), probe(addresses.stats.port, '/metrics')]);
       answers.push({ what: 'readiness', ...r }, { what: 'metrics', ...m });
+      firstAnswers();
       await new Promise((res) => setTimeout(res, 50));
     }
   })();
   return {
     answers,
+    answered,
     async stop() {
       running = false;
       await loop;
@@ -204,7 +208,7 @@ test('a large local file: readiness and metrics answer while it loads at startup
     // A reload that changes every workload.
     const before = dp.log.length;
     p = prober(proxy.addresses);
-    await new Promise((r) => setTimeout(r, 300));
+    await p.answered; // probing from before the file changes
     writeLargeConfig(path, { workloads: WORKLOADS, revision: 'v2' });
     await waitUntil(() => lines.some((l) => l.message === 'local config reloaded'), 'the reload', 120_000);
     answers = await p.stop();
@@ -218,7 +222,7 @@ test('a large local file: readiness and metrics answer while it loads at startup
     // A bad large file (the error is near its end): refused whole, with file, path and field; nothing applied.
     const beforeBad = dp.log.length;
     p = prober(proxy.addresses);
-    await new Promise((r) => setTimeout(r, 300));
+    await p.answered;
     writeLargeConfig(path, { workloads: WORKLOADS, revision: 'v3', badAt: WORKLOADS - 7 });
     const refused = await waitUntil(() => lines.some((l) => /local config is invalid/.test(l.message)), 'the refusal', 120_000).then(() =>
       lines.find((l) => /local config is invalid/.test(l.message)),

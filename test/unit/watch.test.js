@@ -1,54 +1,114 @@
 // The local config watcher calls `reload` for a changed file only once it has held still: a truncate-then-write
 // must not be seen as an empty config (which would remove every workload and tear their listeners down). Reloads
 // never overlap, and a failing one is reported, not fatal to the watch.
+//
+// The polls and the settle delay run on node:test's mock timers: each tick of one poll interval is one poll, however
+// busy the machine. The file and its stats are real; after each tick the test waits for that poll's stat to complete.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, renameSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
+import { stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { LOCAL_CONFIG_SETTLE_MS, watchLocalConfig } from '../../dist/config/watch.js';
+import { LOCAL_CONFIG_POLL_MS, LOCAL_CONFIG_SETTLE_MS, watchLocalConfig } from '../../dist/config/watch.js';
 
 const doc = (name) => `workloads:\n- uid: u-${name}\n  name: ${name}\n  namespace: default\n  workloadIps: ["127.0.0.9"]\n`;
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+/** Poll intervals from the poll that sees a change to the one by which its settle delay has run out. */
+const SETTLE_POLLS = Math.ceil(LOCAL_CONFIG_SETTLE_MS / LOCAL_CONFIG_POLL_MS);
+/** A whole second, so two files given it have the same mtime to the nanosecond. */
+const ONE_TIME = 1_700_000_000;
 
-test('a truncate-then-write is read once, whole; reloads do not overlap; a failing reload is reported', async () => {
+test('a truncate-then-write is read once, whole; reloads do not overlap; a failing reload is reported', async (t) => {
+  t.mock.timers.enable({ apis: ['setTimeout', 'setInterval'] });
   const dir = mkdtempSync(join(tmpdir(), 'ztn-watch-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
   const path = join(dir, 'local.yaml');
   writeFileSync(path, doc('a'));
+
+  // The real stat, recorded: the sizes each poll saw, and the stats still in flight.
+  const sizes = [];
+  const inFlight = new Set();
+  const recordedStat = (p) => {
+    const s = stat(p).then((st) => (sizes.push(st.size), st));
+    inFlight.add(s);
+    void s.catch(() => {}).finally(() => inFlight.delete(s));
+    return s;
+  };
+  /** `n` poll intervals, each followed by its stat and what the watcher does with it. */
+  const polls = async (n) => {
+    for (let i = 0; i < n; i++) {
+      t.mock.timers.tick(LOCAL_CONFIG_POLL_MS);
+      while (inFlight.size > 0) await Promise.allSettled(inFlight);
+      await new Promise((r) => setImmediate(r));
+    }
+  };
+
   const seen = [];
   const errors = [];
   let running = 0;
   let overlapped = false;
   let fail = false;
+  /** A slow load: it ends when the test says so. */
+  let finishLoad = null;
   const w = watchLocalConfig(
     path,
     async () => {
       overlapped ||= running > 0;
       running++;
       seen.push(readFileSync(path, 'utf8'));
-      await sleep(400); // a slow load: a change seen meanwhile must wait for it
+      if (seen.length === 2) await new Promise((r) => (finishLoad = r));
       running--;
       if (fail) throw new Error('refused');
     },
     (e) => errors.push(String(e)),
+    { stat: recordedStat },
   );
-  try {
-    await sleep(300);
-    writeFileSync(path, ''); // the truncation a writer does first
-    await sleep(120); // longer than a poll interval: the empty file is observed
-    writeFileSync(path, doc('bb'));
-    await sleep(LOCAL_CONFIG_SETTLE_MS + 200);
-    writeFileSync(path, doc('ccc')); // while the reload of 'bb' runs
-    await sleep(LOCAL_CONFIG_SETTLE_MS + 1_200);
-    assert.deepEqual(seen, [doc('bb'), doc('ccc')], 'only finished files were read, in order');
-    assert.equal(overlapped, false, 'reloads did not overlap');
-    fail = true;
-    writeFileSync(path, doc('dddd'));
-    await sleep(LOCAL_CONFIG_SETTLE_MS + 900);
-    assert.equal(seen.length, 3);
-    assert.deepEqual(errors, ['Error: refused']);
-  } finally {
-    w.stop();
-    rmSync(dir, { recursive: true, force: true });
-  }
+  t.after(() => w.stop());
+  await w.ready;
+
+  await polls(SETTLE_POLLS + 1);
+  assert.deepEqual(seen, [], 'the starting state is not a change');
+
+  writeFileSync(path, ''); // the truncation a writer does first
+  await polls(1);
+  assert.equal(sizes.at(-1), 0, 'a poll saw the empty file');
+  writeFileSync(path, doc('a'.repeat(10)));
+  utimesSync(path, ONE_TIME, ONE_TIME);
+  await polls(SETTLE_POLLS); // the poll that sees it, then all but the last one of its settle delay
+  assert.deepEqual(seen, [], 'not read before it has held still for the settle delay');
+  await polls(1);
+  assert.deepEqual(seen, [doc('a'.repeat(10))], 'read once it held still, whole: the empty file was never read');
+
+  // Replaced by rename (as a ConfigMap update does) with the same size and mtime: only the inode tells.
+  writeFileSync(`${path}.tmp`, doc('b'.repeat(10)));
+  utimesSync(`${path}.tmp`, ONE_TIME, ONE_TIME);
+  renameSync(`${path}.tmp`, path);
+  await polls(SETTLE_POLLS + 1);
+  assert.deepEqual(seen.slice(1), [doc('b'.repeat(10))], 'a rename into place is a change');
+  assert.equal(running, 1, 'that load is still running');
+
+  // A change seen while that slow load runs: it settles, and waits for the load.
+  writeFileSync(path, doc('ccc'));
+  await polls(SETTLE_POLLS + 2);
+  assert.equal(seen.length, 2, 'not read while the previous load runs');
+  finishLoad();
+  await polls(1);
+  assert.deepEqual(seen.slice(2), [doc('ccc')], 'read after it, in order');
+  assert.equal(overlapped, false, 'reloads did not overlap');
+
+  fail = true;
+  writeFileSync(path, doc('dddd'));
+  await polls(SETTLE_POLLS + 1);
+  assert.equal(seen.length, 4);
+  assert.deepEqual(errors, ['Error: refused']);
+
+  // The watch goes on after a failure, and ends with stop().
+  fail = false;
+  writeFileSync(path, doc('eeeee'));
+  await polls(SETTLE_POLLS + 1);
+  assert.deepEqual(seen.slice(4), [doc('eeeee')]);
+  w.stop();
+  writeFileSync(path, doc('ffffff'));
+  await polls(SETTLE_POLLS + 1);
+  assert.equal(seen.length, 5, 'nothing is read after stop()');
 });
