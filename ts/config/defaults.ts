@@ -1,21 +1,25 @@
 // Default values, each with the reason it is what it is. Most are ztunnel's own defaults, so that a chart written
 // for ztunnel behaves the same with ztunnel-node.
+//
+// The dataplane's settings take their defaults from the dataplane itself (DATAPLANE_DEFAULTS, generated from the Rust
+// `Default` of native/dataplane/src/config.rs): one table, with the reasons written here.
+import { DATAPLANE_DEFAULTS as DP } from '../native/generated/dataplaneDefaults.js';
 import type { SocketAddress } from './address.js';
 
 /** ztunnel's default; `shared` is what the Istio chart deploys (one proxy per node serving pods in-pod). */
 export const DEFAULT_PROXY_MODE = 'shared';
 /** What istiod calls a cluster when nobody named it (ztunnel and istiod agree on this literal). */
-export const DEFAULT_CLUSTER_ID = 'Kubernetes';
+export const DEFAULT_CLUSTER_ID = DP.clusterId;
 /** Kubernetes' default cluster DNS domain. */
-export const DEFAULT_CLUSTER_DOMAIN = 'cluster.local';
+export const DEFAULT_CLUSTER_DOMAIN = DP.dns.clusterDomain;
 /** Istio's default trust domain; SPIFFE ids are spiffe://<td>/ns/<ns>/sa/<sa>. */
-export const DEFAULT_TRUST_DOMAIN = 'cluster.local';
+export const DEFAULT_TRUST_DOMAIN = DP.trustDomain;
 /** istiod inside the cluster (chosen when KUBERNETES_SERVICE_HOST is set, as ztunnel does). */
 export const DEFAULT_ISTIOD_IN_CLUSTER = 'https://istiod.istio-system.svc:15012';
 /** istiod port-forwarded for development outside a cluster. */
 export const DEFAULT_ISTIOD_LOCAL = 'https://localhost:15012';
 /** Port dialed on HBONE peers; fixed by the HBONE protocol. */
-export const HBONE_PORT = 15008;
+export const HBONE_PORT = DP.hbonePort;
 /** SOCKS5 listener port of each local workload (ztunnel's unstable SOCKS5 port). */
 export const SOCKS5_PORT = 15080;
 /** The DNS proxy's port (ztunnel's), and where each pod's server listens: both loopbacks of the pod. */
@@ -24,28 +28,28 @@ export const DEFAULT_DNS_PROXY_ADDR: SocketAddress = { host: 'localhost', port: 
 /** Where the DNS proxy learns its upstream servers (ztunnel reads the same file). */
 export const DEFAULT_RESOLV_CONF = '/etc/resolv.conf';
 /** Streams multiplexed on one pooled HBONE connection before a new one is opened (ztunnel's default). */
-export const DEFAULT_POOL_MAX_STREAMS_PER_CONNECTION = 100;
+export const DEFAULT_POOL_MAX_STREAMS_PER_CONNECTION = DP.poolMaxStreamsPerConnection;
 /** Idle pooled connections are released after 5 minutes (ztunnel's default). */
-export const DEFAULT_POOL_UNUSED_RELEASE_TIMEOUT_MS = 5 * 60_000;
+export const DEFAULT_POOL_UNUSED_RELEASE_TIMEOUT_MS = DP.poolUnusedReleaseTimeoutMs;
 /** HTTP/2 windows and frame size: ztunnel's values, sized for bulk TCP over one multiplexed connection. */
-export const DEFAULT_HTTP2_STREAM_WINDOW_SIZE = 4 * 1024 * 1024;
-export const DEFAULT_HTTP2_CONNECTION_WINDOW_SIZE = 16 * 1024 * 1024;
-export const DEFAULT_HTTP2_FRAME_SIZE = 1024 * 1024;
+export const DEFAULT_HTTP2_STREAM_WINDOW_SIZE = DP.http2.streamWindowSize;
+export const DEFAULT_HTTP2_CONNECTION_WINDOW_SIZE = DP.http2.connectionWindowSize;
+export const DEFAULT_HTTP2_FRAME_SIZE = DP.http2.frameSize;
 /** STREAM_BUFFER_BUDGET: the node's budget for stream data buffered toward HBONE peers (native budget.rs). */
-export const DEFAULT_STREAM_BUFFER_BUDGET = 256 * 1024 * 1024;
+export const DEFAULT_STREAM_BUFFER_BUDGET = DP.streamBufferBudget;
 /**
  * How long an inbound HBONE peer may take to finish the TLS handshake and the HTTP/2 preface. ztunnel has no such
  * deadline on 15008; without one a peer holds sockets open for free. Not a setting: a fixed protection.
  */
-export const HANDSHAKE_TIMEOUT_MS = 10_000;
+export const HANDSHAKE_TIMEOUT_MS = DP.handshakeTimeoutMs;
 /** Upstream connect timeout (ztunnel's); long enough for a cold peer, short enough to surface NetworkPolicy drops. */
-export const DEFAULT_CONNECTION_TIMEOUT_MS = 10_000;
+export const DEFAULT_CONNECTION_TIMEOUT_MS = DP.connectTimeoutMs;
 /**
  * How long a live inbound connection is left unjudged while its workload names an authorization policy that has not
  * arrived. istiod sends the workload's new reference about half a millisecond before the policy itself; a second
  * covers that and a loaded control plane, and bounds how long a policy that never comes can leave traffic unjudged.
  */
-export const DEFAULT_MISSING_POLICY_GRACE_MS = 1_000;
+export const DEFAULT_MISSING_POLICY_GRACE_MS = DP.missingPolicyGraceMs;
 /** Drain deadline when neither CONNECTION_TERMINATION_DEADLINE nor the grace period is given (ztunnel's 5 s). */
 export const DEFAULT_TERMINATION_DEADLINE_MS = 5_000;
 /** Requested certificate lifetime: 24 h, what istiod issues by default. */

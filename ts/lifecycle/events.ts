@@ -17,10 +17,13 @@ export function logNativeEvent(
     return;
   }
   if (ev.kind === 'suppressed') {
-    const cause = `${ev.fields.kind}: ${ev.message}`;
-    suppressed?.set(cause, (suppressed.get(cause) ?? 0) + ev.fields.count);
-    (ev.fields.kind === 'access' ? loggers.access : loggers.dataplane).warn(
-      { cause: ev.message, suppressed: ev.fields.count },
+    // A suppressed event's fields: `kind`, the cause's kind, and `count`, the lines not logged (events.rs).
+    const kind = String(ev.fields.kind);
+    const count = Number(ev.fields.count ?? 0);
+    const cause = `${kind}: ${ev.message}`;
+    suppressed?.set(cause, (suppressed.get(cause) ?? 0) + count);
+    (kind === 'access' ? loggers.access : loggers.dataplane).warn(
+      { cause: ev.message, suppressed: count },
       'log lines suppressed (more than 100 a second of this cause)',
     );
     return;

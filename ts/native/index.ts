@@ -18,10 +18,9 @@ import type {
   Service,
   Workload,
   AuthorizeRequest,
-  BoundListeners,
   DataplaneConfig,
   InstalledCertificate,
-  ListenerInfo,
+  BoundListeners,
   LocalWorkloadSpec,
   MetricsSnapshot,
   NativeEvent,
@@ -330,8 +329,8 @@ export class Dataplane {
     return JSON.parse(call(() => this.inner.certificates())) as InstalledCertificate[];
   }
 
-  listeners(): ListenerInfo[] {
-    return JSON.parse(call(() => this.inner.listeners())) as ListenerInfo[];
+  listeners(): BoundListeners[] {
+    return JSON.parse(call(() => this.inner.listeners())) as BoundListeners[];
   }
 
   /**

@@ -8,33 +8,9 @@
 // - the result is validated again by Rust (INVALID_STATE names the policy), so a bad policy never half-applies.
 // Evaluation semantics live in native/dataplane/src/rbac.rs (the README's "Authorization" section).
 import { isIP } from 'node:net';
+// The compiled shapes are the dataplane's own (generated from its Rust types).
+import type { NativeMatch, NativePolicy, NativeStringMatch } from '../native/types.js';
 import type { Policy, PolicyMatch, StringMatch } from '../state/model.js';
-
-export type NativeStringMatch = { exact: string } | { prefix: string } | { suffix: string } | { presence: true };
-
-export interface NativeMatch {
-  namespaces?: NativeStringMatch[];
-  notNamespaces?: NativeStringMatch[];
-  principals?: NativeStringMatch[];
-  notPrincipals?: NativeStringMatch[];
-  serviceAccounts?: Array<{ namespace: string; serviceAccount: string }>;
-  notServiceAccounts?: Array<{ namespace: string; serviceAccount: string }>;
-  sourceIps?: string[];
-  notSourceIps?: string[];
-  destinationIps?: string[];
-  notDestinationIps?: string[];
-  destinationPorts?: number[];
-  notDestinationPorts?: number[];
-}
-
-export interface NativePolicy {
-  name: string;
-  namespace: string;
-  scope: Policy['scope'];
-  action: Policy['action'];
-  dryRun: boolean;
-  rules: NativeMatch[][][];
-}
 
 const SPIFFE = 'spiffe://';
 

@@ -14,8 +14,8 @@
 // - `apply` commits its policies only after `send` returned: if the dataplane rejects a delta (INVALID_STATE), both
 //   sides keep the previous state.
 // - Work here is O(size of the change), never O(size of the state).
-import type { AppliedOut, StateDelta, Workload } from '../native/types.js';
-import { compilePolicy, type NativePolicy } from '../policy/compile.js';
+import type { AppliedOut, NativePolicy, StateDelta, Workload } from '../native/types.js';
+import { compilePolicy } from '../policy/compile.js';
 import {
   policyKey,
   serviceKey,

@@ -30,6 +30,7 @@ struct Window {
 }
 
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "EventLevel"))]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
     Debug,
@@ -53,12 +54,27 @@ pub fn parse_min_level(s: &str) -> Option<u8> {
     })
 }
 
+/// One event of `drainEvents()`. A `suppressed` event's fields are `kind` (the cause's kind) and `count` (lines not
+/// logged); its message is the cause's.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "LogEvent"))]
 pub struct Event {
+    #[cfg_attr(test, ts(type = "\"access\" | \"log\" | \"dns\" | \"suppressed\""))]
     pub kind: &'static str,
     pub level: Level,
     pub message: String,
+    #[cfg_attr(test, ts(type = "Record<string, string | number | boolean>"))]
     pub fields: Map<String, Value>,
+}
+
+/// The last entry of a `drainEvents()` batch when the queue overflowed: how many events were dropped.
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+pub struct DroppedEvents {
+    #[cfg_attr(test, ts(type = "\"dropped\""))]
+    kind: &'static str,
+    #[cfg_attr(test, ts(type = "number"))]
+    count: u64,
 }
 
 /// Every level is reported until TS says otherwise.
@@ -180,7 +196,7 @@ impl Events {
         };
         let mut out: Vec<Value> = events.into_iter().map(|e| serde_json::to_value(e).unwrap_or(Value::Null)).collect();
         if dropped > 0 {
-            out.push(serde_json::json!({"kind": "dropped", "count": dropped}));
+            out.push(serde_json::to_value(DroppedEvents { kind: "dropped", count: dropped }).unwrap_or(Value::Null));
         }
         Value::Array(out).to_string()
     }

@@ -80,28 +80,113 @@ fn problem(e: state::StateError) -> String {
     }
 }
 
-/// What `addLocalWorkload` takes.
+/// What `addLocalWorkload` takes: the listeners to open for one workload of the local config ("ip:port" each).
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LocalWorkloadSpec {
     pub uid: String,
+    /// Inbound HBONE listener (HBONE workloads only).
+    #[serde(default)]
+    #[cfg_attr(test, ts(as = "Option<String>", optional))]
     pub hbone_addr: Option<SocketAddr>,
+    /// SOCKS5 entry for the workload's outbound traffic.
+    #[serde(default)]
+    #[cfg_attr(test, ts(as = "Option<String>", optional))]
     pub socks_addr: Option<SocketAddr>,
     /// The DNS proxy (UDP and TCP) for the workload.
     #[serde(default)]
+    #[cfg_attr(test, ts(as = "Option<String>", optional))]
     pub dns_addr: Option<SocketAddr>,
 }
 
+/// What `addLocalWorkload` and `listeners` answer: the addresses actually bound (a port 0 made concrete).
 #[derive(Debug, Serialize, Clone)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase")]
 pub struct BoundListeners {
     pub uid: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(as = "Option<String>", optional))]
     pub hbone_addr: Option<SocketAddr>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(as = "Option<String>", optional))]
     pub socks_addr: Option<SocketAddr>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(as = "Option<String>", optional))]
     pub dns_addr: Option<SocketAddr>,
+}
+
+/// One entry of `certificates()`: what the admin API shows of an installed certificate.
+#[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "InstalledCertificate")
+)]
+#[serde(rename_all = "camelCase")]
+struct CertificateOut<'a> {
+    /// The SPIFFE id.
+    identity: String,
+    chain_pem: &'a str,
+    roots_pem: &'a str,
+    /// Unix seconds.
+    #[cfg_attr(test, ts(type = "number"))]
+    not_before: i64,
+    /// Unix seconds.
+    #[cfg_attr(test, ts(type = "number"))]
+    not_after: i64,
+    serial: &'a str,
+}
+
+/// What `authorize()` takes (admin `/debug/authorize`).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AuthorizeRequest {
+    /// The source SPIFFE identity; absent (or empty) for plaintext.
+    #[serde(default)]
+    #[cfg_attr(test, ts(optional))]
+    src_identity: Option<String>,
+    #[cfg_attr(test, ts(as = "String"))]
+    src_ip: std::net::IpAddr,
+    /// The destination workload address and target port, "ip:port".
+    #[cfg_attr(test, ts(as = "String"))]
+    dst: SocketAddr,
+}
+
+/// What `authorize()` answers: the destination workload, the decision, and every policy considered.
+#[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "AuthorizeExplanation")
+)]
+struct AuthorizeOut<'a> {
+    workload: AuthorizeWorkload<'a>,
+    decision: rbac::Decision,
+    considered: Vec<rbac::Considered>,
+}
+
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+struct AuthorizeWorkload<'a> {
+    uid: &'a str,
+    name: &'a str,
+    namespace: &'a str,
+}
+
+/// What `version()` answers.
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "NativeVersion"))]
+#[serde(rename_all = "camelCase")]
+struct VersionOut {
+    version: &'static str,
+    #[cfg_attr(test, ts(type = "\"aws-lc-rs\" | \"ring\""))]
+    crypto_provider: &'static str,
+    #[cfg_attr(test, ts(type = "\"release\" | \"debug\""))]
+    build_profile: &'static str,
+    rust_version: &'static str,
 }
 
 /// What `startDedicated` takes: PROXY_WORKLOAD_INFO plus the socket settings.
@@ -497,14 +582,7 @@ impl Dataplane {
     /// Request JSON: `{ srcIdentity?: string, srcIp: string, dst: "ip:port" }`; the destination workload is the one
     /// at `dst`'s IP on this node's network. The same `rbac` functions decide real connections.
     pub fn authorize_json(&self, request: &str) -> Result<String, DataplaneError> {
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase", deny_unknown_fields)]
-        struct Req {
-            src_identity: Option<String>,
-            src_ip: std::net::IpAddr,
-            dst: SocketAddr,
-        }
-        let req: Req = serde_json::from_str(request).map_err(|e| DataplaneError::Spec(e.to_string()))?;
+        let req: AuthorizeRequest = serde_json::from_str(request).map_err(|e| DataplaneError::Spec(e.to_string()))?;
         let src_identity = match req.src_identity.as_deref().filter(|s| !s.is_empty()) {
             Some(s) => Some(s.parse::<Identity>()?),
             None => None,
@@ -515,12 +593,12 @@ impl Dataplane {
             .ok_or_else(|| DataplaneError::Spec(format!("no workload has the address {}", req.dst.ip())))?;
         let conn = rbac::Connection::new(src_identity, req.src_ip, req.dst.ip(), req.dst.port());
         let explanation = rbac::explain(&state, w, &conn);
-        Ok(serde_json::json!({
-            "workload": { "uid": w.uid, "name": w.name, "namespace": w.namespace },
-            "decision": explanation.decision,
-            "considered": explanation.considered,
-        })
-        .to_string())
+        let out = AuthorizeOut {
+            workload: AuthorizeWorkload { uid: &w.uid, name: &w.name, namespace: &w.namespace },
+            decision: explanation.decision,
+            considered: explanation.considered,
+        };
+        serde_json::to_string(&out).map_err(|e| DataplaneError::Spec(e.to_string()))
     }
 
     pub fn metrics_json(&self) -> String {
@@ -543,23 +621,19 @@ impl Dataplane {
     }
 
     pub fn certificates_json(&self) -> String {
-        let certs: Vec<_> = self
-            .pi
-            .certs
-            .all()
+        let all = self.pi.certs.all();
+        let certs: Vec<_> = all
             .iter()
-            .map(|c| {
-                serde_json::json!({
-                    "identity": c.identity.to_string(),
-                    "chainPem": c.chain_pem,
-                    "rootsPem": c.roots_pem,
-                    "notBefore": c.not_before,
-                    "notAfter": c.not_after,
-                    "serial": c.serial,
-                })
+            .map(|c| CertificateOut {
+                identity: c.identity.to_string(),
+                chain_pem: &c.chain_pem,
+                roots_pem: &c.roots_pem,
+                not_before: c.not_before,
+                not_after: c.not_after,
+                serial: &c.serial,
             })
             .collect();
-        serde_json::Value::Array(certs).to_string()
+        serde_json::to_string(&certs).unwrap_or_else(|_| "[]".into())
     }
 
     /// Graceful drain of everything: listeners stop, HBONE servers send GOAWAY, connections get until the deadline.
@@ -597,11 +671,11 @@ impl Drop for Dataplane {
 }
 
 pub fn version_json() -> String {
-    serde_json::json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "cryptoProvider": tls::CRYPTO_PROVIDER,
-        "buildProfile": if cfg!(debug_assertions) { "debug" } else { "release" },
-        "rustVersion": env!("ZTN_RUSTC_VERSION"),
-    })
-    .to_string()
+    let v = VersionOut {
+        version: env!("CARGO_PKG_VERSION"),
+        crypto_provider: tls::CRYPTO_PROVIDER,
+        build_profile: if cfg!(debug_assertions) { "debug" } else { "release" },
+        rust_version: env!("ZTN_RUSTC_VERSION"),
+    };
+    serde_json::to_string(&v).unwrap_or_default()
 }

@@ -54,25 +54,38 @@ impl Connection {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "AuthorizeDecision")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Decision {
     pub allowed: bool,
     /// The policy that decided (`namespace/name`), if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional))]
     pub policy: Option<String>,
     /// The index of the matching rule in that policy.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional))]
     pub rule: Option<usize>,
     pub reason: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "ConsideredPolicy")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Considered {
     pub policy: String,
     pub action: Action,
     pub dry_run: bool,
     /// How it entered the set: "global", "namespace" or "workload".
+    #[cfg_attr(test, ts(type = "\"global\" | \"namespace\" | \"workload\""))]
     pub via: &'static str,
     /// Whether it matched, and with which rule.
     pub matched_rule: Option<usize>,

@@ -1,10 +1,9 @@
 //! The in-pod manager's state as JSON for TS: readiness, the `workloadState` of config_dump, and the
 //! workload_manager_* metrics.
 //!
-//! Shape: `connected`, `snapshotReceived`, `ready`, `lastError`, `activeProxies`, `pendingProxies`,
-//! `proxiesStarted`, `proxiesStopped`, and `workloads` keyed by pod uid, each with its `state` (`Pending` or `Up`),
-//! `info` (`name`, `namespace`, `serviceAccount`), `error` when its last start failed, and `connections` when asked.
+//! Shape: `StateJson` (TS: the generated `InPodState`), keys in alphabetical order.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -13,24 +12,58 @@ use serde::Serialize;
 use super::{PodPhase, WorkloadManager};
 use crate::proxy::LocalRef;
 
+/// `inpodState()`: the workload proxy manager, for readiness, config_dump `workloadState` and metrics.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "InPodState"))]
 #[serde(rename_all = "camelCase")]
-struct PodJson<'a> {
-    state: PodPhase,
-    info: InfoJson<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    connections: Option<ConnectionsJson>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'a str>,
+struct StateJson<'a> {
+    active_proxies: usize,
+    connected: bool,
+    last_error: Option<&'a str>,
+    pending_proxies: usize,
+    #[cfg_attr(test, ts(type = "number"))]
+    proxies_started: u64,
+    #[cfg_attr(test, ts(type = "number"))]
+    proxies_stopped: u64,
+    ready: bool,
+    snapshot_received: bool,
+    /// By pod uid.
+    workloads: BTreeMap<&'a str, PodJson<'a>>,
 }
 
 #[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "InPodWorkload"))]
+#[serde(rename_all = "camelCase")]
+struct PodJson<'a> {
+    /// Only when asked for (`inpodState({ connections: true })`, the default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional))]
+    connections: Option<ConnectionsJson>,
+    /// Why its last start failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional))]
+    error: Option<&'a str>,
+    info: InfoJson<'a>,
+    state: PodPhase,
+}
+
+#[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "InPodConnections")
+)]
 struct ConnectionsJson {
     inbound: Vec<crate::proxy::tracker::ConnInfo>,
     outbound: Vec<crate::proxy::tracker::ConnInfo>,
 }
 
 #[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "InPodWorkloadInfo")
+)]
 #[serde(rename_all = "camelCase")]
 struct InfoJson<'a> {
     name: &'a str,
@@ -46,45 +79,39 @@ impl WorkloadManager {
         let status = self.status.lock();
         let pending = pods.values().filter(|p| p.phase == PodPhase::Pending).count();
         let active = pods.values().filter(|p| p.phase == PodPhase::Up).count();
-        let mut workloads = serde_json::Map::new();
-        let mut uids: Vec<&String> = pods.keys().collect();
-        uids.sort();
-        for uid in uids {
-            let p = &pods[uid];
-            let listed = connections.then(|| {
-                let local = LocalRef::Pod {
-                    namespace: Arc::from(p.info.namespace.as_str()),
-                    name: Arc::from(p.info.name.as_str()),
-                    service_account: Arc::from(""),
-                    node: Arc::from(""),
-                };
-                let (inbound, outbound) = self.base.tracker.connections_of(&local);
-                ConnectionsJson { inbound, outbound }
-            });
-            let j = PodJson {
-                connections: listed,
-                state: p.phase,
-                info: InfoJson {
+        let workloads = pods
+            .iter()
+            .map(|(uid, p)| {
+                let connections = connections.then(|| {
+                    let local = LocalRef::Pod {
+                        namespace: Arc::from(p.info.namespace.as_str()),
+                        name: Arc::from(p.info.name.as_str()),
+                        service_account: Arc::from(""),
+                        node: Arc::from(""),
+                    };
+                    let (inbound, outbound) = self.base.tracker.connections_of(&local);
+                    ConnectionsJson { inbound, outbound }
+                });
+                let info = InfoJson {
                     name: &p.info.name,
                     namespace: &p.info.namespace,
                     service_account: &p.info.service_account,
-                },
-                error: p.error.as_deref(),
-            };
-            workloads.insert(uid.clone(), serde_json::to_value(j).unwrap_or_default());
-        }
-        serde_json::json!({
-            "connected": status.connected,
-            "snapshotReceived": status.snapshot_done,
-            "ready": status.connected && status.snapshot_done && pending == 0,
-            "lastError": status.last_error,
-            "activeProxies": active,
-            "pendingProxies": pending,
-            "proxiesStarted": self.started.load(Ordering::Relaxed),
-            "proxiesStopped": self.stopped.load(Ordering::Relaxed),
-            "workloads": workloads,
-        })
-        .to_string()
+                };
+                (uid.as_str(), PodJson { connections, error: p.error.as_deref(), info, state: p.phase })
+            })
+            .collect();
+        let state = StateJson {
+            active_proxies: active,
+            connected: status.connected,
+            last_error: status.last_error.as_deref(),
+            pending_proxies: pending,
+            proxies_started: self.started.load(Ordering::Relaxed),
+            proxies_stopped: self.stopped.load(Ordering::Relaxed),
+            ready: status.connected && status.snapshot_done && pending == 0,
+            snapshot_received: status.snapshot_done,
+            workloads,
+        };
+        serde_json::to_string(&state).unwrap_or_else(|_| "null".into())
     }
 }
 

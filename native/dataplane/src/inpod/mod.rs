@@ -76,6 +76,7 @@ pub struct InPodConfig {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub enum PodPhase {
     Pending,
     Up,

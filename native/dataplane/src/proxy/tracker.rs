@@ -58,13 +58,19 @@ impl Tracked {
 
 /// What config_dump's `workloadState.connections` shows of a live connection (ztunnel's keys).
 #[derive(Debug, Clone, serde::Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "ConnectionInfo"))]
 #[serde(rename_all = "camelCase")]
 pub struct ConnInfo {
     #[serde(skip)]
     pub inbound: bool,
+    /// "ip:port"
+    #[cfg_attr(test, ts(as = "String"))]
     pub src: std::net::SocketAddr,
+    #[cfg_attr(test, ts(as = "String"))]
     pub original_dst: std::net::SocketAddr,
+    #[cfg_attr(test, ts(as = "String"))]
     pub actual_dst: std::net::SocketAddr,
+    #[cfg_attr(test, ts(type = "\"HBONE\" | \"TCP\""))]
     pub protocol: &'static str,
 }
 

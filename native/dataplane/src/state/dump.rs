@@ -104,9 +104,11 @@ pub fn workload(w: &Workload) -> WorkloadOut<'_> {
 
 /// One endpoint of a service, keyed by workload uid in `endpoints` and `stagedServices`.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "EndpointDump"))]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointOut<'a> {
     workload_uid: &'a str,
+    /// "<service port>" → target port
     port: BTreeMap<String, u16>,
     status: WorkloadStatus,
 }
@@ -120,6 +122,7 @@ pub struct WeightedOut {
 
 /// A service, keys in config_dump's order.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "ServiceDump"))]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceOut<'a> {
     name: &'a str,
@@ -128,9 +131,12 @@ pub struct ServiceOut<'a> {
     vips: Vec<String>,
     cidr_vips: Vec<String>,
     ports: BTreeMap<String, u16>,
+    /// By workload uid.
     endpoints: BTreeMap<&'a str, EndpointOut<'a>>,
     subject_alt_names: &'a [String],
+    #[cfg_attr(test, ts(as = "Option<super::model::GatewayAddressJson>"))]
     waypoint: Option<GatewayOut>,
+    #[cfg_attr(test, ts(as = "Vec<super::model::WeightedWaypointJson>"))]
     weighted_waypoints: Vec<WeightedOut>,
     load_balancer: &'a Option<LoadBalancer>,
     ip_families: Option<super::model::IpFamilies>,
@@ -171,10 +177,13 @@ pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceOut<'a> {
 /// config_dump's mesh part: `{ workloads, services, stagedServices }`. Workloads sorted by uid, services by hostname
 /// then namespace; staged services are endpoints naming a service the state does not have (yet).
 #[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase")]
 pub struct MeshDump<'a> {
+    #[cfg_attr(test, ts(as = "Vec<super::model::WorkloadJson>"))]
     workloads: Vec<WorkloadOut<'a>>,
     services: Vec<ServiceOut<'a>>,
+    /// "namespace/hostname" → endpoints by workload uid.
     staged_services: BTreeMap<String, BTreeMap<&'a str, EndpointOut<'a>>>,
 }
 
@@ -198,14 +207,29 @@ pub fn mesh(st: &State) -> MeshDump<'_> {
 }
 
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadTransition")
+)]
 pub struct TransitionOut<'a> {
     uid: &'a str,
+    /// null: added.
+    #[cfg_attr(test, ts(as = "Option<super::model::WorkloadJson>"))]
     before: Option<WorkloadOut<'a>>,
+    /// null: removed.
+    #[cfg_attr(test, ts(as = "Option<super::model::WorkloadJson>"))]
     after: Option<WorkloadOut<'a>>,
 }
 
 /// A policy reference that became unresolved.
 #[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "MissingReference")
+)]
 pub struct MissingOut<'a> {
     uid: &'a str,
     policy: &'a str,
@@ -216,17 +240,25 @@ pub struct MissingOut<'a> {
 /// (warned of) and how many are missing in all, and the state's sizes. For a WDS batch, also the
 /// (name, version) of each resource that applied and "<name>: <reason>" of each that did not.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase")]
 pub struct AppliedOut<'a> {
+    /// Workloads whose record changed and that are (or were) on this node, whole.
     workloads: Vec<TransitionOut<'a>>,
+    /// Workloads whose record changed, on this node or not.
     changed_workloads: usize,
     services: usize,
     policies: usize,
     /// [workloads, services, policies] held after the change.
     counts: [usize; 3],
+    /// The (workload, policy) references this change made unresolved: such a workload denies every inbound
+    /// connection until the policy arrives (fail closed).
     missing: Vec<MissingOut<'a>>,
+    /// How many (workload, policy) references are unresolved after the change.
     missing_references: usize,
+    /// WDS batches: [name, version] of each resource that applied.
     accepted: Vec<(String, String)>,
+    /// WDS batches: "<name>: <reason>" of each resource refused (NACKed; its previous version keeps serving).
     rejected: Vec<String>,
 }
 
@@ -259,5 +291,42 @@ pub fn applied<'a>(
         counts,
         accepted,
         rejected,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::super::model::WorkloadJson;
+    use super::*;
+
+    /// A record with every field set to something other than its default.
+    fn full() -> Value {
+        json!({
+            "uid": "c1//Pod/ns1/a", "name": "a", "namespace": "ns1", "serviceAccount": "sa", "trustDomain": "td",
+            "workloadIps": ["10.0.0.1", "fd00::1"], "network": "net1", "protocol": "HBONE", "node": "n1",
+            "status": "Unhealthy", "capacity": 3, "canonicalName": "app", "canonicalRevision": "v2",
+            "workloadName": "app-v2", "workloadType": "pod", "clusterId": "c1",
+            "locality": {"region": "r", "zone": "z", "subzone": "s"},
+            "services": {"ns1/svc.ns1.svc.cluster.local": {"80": 8080}},
+            "authorizationPolicies": ["ns1/p"], "hostname": "a.example", "networkMode": "HostNetwork",
+            "waypoint": {"destination": "net1/10.0.0.9", "hboneMtlsPort": 15008},
+            "networkGateway": {"destination": "ns1/gw.example", "hboneMtlsPort": 15009},
+            "applicationTunnel": {"protocol": "PROXY", "port": 15088}, "nativeTunnel": true,
+        })
+    }
+
+    /// The generated TypeScript `Workload` (from `WorkloadJson`) also types what the dataplane hands back
+    /// (`AppliedOut`, config_dump): the two shapes must have the same keys, and a record must survive the round trip.
+    #[test]
+    fn a_workload_handed_back_has_the_keys_and_values_it_was_sent_with() {
+        let sent: WorkloadJson = serde_json::from_value(full()).unwrap();
+        let w = sent.validate().unwrap();
+        let back = serde_json::to_value(workload(&w)).unwrap();
+        let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<std::collections::BTreeSet<_>>();
+        assert_eq!(keys(&back), keys(&serde_json::to_value(WorkloadJson::default()).unwrap()));
+        assert_eq!(keys(&back), keys(&full()));
+        assert_eq!(back, full(), "every value comes back as it was sent");
     }
 }

@@ -11,6 +11,11 @@ use super::{NetworkAddr, StateError};
 use crate::identity::Identity;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadProtocol")
+)]
 pub enum Protocol {
     #[serde(rename = "HBONE")]
     Hbone,
@@ -20,6 +25,7 @@ pub enum Protocol {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "HealthStatus"))]
 pub enum WorkloadStatus {
     #[default]
     Healthy,
@@ -27,11 +33,15 @@ pub enum WorkloadStatus {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(default)]
 pub struct Locality {
     /// Shared: a few values across the whole mesh.
+    #[cfg_attr(test, ts(as = "String"))]
     pub region: Str,
+    #[cfg_attr(test, ts(as = "String"))]
     pub zone: Str,
+    #[cfg_attr(test, ts(as = "String"))]
     pub subzone: Str,
 }
 
@@ -98,6 +108,8 @@ impl std::fmt::Display for ServiceKey {
 /// Where a waypoint or network gateway is, as TS sends it: `destination` is "<network>/<ip>" or
 /// "<namespace>/<hostname>".
 #[derive(Debug, Clone, Deserialize, Default)]
+#[cfg_attr(test, derive(Serialize))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "GatewayAddress"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayAddressJson {
     pub destination: String,
@@ -143,6 +155,12 @@ impl GatewayAddressJson {
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
+#[cfg_attr(test, derive(Serialize))]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "WeightedWaypoint")
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WeightedWaypointJson {
     pub waypoint: GatewayAddressJson,
@@ -150,6 +168,7 @@ pub struct WeightedWaypointJson {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub enum NetworkMode {
     #[default]
     Standard,
@@ -158,6 +177,11 @@ pub enum NetworkMode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "ApplicationTunnelProtocol")
+)]
 pub enum AppTunnelProtocol {
     #[default]
     #[serde(rename = "NONE")]
@@ -167,6 +191,7 @@ pub enum AppTunnelProtocol {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ApplicationTunnel {
     pub protocol: AppTunnelProtocol,
@@ -175,6 +200,11 @@ pub struct ApplicationTunnel {
 
 /// Load balancing scopes, in the order a service lists them (`routingPreferences`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "RoutingPreference")
+)]
 pub enum LbScope {
     Region,
     Zone,
@@ -185,6 +215,11 @@ pub enum LbScope {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "LoadBalancerMode")
+)]
 pub enum LbMode {
     /// Every endpoint (UNSPECIFIED_MODE).
     #[default]
@@ -198,6 +233,7 @@ pub enum LbMode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub enum HealthPolicy {
     #[default]
     OnlyHealthy,
@@ -205,6 +241,7 @@ pub enum HealthPolicy {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct LoadBalancer {
     pub routing_preferences: Vec<LbScope>,
@@ -213,6 +250,7 @@ pub struct LoadBalancer {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub enum IpFamilies {
     Dual,
     IPv4,
@@ -230,6 +268,7 @@ impl IpFamilies {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub enum Visibility {
     #[default]
     Public,
@@ -237,8 +276,10 @@ pub enum Visibility {
     Namespace,
 }
 
-/// A workload as TS sends it.
+/// A workload as TS sends it, and as the dataplane hands it back (`dump::workload`, the same keys: a test checks).
 #[derive(Debug, Clone, Deserialize, Default)]
+#[cfg_attr(test, derive(Serialize))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "Workload"))]
 #[serde(rename_all = "camelCase", default)]
 pub struct WorkloadJson {
     pub uid: String,
@@ -251,16 +292,21 @@ pub struct WorkloadJson {
     pub protocol: Protocol,
     pub node: String,
     pub status: WorkloadStatus,
+    /// Load-balancing weight; null (or 0) is 1.
     pub capacity: Option<u32>,
     pub canonical_name: String,
     pub canonical_revision: String,
     pub workload_name: String,
+    /// "deployment", "cronjob", "pod" or "job".
     pub workload_type: String,
     pub cluster_id: String,
     pub locality: Locality,
+    /// "namespace/hostname" → { "<service port>": target port }
     pub services: HashMap<String, HashMap<String, u32>>,
+    /// "namespace/name" of each policy selecting this workload.
     pub authorization_policies: Vec<String>,
     pub hostname: String,
+    /// HostNetwork workloads share the node's IP and are not found by it.
     pub network_mode: NetworkMode,
     pub waypoint: Option<GatewayAddressJson>,
     pub network_gateway: Option<GatewayAddressJson>,
@@ -269,34 +315,51 @@ pub struct WorkloadJson {
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "Service"))]
 #[serde(rename_all = "camelCase", default)]
 pub struct ServiceJson {
     pub name: String,
     pub namespace: String,
     pub hostname: String,
+    /// "<network>/<ip>"
     pub vips: Vec<String>,
     /// "<network>/<ip>/<prefix>"
     pub cidr_vips: Vec<String>,
+    /// "<service port>" → target port (0: not set, each endpoint's own port map must name the port).
     pub ports: HashMap<String, u32>,
     pub subject_alt_names: Vec<String>,
     pub waypoint: Option<GatewayAddressJson>,
+    /// Traffic split across waypoints by weight (0: described, no traffic); all zero → `waypoint`.
     pub weighted_waypoints: Vec<WeightedWaypointJson>,
     pub load_balancer: Option<LoadBalancer>,
     pub ip_families: Option<IpFamilies>,
+    /// Wins a VIP shared with services of other namespaces.
     pub canonical: bool,
     pub visibility: Option<Visibility>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", default)]
 pub struct StateDelta {
+    /// true: replace the whole state with what follows.
+    #[cfg_attr(test, ts(as = "Option<bool>", optional))]
     pub full: bool,
+    #[cfg_attr(test, ts(as = "Option<Vec<WorkloadJson>>", optional))]
     pub workloads: Vec<WorkloadJson>,
+    /// Workload uids.
+    #[cfg_attr(test, ts(as = "Option<Vec<String>>", optional))]
     pub removed_workloads: Vec<String>,
+    #[cfg_attr(test, ts(as = "Option<Vec<ServiceJson>>", optional))]
     pub services: Vec<ServiceJson>,
+    /// "namespace/hostname"
+    #[cfg_attr(test, ts(as = "Option<Vec<String>>", optional))]
     pub removed_services: Vec<String>,
+    /// Compiled authorization policies (ts/policy/compile.ts), upserts by namespace/name.
+    #[cfg_attr(test, ts(as = "Option<Vec<super::policy::PolicyJson>>", optional))]
     pub policies: Vec<super::policy::PolicyJson>,
     /// "namespace/name"
+    #[cfg_attr(test, ts(as = "Option<Vec<String>>", optional))]
     pub removed_policies: Vec<String>,
 }
 
