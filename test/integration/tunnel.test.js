@@ -20,6 +20,7 @@ import {
   startEchoServer,
   startGreeterServer,
   startSinkServer,
+  httpGet,
   waitFor,
 } from '../helpers/net.js';
 
@@ -122,6 +123,33 @@ test('server closes first: the client gets the data then EOF, and both nodes cou
   assert.equal(sumSamples(mb, 'istio_tcp_connections_closed_total', { reporter: 'destination' }), closedB + 1);
   assert.equal(sumSamples(ma, 'istio_tcp_sockets_open', { reporter: 'source' }), 0);
   assert.equal(sumSamples(mb, 'istio_tcp_sockets_open', { reporter: 'destination' }), 0);
+});
+
+test("config_dump's workloadState lists a live tunnel on both nodes (local mode), and forgets it once closed", async () => {
+  const socket = await socks5Connect({ proxyHost: SOCKS.host, proxyPort: SOCKS.port, destHost: ECHO_IP, destPort: PORT.echo });
+  const dump = async (d) => JSON.parse((await httpGet(`${d.adminUrl}/config_dump`)).body).workloadState;
+  const outbound = () => dump(a).then((s) => s['Kubernetes//Pod/default/sleep']?.connections.outbound ?? []);
+  const inbound = () => dump(b).then((s) => s['Kubernetes//Pod/default/echo']?.connections.inbound ?? []);
+  try {
+    await waitFor(async () => (await outbound()).length === 1 && (await inbound()).length === 1, { timeoutMs: 5_000, message: 'the tunnel in both dumps' });
+    const [out] = await outbound();
+    assert.equal(out.originalDst, `${ECHO_IP}:${PORT.echo}`);
+    assert.equal(out.actualDst, `${ECHO_IP}:15008`);
+    assert.equal(out.protocol, 'HBONE');
+    // The SOCKS5 client's own address (the test connects from loopback); the peer sees the workload's IP.
+    assert.match(out.src, /^127\.0\.0\.1:\d+$/);
+    const [inb] = await inbound();
+    assert.equal(inb.originalDst, `${ECHO_IP}:${PORT.echo}`);
+    assert.equal(inb.protocol, 'HBONE');
+    assert.ok(inb.src.startsWith(`${SLEEP_IP}:`), inb.src);
+    const state = await dump(a);
+    assert.deepEqual(state['Kubernetes//Pod/default/sleep'].info, { name: 'sleep', namespace: 'default', serviceAccount: 'sleep' });
+    assert.equal(state['Kubernetes//Pod/default/sleep'].state, 'Up');
+    assert.equal(state['Kubernetes//Pod/default/echo'], undefined, 'only the workloads this node serves');
+  } finally {
+    socket.destroy();
+  }
+  await waitFor(async () => (await outbound()).length === 0 && (await inbound()).length === 0, { timeoutMs: 5_000, message: 'the tunnel gone from both dumps' });
 });
 
 test('200 concurrent connections all succeed over at most two pooled HBONE connections', { timeout: 40_000 }, async () => {

@@ -12,7 +12,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadConfig } from '../../dist/config/index.js';
-import { LocalConfigLoader, parseJson, renderStaticConfig } from '../../dist/config/local-loader.js';
+import { LocalConfigLoader, parseJson } from '../../dist/config/local-loader.js';
 import { openNativeDataplane } from '../helpers/native-dataplane.js';
 import { parseLocalConfig } from '../../dist/config/local.js';
 import { LocalConfigError } from '../../dist/errors.js';
@@ -125,7 +125,6 @@ test('the loader validates off the main thread, says what an in-thread parse say
     assert.deepEqual(first.counts, { workloads: 30, services: 3, policies: 1 });
     assert.deepEqual(first.chunks.map(parseJson).map((c) => c.policies.map((p) => p.name)), [['p0']], 'only compiled policies cross');
     assert.deepEqual(first.policies.upserts.map((p) => p.name), ['p0'], 'the policy part as written, for the main thread');
-    assert.equal(renderStaticConfig(await first.text).workloads.length, 30, 'the text, rendered for config_dump when asked');
     let out = await dp.applyLocal(first.ticket, first.chunks);
     assert.deepEqual([out.changedWorkloads, out.services, out.policies], [30, 3, 1]);
     loader.commit();
@@ -171,16 +170,6 @@ test('the loader validates off the main thread, says what an in-thread parse say
     dp.shutdown();
   }
   await assert.rejects(loader.load(), /closed/);
-});
-
-test('closing the loader right after a load (inline LOCAL_XDS) keeps that load\'s text for config_dump', async () => {
-  for (let i = 0; i < 5; i++) {
-    const loader = LocalConfigLoader.open({ localXdsPath: null, localXds: `workloads: [{uid: a${i}, name: a, namespace: ns}]` });
-    const load = await loader.load();
-    await loader.close();
-    assert.deepEqual(renderStaticConfig(await load.text).workloads.map((w) => w.uid), [`a${i}`]);
-    loader.discard();
-  }
 });
 
 test('a large local file: readiness and metrics answer while it loads at startup and while it reloads; a bad one is refused and the last good one keeps serving', async () => {

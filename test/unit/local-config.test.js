@@ -231,8 +231,6 @@ policies:
   assert.deepEqual(policy.rules[0][0][0].principals, [{ Exact: 'cluster.local/ns/default/sa/sleep' }, { Presence: [] }]);
   assert.deepEqual(policy.rules[0][0][0].destinationPorts, [8080]);
   assert.deepEqual(policy.rules[0][0][0].notSourceIps, []);
-  // The raw document is kept as written, for config_dump's staticConfig.
-  assert.equal(cfg.raw.workloads[0].workloadType, 'Deployment');
 });
 
 test('the shipped examples are valid', async () => {

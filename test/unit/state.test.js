@@ -110,16 +110,26 @@ test('sameJson judges equality as stableStringify renders it, without rendering'
   }
 });
 
-test('config_dump workloads: sorted by uid, ztunnel keys in order (rendered by the dataplane)', (t) => {
+test('config_dump workloads: sorted by uid, ztunnel keys in order, defaults left out as ztunnel does (rendered by the dataplane)', (t) => {
   const { dp, load } = setup(t);
   load(BASE);
   const dump = dp.meshDump().workloads;
   assert.deepEqual(dump.map((w) => w.uid), ['w1', 'w2', 'w9']);
-  assert.deepEqual(Object.keys(dump[0]), [
+  const order = [
     'uid', 'workloadIps', 'waypoint', 'networkGateway', 'protocol', 'networkMode', 'name', 'namespace', 'trustDomain',
     'serviceAccount', 'network', 'workloadName', 'workloadType', 'canonicalName', 'canonicalRevision', 'hostname', 'node',
     'nativeTunnel', 'applicationTunnel', 'authorizationPolicies', 'status', 'clusterId', 'locality', 'services', 'capacity',
-  ]);
+  ];
+  for (const w of dump) {
+    const keys = Object.keys(w);
+    assert.deepEqual(keys, order.filter((k) => keys.includes(k)), `${w.uid}: keys in ztunnel's order`);
+    // Always written, default or not.
+    for (const k of ['workloadIps', 'protocol', 'networkMode', 'name', 'namespace', 'status', 'clusterId', 'capacity']) assert.ok(keys.includes(k), `${w.uid}: ${k}`);
+    // Unset here, so left out.
+    for (const k of ['waypoint', 'networkGateway', 'hostname', 'nativeTunnel', 'applicationTunnel', 'authorizationPolicies', 'locality']) assert.ok(!keys.includes(k), `${w.uid}: no ${k}`);
+  }
+  // `services`: the "namespace/hostname" list of what the workload is an endpoint of (its ports are in the service's endpoints).
+  assert.deepEqual(dump.map((w) => w.services), [undefined, ['ns/svc.example'], undefined]);
 });
 
 test('config_dump services: sorted by hostname, endpoints derived from workloads; staged endpoints', (t) => {
@@ -127,10 +137,9 @@ test('config_dump services: sorted by hostname, endpoints derived from workloads
   load(BASE);
   const dump = dp.meshDump().services;
   assert.deepEqual(dump.map((s) => s.hostname), ['a.example', 'svc.example']);
-  assert.deepEqual(Object.keys(dump[0]), [
-    'name', 'namespace', 'hostname', 'vips', 'cidrVips', 'ports', 'endpoints', 'subjectAltNames', 'waypoint',
-    'weightedWaypoints', 'loadBalancer', 'ipFamilies', 'canonical', 'visibility',
-  ]);
+  // Unset waypoint, weighted waypoints, load balancer, IP families, CIDR VIPs and `canonical` are left out.
+  assert.deepEqual(Object.keys(dump[0]), ['name', 'namespace', 'hostname', 'vips', 'ports', 'endpoints', 'subjectAltNames', 'visibility']);
+  assert.equal(dump[0].visibility, 'Public');
   assert.deepEqual(dump[0].endpoints, {});
   assert.deepEqual(dump[1].endpoints, { w2: { workloadUid: 'w2', port: { 80: 8080 }, status: 'Healthy' } });
   // An endpoint naming a service that is not there (yet) is staged.

@@ -10,14 +10,13 @@
 // - One load at a time: `load()` calls are queued, and each must be followed by `commit()` or `discard()` before
 //   the next load's policy diff is computed (it is against the last committed document's policies, kept here).
 // - One worker per load, ended when the load is: between loads nothing of the document is held but what the
-//   dataplane holds, the committed policies and the text for config_dump (deflated by the worker when large).
+//   dataplane holds and the committed policies (config_dump's `staticConfig` is rendered from the state).
 //   A worker keeps the process alive while it runs; `close()` ends it.
 import { Worker } from 'node:worker_threads';
-import { inflateRawSync } from 'node:zlib';
 import { LocalConfigError } from '../errors.js';
-import { localDiscard, yamlToJson } from '../native/index.js';
+import { localDiscard } from '../native/index.js';
 import type { PolicyChange } from '../state/store.js';
-import type { FromWorker, LoadedCounts, LocalWorkerData, StaticText } from './local-worker.js';
+import type { FromWorker, LoadedCounts, LocalWorkerData } from './local-worker.js';
 
 export interface LocalLoad {
   /** The file path, or "LOCAL_XDS" for inline YAML. */
@@ -30,8 +29,6 @@ export interface LocalLoad {
   chunks: Uint8Array[];
   /** The policy part of the change, as written. */
   policies: PolicyChange;
-  /** The document's text, for config_dump's `staticConfig`: arrives after the load (the worker deflates a large one). */
-  text: Promise<StaticText>;
   /** Read by the dataplane's fast path (false: by the schema's slow way). */
   fast: boolean;
 }
@@ -41,31 +38,13 @@ export function parseJson(bytes: Uint8Array): unknown {
   return JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('utf8'));
 }
 
-/**
- * config_dump's `staticConfig`: a document's text as written, as JSON (rendered when asked: a large file's JSON
- * would otherwise be held all along). An empty document is `{}`, as it loads.
- */
-export function renderStaticConfig(text: StaticText): unknown {
-  const bytes = text.deflated ? inflateRawSync(text.bytes) : text.bytes;
-  const yaml = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('utf8');
-  try {
-    return (JSON.parse(yamlToJson(yaml)) as unknown) ?? {};
-  } catch (err) {
-    // Read the fast way, but not by the slower parser (the two differ on rare syntax): show the text applied.
-    return { text: yaml, renderError: err instanceof Error ? err.message : String(err) };
-  }
-}
-
 interface InFlight {
   worker: Worker;
   resolve(load: LocalLoad): void;
   reject(err: Error): void;
-  /** Settles the load's text (empty if the worker ends without sending it). */
-  text(t: StaticText): void;
   settled: boolean;
 }
 
-const NO_TEXT: StaticText = { deflated: false, bytes: new Uint8Array(0) };
 
 export class LocalConfigLoader {
   private inFlight: InFlight | null = null;
@@ -100,17 +79,20 @@ export class LocalConfigLoader {
           if (this.closed) return reject(new Error('the local config loader is closed'));
           const data: LocalWorkerData = { localXdsPath: this.localXdsPath, localXds: this.localXds, reload: this.loads++ > 0, base: this.committed };
           const worker = new Worker(new URL('./local-worker.js', import.meta.url), { workerData: data });
-          let text!: (t: StaticText) => void;
-          const textPromise = new Promise<StaticText>((r) => (text = r));
-          const load: InFlight = { worker, resolve, reject, text, settled: false };
+          const load: InFlight = { worker, resolve, reject, settled: false };
           this.inFlight = load;
-          worker.on('message', (m: FromWorker) => this.onMessage(load, m, textPromise));
+          worker.on('message', (m: FromWorker) => this.onMessage(load, m));
           worker.on('error', (err: Error) => this.end(load, new Error(`the local config worker failed: ${err.message}`, { cause: err })));
           worker.on('exit', (code) => this.end(load, new Error(`the local config worker exited (code ${code})`)));
         }),
     );
     this.queue = next.catch(() => undefined);
     return next;
+  }
+
+  /** The keys ("namespace/name") of the last committed document's policies: config_dump's `staticConfig`. */
+  committedPolicyKeys(): string[] {
+    return this.committed.map(([key]) => key);
   }
 
   /** The last load was applied: the next load's policies are diffed against it. */
@@ -128,11 +110,7 @@ export class LocalConfigLoader {
     this.pending = null;
   }
 
-  /**
-   * Ends a load in flight (it rejects); later loads reject. A load already resolved keeps its worker until it has sent
-   * the text (it ends by itself right after): closing right after the first load (inline LOCAL_XDS) must not leave
-   * config_dump without it.
-   */
+  /** Ends a load in flight (it rejects); later loads reject. A load already resolved has ended its worker. */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
@@ -143,17 +121,14 @@ export class LocalConfigLoader {
     }
   }
 
-  private onMessage(load: InFlight, m: FromWorker, text: Promise<StaticText>): void {
+  private onMessage(load: InFlight, m: FromWorker): void {
     switch (m.op) {
       case 'loaded':
         if (load.settled || this.closed) return;
         load.settled = true;
         this.ticket = m.ticket;
         this.pending = m.kept;
-        load.resolve({ source: m.source, counts: m.counts, ticket: m.ticket, chunks: m.chunks, text, fast: m.fast, policies: parseJson(m.policies) as PolicyChange });
-        return;
-      case 'text':
-        load.text(m.text);
+        load.resolve({ source: m.source, counts: m.counts, ticket: m.ticket, chunks: m.chunks, fast: m.fast, policies: parseJson(m.policies) as PolicyChange });
         return;
       case 'invalid':
         this.end(load, new LocalConfigError(m.message));
@@ -164,24 +139,11 @@ export class LocalConfigLoader {
     }
   }
 
-  /** The worker ended or failed: a load not settled yet rejects with `err`; its text, if it never came, is empty. */
+  /** The worker ended or failed: a load not settled yet rejects with `err`. */
   private end(load: InFlight, err: Error): void {
-    load.text(NO_TEXT);
     if (this.inFlight === load) this.inFlight = null;
     if (load.settled) return;
     load.settled = true;
     load.reject(err);
-  }
-}
-
-/**
- * The text of the local document last applied, for config_dump's `staticConfig`, rendered only when a dump asks
- * (until the worker has sent it, a dump waits for it).
- */
-export class AppliedText {
-  constructor(private readonly text: Promise<StaticText>) {}
-
-  async render(): Promise<unknown> {
-    return renderStaticConfig(await this.text);
   }
 }

@@ -22,14 +22,13 @@
 //   ones (`kept`).
 // - The policy change crosses as the dataplane's own deltas (compiled policies), UTF-8 JSON in transferred buffers;
 //   the policies as written cross too (small), for the main thread's policy index and config_dump. The document's
-//   text follows the result (config_dump's `staticConfig`), deflated when large.
+//   text stays here: config_dump's `staticConfig` is rendered from what the document put in the state.
 //
 // Protocol: started with `LocalWorkerData`;
-//   worker → main  { op: 'loaded', source, ticket, chunks, counts, policies, kept, fast }, then { op: 'text', text }
+//   worker → main  { op: 'loaded', source, ticket, chunks, counts, policies, kept, fast }
 //              or  { op: 'invalid', message }   (a LocalConfigError: file, path, problem)
 //              or  { op: 'failed', message }    (anything else)
 import { parentPort, workerData } from 'node:worker_threads';
-import { deflateRawSync } from 'node:zlib';
 import { LocalConfigError, ZtunnelError } from '../errors.js';
 import { localDiscard, localPrepare, localPrepareRecords } from '../native/index.js';
 import { compilePolicy } from '../policy/compile.js';
@@ -49,14 +48,6 @@ export interface LocalWorkerData {
   base: Array<[string, string]>;
 }
 
-/** A document's text for config_dump: as read, or deflated (raw deflate) when large. */
-export interface StaticText {
-  deflated: boolean;
-  bytes: Uint8Array;
-}
-
-/** Documents at least this large cross deflated (a 51 MiB file deflates to about 9 MiB). */
-const DEFLATE_FROM_BYTES = 1 << 20;
 
 export interface LoadedCounts {
   workloads: number;
@@ -80,7 +71,6 @@ export type FromWorker =
       /** Whether the fast path read it (false: the schema's slow way). */
       fast: boolean;
     }
-  | { op: 'text'; text: StaticText }
   | { op: 'invalid'; message: string }
   | { op: 'failed'; message: string };
 
@@ -131,10 +121,6 @@ if (parentPort !== null) {
       const counts = { workloads: doc.workloads, services: doc.services, policies: doc.policies.length };
       const transfer = [...chunks.map((c) => c.buffer as ArrayBuffer), policies.buffer as ArrayBuffer];
       post({ op: 'loaded', source: read.source, ticket: doc.ticket, chunks, counts, policies, kept: [...kept.policies], fast: doc.fast }, transfer);
-      // After the result: the daemon is not kept waiting for config_dump's copy.
-      const large = read.text.byteLength >= DEFLATE_FROM_BYTES;
-      const bytes = large ? deflateRawSync(read.text, { level: 1 }) : read.text;
-      post({ op: 'text', text: { deflated: large, bytes } });
     } catch (err) {
       if (err instanceof LocalConfigError) post({ op: 'invalid', message: err.message });
       else post({ op: 'failed', message: err instanceof Error ? err.message : String(err) });

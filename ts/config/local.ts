@@ -2,7 +2,7 @@
 // camelCase YAML. Validation is strict, like ztunnel's `deny_unknown_fields`: a typo must fail loudly, not turn
 // into a silently missing field. Every error names the file, the path inside the document
 // (`workloads[1].workloadIps[0]`) and the problem. This is the edge where untyped YAML becomes the state model;
-// nothing past here sees the raw document (except config_dump's `staticConfig`, which shows it as given).
+// nothing past here sees the raw document.
 import { readFile } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import { z } from 'zod';
@@ -12,8 +12,6 @@ import type { Policy, ServiceInfo, StateSnapshot, StringMatch, WorkloadInfo } fr
 import { policyKey, serviceKey } from '../state/model.js';
 
 export interface LocalConfig extends StateSnapshot {
-  /** The parsed document as written, for config_dump's `staticConfig`. */
-  raw: unknown;
   /** Where it came from: the file path, or "LOCAL_XDS" for inline YAML. */
   source: string;
 }
@@ -306,7 +304,7 @@ export function parseLocalConfig(text: string, source: string): LocalConfig {
     const lines = parsed.error.issues.flatMap(describeIssue).map((line) => `${source}: ${line}`);
     throw new LocalConfigError(lines.join('\n'));
   }
-  return { ...parsed.data, raw, source };
+  return { ...parsed.data, source };
 }
 
 /**

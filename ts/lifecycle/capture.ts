@@ -8,7 +8,7 @@
 // connections out (their cost is O(pods)), only config_dump lists them.
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.js';
-import type { DedicatedSpec, InPodConfig, InPodState } from '../native/types.js';
+import type { DedicatedSpec, InPodConfig, InPodState, InPodWorkload } from '../native/types.js';
 import type { PendingTask, Readiness } from './readiness.js';
 
 export const CAPTURE_POLL_MS = 250;
@@ -22,7 +22,7 @@ export interface CapturePort {
 
 export interface Capture {
   /** config_dump `workloadState` (pod uid → state, info). */
-  workloadState(): Record<string, unknown>;
+  workloadState(): Record<string, InPodWorkload>;
   /** The workload_manager_* metrics. */
   counters(): InPodState | null;
   stop(): void;
@@ -81,7 +81,7 @@ export function startCapture(
   }
   return {
     // config_dump reads the manager fresh (an operator expects what is true now, not up to one poll ago).
-    workloadState: () => dp.inpodState()?.workloads ?? {},
+    workloadState: () => (dp.inpodState()?.workloads ?? {}) as Record<string, InPodWorkload>,
     // Read fresh per scrape (one native call), like the workload state: a poll's copy may be 250 ms old.
     counters: () => dp.inpodState(SUMMARY),
     stop: () => {

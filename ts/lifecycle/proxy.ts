@@ -25,7 +25,7 @@ import type { Server } from 'node:http';
 import { configForDump, type Config } from '../config/index.js';
 import { HANDSHAKE_TIMEOUT_MS, HBONE_PORT } from '../config/defaults.js';
 import { formatSocketAddress, type SocketAddress } from '../config/address.js';
-import { AppliedText, LocalConfigLoader, type LocalLoad } from '../config/local-loader.js';
+import { LocalConfigLoader, type LocalLoad } from '../config/local-loader.js';
 import { followCrls } from '../ca/crl.js';
 import { readResolvConf, type ResolvConf } from '../config/resolv-conf.js';
 import { createAdminServer } from '../admin/admin-server.js';
@@ -40,7 +40,7 @@ import { ConfigError, LocalConfigError } from '../errors.js';
 import type { Logs } from '../log/logger.js';
 import type { Logger } from 'pino';
 import { Dataplane, nativeVersion } from '../native/index.js';
-import type { AppliedOut, DataplaneConfig, NativeVersion } from '../native/types.js';
+import type { AppliedOut, DataplaneConfig, InPodWorkload, NativeVersion } from '../native/types.js';
 import { StateStore, type AppliedChange, type StateChange } from '../state/store.js';
 import type { XdsClient } from '../xds/client.js';
 import { TokenSource } from '../xds/token.js';
@@ -65,6 +65,8 @@ export type DataplanePort = Pick<
   | 'applyLocal'
   | 'applyAddresses'
   | 'meshDump'
+  | 'localDump'
+  | 'localWorkloadState'
   | 'createCsr'
   | 'installCertificate'
   | 'setCrls'
@@ -280,8 +282,26 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   /** The CRL_PATH watch, once the dataplane is open. */
   let crlWatch: { stop(): void } | null = null;
 
-  /** config_dump's `staticConfig`: the local document last applied, as read (rendered only for a dump). */
-  let staticConfig: AppliedText | null = null;
+  /**
+   * config_dump's `workloadState`, in every mode, as istioctl's `ztunnel-config connections` reads it: the pods the
+   * in-pod manager serves, or the workloads whose listeners local mode binds; with their live connections.
+   */
+  function workloadState(): Record<string, InPodWorkload> {
+    return (config.proxyMode === 'local' ? dp?.localWorkloadState() : capture?.workloadState()) ?? {};
+  }
+
+  /** config_dump's `staticConfig`: the policy keys of the local document last applied (null: none applied yet). */
+  let localPolicyKeys: Set<string> | null = null;
+
+  /**
+   * config_dump's `staticConfig`, as ztunnel shows its local config: the last applied local document as parsed (its
+   * workloads and services from the dataplane's state, its policies from the store), null before one applied.
+   */
+  function staticConfigDump(): Record<string, unknown> | null {
+    if (localPolicyKeys === null || dp === null) return null;
+    const { workloads, services } = dp.localDump();
+    return { workloads, policies: store.dumpPolicies(localPolicyKeys), services };
+  }
 
   // Fail closed (README "Authorization"): a named WORKLOAD_SELECTOR policy that has not arrived denies. The dataplane
   // tracks the references that do not resolve, in O(change), and reports those each change makes missing.
@@ -382,7 +402,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       throw err;
     }
     loader?.commit();
-    staticConfig = new AppliedText(load.text);
+    localPolicyKeys = new Set(loader?.committedPolicyKeys() ?? []);
     collectAfterBatch(load.counts.workloads + load.counts.services + load.counts.policies);
     return {
       workloads: applied.changedWorkloads,
@@ -418,7 +438,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
         return dp.authorize(r);
       },
-      configDump: async () => {
+      configDump: () => {
         // The mesh is rendered by the dataplane, its only holder (before it opens: empty).
         const mesh = dp?.meshDump() ?? { workloads: [], services: [], stagedServices: {} };
         return {
@@ -426,11 +446,11 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         services: mesh.services,
         policies: store.dumpPolicies(),
         stagedServices: mesh.stagedServices,
-        staticConfig: (await staticConfig?.render()) ?? null,
+        staticConfig: staticConfigDump(),
         certificates: certs?.dump() ?? [],
         config: configForDump(config),
         version: buildInfo(version, config.istioVersion),
-        ...(config.proxyMode === 'shared' ? { workloadState: capture?.workloadState() ?? {} } : {}),
+        workloadState: workloadState(),
         };
       },
     });

@@ -30,6 +30,11 @@ export declare class Dataplane {
    * thread and back costs more than the work.
    */
   applyAddressesNow(packed: Uint8Array, removed: Array<string>): string
+  /**
+   * config_dump's `staticConfig` without its policies, as JSON: the last applied local document's workloads and
+   * services as parsed.
+   */
+  localDump(): string
   /** config_dump's `{ workloads, services, stagedServices }` as JSON, rendered from the dataplane's state. */
   meshDump(): string
   createCsr(identity: string): string
@@ -56,6 +61,11 @@ export declare class Dataplane {
    * live connections, for config_dump; polls and metric scrapes pass false (O(pods), not O(connections)).
    */
   inpodState(connections?: boolean | undefined | null): string
+  /**
+   * config_dump's `workloadState` in local mode (uid → the in-pod manager's per-workload shape).
+   * `connections` (default true) as for `inpodState`.
+   */
+  localWorkloadState(connections?: boolean | undefined | null): string
   metrics(): string
   /**
    * Log filter levels ("trace".."error", "off") for access events, the DNS proxy's records and the dataplane's

@@ -12,6 +12,8 @@ import type {
   DedicatedSpec,
   InPodConfig,
   InPodState,
+  InPodWorkload,
+  LocalDump,
   AuthorizeExplanation,
   AppliedOut,
   MeshDump,
@@ -305,6 +307,16 @@ export class Dataplane {
    */
   inpodState(opts: { connections: boolean } = { connections: true }): InPodState | null {
     return JSON.parse(call(() => this.inner.inpodState(opts.connections))) as InPodState | null;
+  }
+
+  /** config_dump's `staticConfig` without its policies: the last applied local document's workloads and services. */
+  localDump(): LocalDump {
+    return JSON.parse(call(() => this.inner.localDump())) as LocalDump;
+  }
+
+  /** config_dump's `workloadState` in local mode: each workload served here, with its live connections by default. */
+  localWorkloadState(opts: { connections: boolean } = { connections: true }): Record<string, InPodWorkload> {
+    return JSON.parse(call(() => this.inner.localWorkloadState(opts.connections))) as Record<string, InPodWorkload>;
   }
 
   /** Explain the authorization decision for a hypothetical inbound connection (the enforcement code path). */

@@ -39,6 +39,10 @@ export type { AppliedOut } from './generated/AppliedOut.js';
 export type { WorkloadTransition } from './generated/WorkloadTransition.js';
 export type { MissingReference } from './generated/MissingReference.js';
 export type { MeshDump } from './generated/MeshDump.js';
+export type { WorkloadDump } from './generated/WorkloadDump.js';
+export type { WorkloadRecordDump } from './generated/WorkloadRecordDump.js';
+export type { LocalDump } from './generated/LocalDump.js';
+export type { LocalWorkloadDump } from './generated/LocalWorkloadDump.js';
 export type { ServiceDump } from './generated/ServiceDump.js';
 export type { EndpointDump } from './generated/EndpointDump.js';
 

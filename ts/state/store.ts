@@ -234,6 +234,11 @@ export class StateStore {
     return { workloads: this.counts[0], services: this.counts[1], policies: this.policies.size };
   }
 
+  /** This node's workloads by uid, unsorted: for a view that shows a few of them (the dashboard) at any size. */
+  get onThisNode(): ReadonlyMap<string, WorkloadInfo> {
+    return this.local;
+  }
+
   /** Workloads scheduled on `node` (this node; any other has none here), sorted by uid (the order listeners are bound in). */
   workloadsOnNode(node: string): WorkloadInfo[] {
     if (node !== this.nodeName) return [];
@@ -241,8 +246,15 @@ export class StateStore {
   }
 
   /** config_dump `policies`: sorted by "namespace/name". */
-  dumpPolicies(): Policy[] {
-    return [...this.policies.entries()].sort(([a], [b]) => byString(a, b)).map(([, p]) => p);
+  /**
+   * config_dump's `policies` (those keyed in `only`, when given), sorted by key, as ztunnel writes them: a match's
+   * empty lists are left out, and `dryRun` only when set.
+   */
+  dumpPolicies(only?: ReadonlySet<string>): Array<Record<string, unknown>> {
+    return [...this.policies.entries()]
+      .filter(([key]) => only === undefined || only.has(key))
+      .sort(([a], [b]) => byString(a, b))
+      .map(([, p]) => dumpPolicy(p));
   }
 }
 
@@ -250,4 +262,11 @@ export class StateStore {
 export interface PolicyChange {
   upserts: Policy[];
   removed: string[];
+}
+
+function dumpPolicy(p: Policy): Record<string, unknown> {
+  const rules = p.rules.map((rule) =>
+    rule.map((clause) => clause.map((m) => Object.fromEntries(Object.entries(m).filter(([, list]) => (list as unknown[]).length > 0)))),
+  );
+  return { name: p.name, namespace: p.namespace, scope: p.scope, action: p.action, ...(p.dryRun ? { dryRun: true } : {}), rules };
 }

@@ -82,6 +82,13 @@ impl Dataplane {
         self.inner.apply_addresses(&packed, removed).map_err(err)
     }
 
+    /// config_dump's `staticConfig` without its policies, as JSON: the last applied local document's workloads and
+    /// services as parsed.
+    #[napi]
+    pub fn local_dump(&self) -> String {
+        self.inner.local_dump_json()
+    }
+
     /// config_dump's `{ workloads, services, stagedServices }` as JSON, rendered from the dataplane's state.
     #[napi]
     pub fn mesh_dump(&self) -> String {
@@ -166,6 +173,13 @@ impl Dataplane {
     #[napi]
     pub fn inpod_state(&self, connections: Option<bool>) -> String {
         self.inner.inpod_state_json(connections.unwrap_or(true))
+    }
+
+    /// config_dump's `workloadState` in local mode (uid → the in-pod manager's per-workload shape).
+    /// `connections` (default true) as for `inpodState`.
+    #[napi]
+    pub fn local_workload_state(&self, connections: Option<bool>) -> String {
+        self.inner.local_state_json(connections.unwrap_or(true))
     }
 
     #[napi]

@@ -414,6 +414,13 @@ impl Dataplane {
         Ok(out)
     }
 
+    /// config_dump's `staticConfig` without its policies: the last applied local document's workloads and services,
+    /// as parsed (ztunnel's LocalConfig shape, `state::dump::LocalDump`).
+    pub fn local_dump_json(&self) -> String {
+        let st = self.pi.state.read();
+        serde_json::to_string(&state::dump::local(&st)).expect("the dump serializes")
+    }
+
     /// config_dump's `{ workloads, services, stagedServices }`, rendered from the state.
     pub fn mesh_dump_json(&self) -> String {
         let st = self.pi.state.read();
@@ -570,6 +577,31 @@ impl Dataplane {
             Some(m) => m.state_json(connections),
             None => "null".into(),
         }
+    }
+
+    /// config_dump's `workloadState` in local mode: each workload served here by uid, in the in-pod manager's shape
+    /// (`InPodWorkload`: always `Up`, its listeners being bound), with its live connections when asked.
+    pub fn local_state_json(&self, connections: bool) -> String {
+        let uids: Vec<Arc<str>> = self.local.lock().keys().map(|u| Arc::from(u.as_str())).collect();
+        let state = self.pi.state.read();
+        let workloads: Vec<_> = uids.iter().filter_map(|uid| Some((uid, state.workload(uid)?.clone()))).collect();
+        drop(state);
+        let out: std::collections::BTreeMap<&str, inpod::admin::PodJson<'_>> = workloads
+            .iter()
+            .map(|(uid, w)| {
+                let connections = connections.then(|| {
+                    let (inbound, outbound) = self.pi.tracker.connections_of(&LocalRef::Uid((*uid).clone()));
+                    inpod::admin::ConnectionsJson { inbound, outbound }
+                });
+                let info = inpod::admin::InfoJson {
+                    name: &w.name,
+                    namespace: &w.namespace,
+                    service_account: &w.service_account,
+                };
+                (&***uid, inpod::admin::PodJson { connections, error: None, info, state: inpod::PodPhase::Up })
+            })
+            .collect();
+        serde_json::to_string(&out).unwrap_or_else(|_| "{}".into())
     }
 
     pub fn listeners(&self) -> Vec<BoundListeners> {

@@ -7,10 +7,12 @@ import type { Visibility } from "./Visibility.js";
 import type { WeightedWaypoint } from "./WeightedWaypoint.js";
 
 /**
- * A service, keys in config_dump's order.
+ * A service, keys in config_dump's order, with ztunnel's omissions (no waypoint, load balancer or IP families
+ * when unset; also the fields ztunnel's dump lacks — CIDR VIPs, weighted waypoints, `canonical` — when unset;
+ * `visibility` always, as ztunnel shows `Public`).
  */
-export type ServiceDump = { name: string, namespace: string, hostname: string, vips: Array<string>, cidrVips: Array<string>, ports: { [key in string]?: number }, 
+export type ServiceDump = { name: string, namespace: string, hostname: string, vips: Array<string>, cidrVips?: Array<string>, ports: { [key in string]?: number }, 
 /**
  * By workload uid.
  */
-endpoints: { [key in string]?: EndpointDump }, subjectAltNames: Array<string>, waypoint: GatewayAddress | null, weightedWaypoints: Array<WeightedWaypoint>, loadBalancer: LoadBalancer | null, ipFamilies: IpFamilies | null, canonical: boolean, visibility: Visibility, };
+endpoints: { [key in string]?: EndpointDump }, subjectAltNames: Array<string>, waypoint?: GatewayAddress, weightedWaypoints?: Array<WeightedWaypoint>, loadBalancer?: LoadBalancer, ipFamilies?: IpFamilies, canonical?: boolean, visibility: Visibility, };

@@ -34,17 +34,17 @@ struct StateJson<'a> {
 #[derive(Serialize)]
 #[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "InPodWorkload"))]
 #[serde(rename_all = "camelCase")]
-struct PodJson<'a> {
+pub(crate) struct PodJson<'a> {
     /// Only when asked for (`inpodState({ connections: true })`, the default).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[cfg_attr(test, ts(optional))]
-    connections: Option<ConnectionsJson>,
+    pub connections: Option<ConnectionsJson>,
     /// Why its last start failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[cfg_attr(test, ts(optional))]
-    error: Option<&'a str>,
-    info: InfoJson<'a>,
-    state: PodPhase,
+    pub error: Option<&'a str>,
+    pub info: InfoJson<'a>,
+    pub state: PodPhase,
 }
 
 #[derive(Serialize)]
@@ -53,9 +53,9 @@ struct PodJson<'a> {
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "InPodConnections")
 )]
-struct ConnectionsJson {
-    inbound: Vec<crate::proxy::tracker::ConnInfo>,
-    outbound: Vec<crate::proxy::tracker::ConnInfo>,
+pub(crate) struct ConnectionsJson {
+    pub inbound: Vec<crate::proxy::tracker::ConnInfo>,
+    pub outbound: Vec<crate::proxy::tracker::ConnInfo>,
 }
 
 #[derive(Serialize)]
@@ -65,10 +65,10 @@ struct ConnectionsJson {
     ts(export, export_to = "../../../ts/native/generated/", rename = "InPodWorkloadInfo")
 )]
 #[serde(rename_all = "camelCase")]
-struct InfoJson<'a> {
-    name: &'a str,
-    namespace: &'a str,
-    service_account: &'a str,
+pub(crate) struct InfoJson<'a> {
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub service_account: &'a str,
 }
 
 impl WorkloadManager {

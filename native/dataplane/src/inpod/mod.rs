@@ -18,7 +18,7 @@
 //! proxies in its namespace (behind `PodProxies`), `admin` renders the state as JSON; this module holds the pod
 //! table they share.
 
-mod admin;
+pub(crate) mod admin;
 mod factory;
 pub mod netns;
 mod protocol;

@@ -1,6 +1,6 @@
-//! The mesh state rendered back in the control side's JSON shape: config_dump's `workloads`, `services` and
-//! `stagedServices` (ztunnel's keys, in ztunnel's order), and the workload records a state change hands back to the
-//! control side (the same shape as the `Workload` it sends, docs/native-api.md). The dataplane's state is the only
+//! The mesh state written out: config_dump's `workloads`, `services` and `stagedServices` (ztunnel's keys, in
+//! ztunnel's order, with ztunnel's omissions of default values), and the whole workload records a state change hands
+//! back to the control side (every key, the same shape as the `Workload` it sends). The dataplane's state is the only
 //! copy of the mesh (README "Architecture"), so this is the one place it is written out.
 
 use std::collections::BTreeMap;
@@ -102,6 +102,131 @@ pub fn workload(w: &Workload) -> WorkloadOut<'_> {
     }
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// A workload as config_dump shows it: ztunnel's keys in ztunnel's order, and ztunnel's omissions (a key whose value
+/// is its default is left out: no waypoint, empty strings and lists, default locality, `nativeTunnel` false), so
+/// `istioctl ztunnel-config` and a diff against ztunnel's dump see the same document. `services` is the list of
+/// "namespace/hostname" the workload is an endpoint of (its port maps are in each service's `endpoints`).
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadDump"))]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadDumpOut<'a> {
+    #[serde(flatten)]
+    #[cfg_attr(test, ts(flatten))]
+    record: WorkloadRecordOut<'a>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<Vec<String>>"))]
+    services: Vec<String>,
+    capacity: u32,
+}
+
+/// The keys a workload's dump shares with a local config workload's (all but `services` and `capacity`).
+#[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadRecordDump")
+)]
+#[serde(rename_all = "camelCase")]
+struct WorkloadRecordOut<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    uid: &'a str,
+    workload_ips: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
+    waypoint: Option<GatewayOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
+    network_gateway: Option<GatewayOut>,
+    protocol: Protocol,
+    network_mode: NetworkMode,
+    name: &'a str,
+    namespace: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    trust_domain: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    service_account: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    network: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    workload_name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    workload_type: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    canonical_name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    canonical_revision: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    hostname: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    node: &'a str,
+    #[serde(skip_serializing_if = "is_false")]
+    #[cfg_attr(test, ts(optional, as = "Option<bool>"))]
+    native_tunnel: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional, as = "Option<ApplicationTunnel>"))]
+    application_tunnel: &'a Option<ApplicationTunnel>,
+    #[serde(skip_serializing_if = "<[Str]>::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<Vec<String>>"))]
+    authorization_policies: &'a [Str],
+    status: WorkloadStatus,
+    cluster_id: &'a str,
+    #[serde(skip_serializing_if = "is_default_locality")]
+    #[cfg_attr(test, ts(optional, as = "Option<Locality>"))]
+    locality: &'a Locality,
+}
+
+fn is_default_locality(l: &&Locality) -> bool {
+    **l == Locality::default()
+}
+
+pub fn workload_dump(w: &Workload) -> WorkloadDumpOut<'_> {
+    let mut services: Vec<String> = w.service_ports.iter().map(|(k, _)| k.to_string()).collect();
+    services.sort();
+    WorkloadDumpOut { record: workload_record(w), services, capacity: w.capacity }
+}
+
+fn workload_record(w: &Workload) -> WorkloadRecordOut<'_> {
+    WorkloadRecordOut {
+        uid: &w.uid,
+        workload_ips: w.ips.iter().map(|ip| ip.to_string()).collect(),
+        waypoint: gateway(w.waypoint.as_deref()),
+        network_gateway: gateway(w.network_gateway.as_deref()),
+        protocol: w.protocol,
+        network_mode: w.network_mode,
+        name: &w.name,
+        namespace: &w.namespace,
+        trust_domain: &w.trust_domain,
+        service_account: &w.service_account,
+        network: &w.network,
+        workload_name: &w.workload_name,
+        workload_type: &w.workload_type,
+        canonical_name: &w.canonical_name,
+        canonical_revision: &w.canonical_revision,
+        hostname: &w.hostname,
+        node: &w.node,
+        native_tunnel: w.native_tunnel,
+        application_tunnel: &w.application_tunnel,
+        authorization_policies: &w.authorization_policies,
+        status: w.status,
+        cluster_id: &w.cluster_id,
+        locality: &w.locality,
+    }
+}
+
 /// One endpoint of a service, keyed by workload uid in `endpoints` and `stagedServices`.
 #[derive(Serialize)]
 #[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "EndpointDump"))]
@@ -120,7 +245,9 @@ pub struct WeightedOut {
     weight: u32,
 }
 
-/// A service, keys in config_dump's order.
+/// A service, keys in config_dump's order, with ztunnel's omissions (no waypoint, load balancer or IP families
+/// when unset; also the fields ztunnel's dump lacks — CIDR VIPs, weighted waypoints, `canonical` — when unset;
+/// `visibility` always, as ztunnel shows `Public`).
 #[derive(Serialize)]
 #[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "ServiceDump"))]
 #[serde(rename_all = "camelCase")]
@@ -129,17 +256,27 @@ pub struct ServiceOut<'a> {
     namespace: &'a str,
     hostname: &'a str,
     vips: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<Vec<String>>"))]
     cidr_vips: Vec<String>,
     ports: BTreeMap<String, u16>,
     /// By workload uid.
     endpoints: BTreeMap<&'a str, EndpointOut<'a>>,
     subject_alt_names: &'a [String],
-    #[cfg_attr(test, ts(as = "Option<super::model::GatewayAddressJson>"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
     waypoint: Option<GatewayOut>,
-    #[cfg_attr(test, ts(as = "Vec<super::model::WeightedWaypointJson>"))]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(test, ts(optional, as = "Option<Vec<super::model::WeightedWaypointJson>>"))]
     weighted_waypoints: Vec<WeightedOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional, as = "Option<LoadBalancer>"))]
     load_balancer: &'a Option<LoadBalancer>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional))]
     ip_families: Option<super::model::IpFamilies>,
+    #[serde(skip_serializing_if = "is_false")]
+    #[cfg_attr(test, ts(optional, as = "Option<bool>"))]
     canonical: bool,
     visibility: Visibility,
 }
@@ -180,8 +317,7 @@ pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceOut<'a> {
 #[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase")]
 pub struct MeshDump<'a> {
-    #[cfg_attr(test, ts(as = "Vec<super::model::WorkloadJson>"))]
-    workloads: Vec<WorkloadOut<'a>>,
+    workloads: Vec<WorkloadDumpOut<'a>>,
     services: Vec<ServiceOut<'a>>,
     /// "namespace/hostname" → endpoints by workload uid.
     staged_services: BTreeMap<String, BTreeMap<&'a str, EndpointOut<'a>>>,
@@ -200,9 +336,55 @@ pub fn mesh(st: &State) -> MeshDump<'_> {
         .filter(|(_, eps)| !eps.is_empty())
         .collect();
     MeshDump {
-        workloads: ws.into_iter().map(workload).collect(),
+        workloads: ws.into_iter().map(workload_dump).collect(),
         services: ss.into_iter().map(|s| service(Some(st), s)).collect(),
         staged_services: staged,
+    }
+}
+
+/// A workload of the local config as config_dump's `staticConfig` shows it (ztunnel's LocalWorkload): the
+/// workload's dump keys, and `services` as the document gives them, "namespace/hostname" → { service port: target }.
+#[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "LocalWorkloadDump")
+)]
+pub struct LocalWorkloadOut<'a> {
+    #[serde(flatten)]
+    #[cfg_attr(test, ts(flatten))]
+    record: WorkloadRecordOut<'a>,
+    capacity: u32,
+    services: BTreeMap<String, BTreeMap<String, u16>>,
+}
+
+/// `staticConfig` without its policies (the control side adds those): the last applied local document's workloads
+/// (by uid) and services (by hostname, then namespace), as the dataplane parsed them. A record an xDS source has
+/// since replaced under the same key shows as it is now.
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+pub struct LocalDump<'a> {
+    workloads: Vec<LocalWorkloadOut<'a>>,
+    services: Vec<ServiceOut<'a>>,
+}
+
+pub fn local(st: &State) -> LocalDump<'_> {
+    let keys = st.local_keys();
+    let mut ws: Vec<&Workload> =
+        keys.workloads.iter().filter_map(|u| st.workloads.get(u)).map(|w| w.as_ref()).collect();
+    ws.sort_by(|a, b| a.uid.cmp(&b.uid));
+    let mut ss: Vec<&Service> = keys.services.iter().filter_map(|k| st.services.get(k)).map(|s| s.as_ref()).collect();
+    ss.sort_by(|a, b| a.key.hostname.cmp(&b.key.hostname).then_with(|| a.key.namespace.cmp(&b.key.namespace)));
+    LocalDump {
+        workloads: ws
+            .into_iter()
+            .map(|w| LocalWorkloadOut {
+                record: workload_record(w),
+                capacity: w.capacity,
+                services: w.service_ports.iter().map(|(k, m)| (k.to_string(), ports(m.iter()))).collect(),
+            })
+            .collect(),
+        services: ss.into_iter().map(|s| service(None, s)).collect(),
     }
 }
 

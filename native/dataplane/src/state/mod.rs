@@ -297,6 +297,11 @@ impl State {
         self.local_keys.removed_by(next)
     }
 
+    /// The keys the last applied local document put in the state (config_dump's `staticConfig`).
+    pub fn local_keys(&self) -> &local::LocalKeys {
+        &self.local_keys
+    }
+
     /// Records the keys of the local document just applied.
     pub fn local_record(&mut self, keys: local::LocalKeys) {
         self.local_keys = keys;
