@@ -605,8 +605,9 @@ async fn establish_stream(
         pi.metrics.authz_denied.fetch_add(1, Ordering::Relaxed);
         let mut f = fields! {
             "src.addr" => peer.to_string(), "src.identity" => peer_id.to_string(),
-            "dst.addr" => target.to_string(), "dst.workload" => local.name.clone(), "direction" => "inbound",
-            "error" => format!("connection denied: {}", decision.reason),
+            "dst.addr" => target.to_string(), "dst.workload" => local.name.clone(),
+            "dst.namespace" => local.namespace.clone(), "dst.identity" => local.identity().to_string(),
+            "direction" => "inbound", "error" => format!("connection denied: {}", decision.reason),
         };
         if let Some(p) = &decision.policy {
             f.insert("policy".into(), p.clone().into());

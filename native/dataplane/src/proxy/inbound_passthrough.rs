@@ -141,6 +141,7 @@ async fn establish(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr) -> Opt
         pi.metrics.authz_denied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut f = fields! {
             "src.addr" => peer.to_string(), "dst.addr" => dst.to_string(), "dst.workload" => local.name.clone(),
+            "dst.namespace" => local.namespace.clone(), "dst.identity" => local.identity().to_string(),
             "direction" => "inbound", "error" => format!("connection denied: {}", decision.reason),
         };
         if let Some(p) = decision.policy {
