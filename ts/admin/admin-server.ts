@@ -5,6 +5,7 @@ import { isIP } from 'node:net';
 import { formatLogFilter, parseLogFilter } from '../log/filter.js';
 import type { Logs } from '../log/logger.js';
 import type { AuthorizeExplanation, AuthorizeRequest } from '../native/types.js';
+import type { Dashboard } from './dashboard.js';
 import { pathOf, queryOf, reply, serverOptions } from './http.js';
 
 export interface AdminHandlers {
@@ -15,6 +16,8 @@ export interface AdminHandlers {
   logs: Logs;
   /** Explain an authorization decision with the dataplane's own evaluation (absent: 503). */
   authorize?(req: AuthorizeRequest): AuthorizeExplanation;
+  /** The live dashboard (dashboard.ts): its page and its events stream (absent: 404). */
+  dashboard?: Pick<Dashboard, 'serve'>;
 }
 
 const ENDPOINTS: ReadonlyArray<[string, string]> = [
@@ -22,6 +25,7 @@ const ENDPOINTS: ReadonlyArray<[string, string]> = [
   ['/logging', 'POST: show the log filter; ?level=<level> or ?level=<target>=<level>,... to change it; ?reset'],
   ['/quitquitquit', 'POST: start a graceful shutdown'],
   ['/debug/authorize', '?src_identity=<spiffe id>&src_ip=<ip>&dst=<ip:port>: the L4 authorization decision and why'],
+  ['/dashboard', 'a live view of this node: workloads, connections and their identities, authorization decisions, throughput, certificates'],
 ];
 
 const AUTHORIZE_HELP =
@@ -77,6 +81,10 @@ export function createAdminServer(h: AdminHandlers): Server {
           return reply(res, 400, `${err instanceof Error ? err.message : String(err)}\n`);
         }
       }
+      case '/dashboard':
+      case '/dashboard/events':
+        if (h.dashboard === undefined) return reply(res, 404, 'Not found\n');
+        return h.dashboard.serve(req, res, path, notFromAnOperator(req));
       case '/logging': {
         const refused = req.method === 'POST' ? notFromAnOperator(req) : null;
         if (refused !== null) return reply(res, 403, refused);

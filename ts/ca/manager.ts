@@ -117,6 +117,12 @@ export interface IdentityDump {
   rootCerts: CertificateDump[];
 }
 
+export interface CertificateSummary {
+  identity: string;
+  state: CertificateState;
+  notAfter: number | null;
+}
+
 export class CertificateManager {
   private readonly entries = new Map<string, Entry>();
   private readonly queue = new Set<Entry>();
@@ -196,14 +202,24 @@ export class CertificateManager {
 
   /** config_dump `certificates`, sorted by identity. */
   dump(): IdentityDump[] {
-    return [...this.entries.values()]
-      .sort((a, b) => (a.identity < b.identity ? -1 : a.identity > b.identity ? 1 : 0))
-      .map((e) => ({
-        identity: e.identity,
-        state: e.state,
-        certChain: e.chainPem ? splitPem(e.chainPem).map(describeCertificate) : [],
-        rootCerts: e.rootsPem ? splitPem(e.rootsPem).map(describeCertificate) : [],
-      }));
+    return this.byIdentity().map((e) => ({
+      identity: e.identity,
+      state: e.state,
+      certChain: e.chainPem ? splitPem(e.chainPem).map(describeCertificate) : [],
+      rootCerts: e.rootsPem ? splitPem(e.rootsPem).map(describeCertificate) : [],
+    }));
+  }
+
+  /**
+   * Each identity's state and its installed leaf's expiry (ms since the epoch; null before the first), sorted by
+   * identity: what `dump()` shows, without decoding certificates (the dashboard reads it every second).
+   */
+  states(): CertificateSummary[] {
+    return this.byIdentity().map((e) => ({ identity: e.identity, state: e.state, notAfter: e.notAfter }));
+  }
+
+  private byIdentity(): Entry[] {
+    return [...this.entries.values()].sort((a, b) => (a.identity < b.identity ? -1 : a.identity > b.identity ? 1 : 0));
   }
 
   /** Requests waiting for a slot and in flight (tests, debugging). */

@@ -29,6 +29,7 @@ import { LocalConfigLoader, type LocalLoad } from '../config/local-loader.js';
 import { followCrls } from '../ca/crl.js';
 import { readResolvConf, type ResolvConf } from '../config/resolv-conf.js';
 import { createAdminServer } from '../admin/admin-server.js';
+import { Dashboard } from '../admin/dashboard.js';
 import { MAX_HTTP_CONNECTIONS, boundAddress, capConnections, closeServer, listen, type ServerName } from '../admin/http.js';
 import { Metrics } from '../admin/metrics.js';
 import { createReadinessServer } from '../admin/readiness-server.js';
@@ -237,10 +238,21 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   let dp: DataplanePort | null = null;
   let stopEventLevels: () => void = () => undefined;
   const servers: Server[] = [];
+  // The admin port's live view: it reads what the daemon has (and the events the pump drains) only while watched.
+  const dashboard = new Dashboard({
+    node: config.nodeName ?? '',
+    mode: config.proxyMode,
+    workloads: () => store.onThisNode,
+    certificates: () => certs?.states() ?? [],
+    metrics: () => dp?.metrics() ?? null,
+    workloadState: () => workloadState(),
+  });
   const pump = () => {
     if (dp === null) return;
     try {
-      for (const ev of dp.drainEvents()) logNativeEvent(ev, loggers, suppressedLogs);
+      const events = dp.drainEvents();
+      for (const ev of events) logNativeEvent(ev, loggers, suppressedLogs);
+      dashboard.observe(events);
     } catch (err) {
       log.error({ err: (err as Error).message }, 'reading dataplane events failed');
     }
@@ -453,6 +465,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         workloadState: workloadState(),
         };
       },
+      dashboard,
     });
     const stats = createStatsServer(metrics);
     // The entry may have bound the readiness address already (admin/early-readiness.ts): take that server over.
@@ -488,7 +501,10 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     capture?.stop();
     return loader?.close();
   });
-  drain.watch('admin servers', () => Promise.all(servers.map((s) => closeServer(s))).then(() => undefined));
+  drain.watch('admin servers', () => {
+    dashboard.close(); // its streams never end on their own
+    return Promise.all(servers.map((s) => closeServer(s))).then(() => undefined);
+  });
   drain.watch('certificates', () => {
     localWorkloads?.stop();
     certAsks?.stop();
@@ -535,6 +551,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     localWatch?.stop();
     crlWatch?.stop();
     removeSignals();
+    dashboard.close();
     await Promise.all(servers.map((s) => closeServer(s, 0)));
     await loader?.close();
     localWorkloads?.stop();
