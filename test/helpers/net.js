@@ -34,6 +34,7 @@
 //                                              127.69.2.10 (the non-reading clients), daemon's admin 127.69.255.1
 //   70  test/unit/early-readiness.test.js     readiness addresses 127.70.255.{1,2,3} (fixed port 15021)
 //   71  test/integration/h2-floods.test.js    workload 127.71.1.10 (echo app :8080), daemon's admin 127.71.255.1
+//   73  test/integration/dashboard.test.js    workloads 127.73.{1,2}.10 (echo app :8080), daemon's admin 127.73.255.1
 //
 // Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
 // node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
@@ -64,6 +65,7 @@ export const BLOCKS = Object.freeze({
   'early-readiness': 70,
   'h2-floods': 71,
   'lazy-modules': 72,
+  dashboard: 73,
 });
 
 /** Addresses of one file's block. */
