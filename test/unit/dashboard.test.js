@@ -181,9 +181,17 @@ test('authorization decisions: observed only while a page watches, sent once, wi
   assert.equal(dashboard.watching, 1);
 
   dashboard.observe([denied, { kind: 'log', level: 'info', message: 'connection denied', fields: {} }, { kind: 'suppressed', level: 'warn', message: 'connection denied', fields: { kind: 'access', count: 7 } }]);
+  // A page that joins before the next update gets the decision with it, not also in its snapshot.
+  const second = await stream(port);
+  assert.deepEqual((await second.next()).data.decisions, []);
   s.clock += 1_000;
   dashboard.tick();
   const up = (await es.next()).data;
+  assert.deepEqual((await second.next()).data.decisions, up.decisions);
+  second.close();
+  const third = await stream(port);
+  assert.deepEqual((await third.next()).data.decisions, up.decisions, 'a page that joins later has it in its snapshot');
+  third.close();
   assert.deepEqual(up.decisions, [
     { t: s.clock - 1_000, verdict: 'deny', srcIdentity: ID('sleep'), srcAddr: '10.0.0.1:4000', dstIdentity: ID('echo'), dstWorkload: 'default/echo', dstAddr: '10.0.0.2:9090', policy: 'default/deny-9090', reason: 'explicitly denied by: default/deny-9090' },
   ]);

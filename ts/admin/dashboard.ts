@@ -149,8 +149,9 @@ class Ring<T> {
   get last(): number {
     return this.seq;
   }
-  all(): T[] {
-    return [...this.items];
+  /** The items held that were pushed up to sequence number `upTo`. */
+  until(upTo: number): T[] {
+    return this.items.slice(0, Math.max(0, this.items.length - (this.seq - upTo)));
   }
 }
 
@@ -185,7 +186,7 @@ export class Dashboard {
 
   /** GET /dashboard (the page) and /dashboard/events (the stream). `refused`: why the stream is not served, or null. */
   serve(req: IncomingMessage, res: ServerResponse, path: string, refused: string | null): void {
-    if (req.method !== 'GET' && req.method !== 'HEAD') return reply(res, 405, 'GET only\n');
+    if (req.method !== 'GET' && (req.method !== 'HEAD' || path !== '/dashboard')) return reply(res, 405, 'GET only\n');
     if (path === '/dashboard') {
       res.writeHead(200, {
         'content-type': 'text/html; charset=utf-8',
@@ -239,18 +240,20 @@ export class Dashboard {
     };
     res.once('close', leave);
     this.clients.add(client);
+    const metrics = this.source.metrics();
     if (this.timer === null) {
       // A first page: start from fresh counters, so the first point covers one interval of this session.
-      this.prev = this.totals();
+      this.prev = this.totals(metrics);
       this.sentPoints = this.points.last;
       this.sentDecisions = this.decisions.last;
       this.timer = setInterval(() => this.tick(), this.opts.intervalMs ?? DASHBOARD_INTERVAL_MS);
       this.timer.unref();
     }
+    // What the pages have been sent so far; the next update brings the rest to this page too.
     const snapshot: DashboardMessage = {
-      ...this.state(this.source.metrics()),
-      points: this.points.all(),
-      decisions: this.decisions.all(),
+      ...this.state(metrics),
+      points: this.points.until(this.sentPoints),
+      decisions: this.decisions.until(this.sentDecisions),
       missedDecisions: 0,
     };
     this.send(client, `retry: 2000\nevent: snapshot\ndata: ${JSON.stringify(snapshot)}\n\n`);
@@ -291,7 +294,7 @@ export class Dashboard {
     if (res.writableLength > MAX_CLIENT_BUFFER) res.destroy();
   }
 
-  private totals(metrics: MetricsSnapshot | null = this.source.metrics()): Totals | null {
+  private totals(metrics: MetricsSnapshot | null): Totals | null {
     if (metrics === null) return null;
     const t: Totals = { t: this.now, inBytes: 0, outBytes: 0, inOpened: 0, outOpened: 0, denied: 0 };
     for (const c of metrics.connections) {
