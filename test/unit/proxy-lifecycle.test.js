@@ -40,7 +40,11 @@ function fakeDataplane({ bindFails = false } = {}) {
       if (bindFails) throw new ZtunnelError('BIND_FAILED', `${spec.hboneAddr}: address in use`);
       return { hboneAddr: spec.hboneAddr, socksAddr: spec.socksAddr, dnsAddr: spec.dnsAddr };
     },
-    metrics: () => ({ connections: [{ labels: { reporter: 'destination' }, opened: 4, closed: 4, failed: 0, sent: 1, received: 2 }], socketsOpen: { source: 0, destination: 0 } }),
+    // The scrape asks for the traffic counters as the dataplane's OpenMetrics text; other readers get rows.
+    metrics: (opts) =>
+      opts?.trafficText
+        ? { traffic: '# HELP istio_tcp_connections_opened x\n# TYPE istio_tcp_connections_opened counter\nistio_tcp_connections_opened_total{reporter="destination"} 4\n', connections: [], socketsOpen: { source: 0, destination: 0 } }
+        : { connections: [{ labels: { reporter: 'destination' }, opened: 4, closed: 4, failed: 0, sent: 1, received: 2 }], socketsOpen: { source: 0, destination: 0 } },
     drainEvents: () => {
       const e = events;
       events = [];

@@ -5,7 +5,9 @@
 //   one snapshot (a lock serializes scrapes, so two concurrent scrapes cannot mix snapshots).
 // - Counters are set to the native cumulative values (reset + inc in collect()), never accumulated here, so a
 //   scrape is a pure function of the snapshot.
-// - Every traffic label is present on every sample; a missing or empty value renders "unknown", as ztunnel does.
+// - The traffic counters (istio_tcp_connections_*, istio_tcp_*_bytes) are rendered by the dataplane, where they are
+//   counted, as OpenMetrics text in the same snapshot (`traffic`, native metrics.rs `traffic_openmetrics`: every one of
+//   ztunnel's 27 labels, empty values `unknown`); this module puts that text first in the body, as it is.
 // - The HBONE tunnel counters (the snapshot's `tunnels`: pooled outbound connections, accepted inbound ones, TLS
 //   handshake failures) are ztunnel-node's own, so they carry the `ztunnel_node_` prefix, not `istio_`. A snapshot
 //   without `tunnels` renders them as 0.
@@ -13,57 +15,14 @@ import { Counter, Gauge, Registry, collectDefaultMetrics, type RegistryContentTy
 import type { AuthorizationCounters, DnsCounters, MetricsSnapshot, TunnelCounters } from '../native/types.js';
 import type { XdsCounters } from '../xds/metrics.js';
 
-/** ztunnel's CommonTrafficLabels, in its order. */
-export const TRAFFIC_LABELS = [
-  'reporter',
-  'source_workload',
-  'source_canonical_service',
-  'source_canonical_revision',
-  'source_workload_namespace',
-  'source_principal',
-  'source_app',
-  'source_version',
-  'source_cluster',
-  'destination_service',
-  'destination_service_namespace',
-  'destination_service_name',
-  'destination_workload',
-  'destination_canonical_service',
-  'destination_canonical_revision',
-  'destination_workload_namespace',
-  'destination_principal',
-  'destination_app',
-  'destination_version',
-  'destination_cluster',
-  'request_protocol',
-  'response_flags',
-  'connection_security_policy',
-  // ztunnel's last four: the locality of each end.
-  'source_region',
-  'source_zone',
-  'destination_region',
-  'destination_zone',
-] as const;
-
-type TrafficLabel = (typeof TRAFFIC_LABELS)[number];
-type CounterField = 'opened' | 'closed' | 'failed' | 'sent' | 'received';
-
-const COUNTERS: ReadonlyArray<{ name: string; help: string; field: CounterField }> = [
-  { name: 'istio_tcp_connections_opened_total', help: 'The total number of TCP connections opened', field: 'opened' },
-  { name: 'istio_tcp_connections_closed_total', help: 'The total number of TCP connections closed', field: 'closed' },
-  { name: 'istio_tcp_connections_failed_total', help: 'The total number of TCP connections that failed to establish (unstable)', field: 'failed' },
-  { name: 'istio_tcp_sent_bytes_total', help: 'The size of total bytes sent during response in case of a TCP connection', field: 'sent' },
-  { name: 'istio_tcp_received_bytes_total', help: 'The size of total bytes received during request in case of a TCP connection', field: 'received' },
-];
-
 export type { TunnelCounters };
 
 /**
- * What one scrape reads: the native snapshot (its type generated from metrics.rs). Only the connection rows and
+ * What one scrape reads: the native snapshot (its type generated from metrics.rs), taken with `trafficText`. Only the
  * open sockets are always there: before the first read, and from test doubles, the rest may be missing.
  */
-export type ScrapeSnapshot = Pick<MetricsSnapshot, 'connections' | 'socketsOpen'> &
-  Partial<Pick<MetricsSnapshot, 'runtime' | 'dns' | 'buffers'>> & {
+export type ScrapeSnapshot = Pick<MetricsSnapshot, 'socketsOpen'> &
+  Partial<Pick<MetricsSnapshot, 'runtime' | 'dns' | 'buffers' | 'traffic'>> & {
     tunnels?: Partial<TunnelCounters>;
     authorization?: Partial<AuthorizationCounters>;
   };
@@ -127,15 +86,6 @@ export function wantsOpenMetrics(accept: string | undefined): boolean {
   return (accept ?? '')
     .split(',')
     .some((entry) => (entry.split(';')[0] ?? '').trim().toLowerCase() === 'application/openmetrics-text');
-}
-
-export function trafficLabels(labels: Record<string, string>): Record<TrafficLabel, string> {
-  const out = {} as Record<TrafficLabel, string>;
-  for (const name of TRAFFIC_LABELS) {
-    const v = labels[name];
-    out[name] = v === undefined || v === '' ? 'unknown' : v;
-  }
-  return out;
 }
 
 export interface MetricsOptions {
@@ -260,7 +210,7 @@ function registerRuntimeMetrics(reg: Registry<ContentType>, runtime: () => Metri
 }
 
 export class Metrics {
-  private current: ScrapeSnapshot = { connections: [], socketsOpen: { source: 0, destination: 0 } };
+  private current: ScrapeSnapshot = { socketsOpen: { source: 0, destination: 0 } };
   // prom-client renames counters in place when rendering OpenMetrics, so each format gets its own registry
   // (built on first use) instead of switching one registry's content type.
   private readonly registries = new Map<ContentType, Registry<ContentType>>();
@@ -277,8 +227,8 @@ export class Metrics {
     const contentType = wantsOpenMetrics(accept) ? OPENMETRICS_CONTENT_TYPE : PROMETHEUS_CONTENT_TYPE;
     const run = this.lock.then(async () => {
       this.current = this.opts.snapshot();
-      const body = await this.registry(Registry.OPENMETRICS_CONTENT_TYPE).metrics();
-      return { contentType, body };
+      const rest = await this.registry(Registry.OPENMETRICS_CONTENT_TYPE).metrics();
+      return { contentType, body: (this.current.traffic ?? '') + rest };
     });
     this.lock = run.catch(() => undefined);
     return run;
@@ -291,18 +241,6 @@ export class Metrics {
     reg.setContentType(type);
     // An accessor, because prom-client calls collect() with `this` bound to the metric.
     const current = () => this.current;
-    for (const c of COUNTERS) {
-      new Counter({
-        name: c.name,
-        help: c.help,
-        labelNames: TRAFFIC_LABELS,
-        registers: [reg],
-        collect() {
-          this.reset();
-          for (const conn of current().connections) this.inc(trafficLabels(conn.labels), conn[c.field]);
-        },
-      });
-    }
     new Gauge({
       name: 'istio_tcp_sockets_open',
       help: 'The current number of open TCP sockets (unstable)',

@@ -437,7 +437,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     const metrics = new Metrics({
       httpDropped: () => httpDrops.counts,
       suppressedLogs: () => suppressedLogs,
-      snapshot: () => dp?.metrics() ?? { connections: [], socketsOpen: { source: 0, destination: 0 } },
+      snapshot: () => dp?.metrics({ trafficText: true }) ?? { socketsOpen: { source: 0, destination: 0 } },
       istioVersion: config.istioVersion,
       xds: () => xdsMetrics.snapshot(),
       missingPolicies: () => store.missingReferences,

@@ -66,7 +66,11 @@ export declare class Dataplane {
    * `connections` (default true) as for `inpodState`.
    */
   localWorkloadState(connections?: boolean | undefined | null): string
-  metrics(): string
+  /**
+   * The counters' snapshot as JSON. `traffic_text` (default false): the traffic counters as OpenMetrics text in
+   * `traffic` instead of rows in `connections` (the /metrics scrape).
+   */
+  metrics(trafficText?: boolean | undefined | null): string
   /**
    * Log filter levels ("trace".."error", "off") for access events, the DNS proxy's records and the dataplane's
    * other events.

@@ -287,8 +287,12 @@ export class Dataplane {
     return callAsync(() => this.inner.removeLocalWorkload(uid));
   }
 
-  metrics(): MetricsSnapshot {
-    return JSON.parse(call(() => this.inner.metrics())) as MetricsSnapshot;
+  /**
+   * The counters' snapshot. `trafficText`: the traffic counters come as OpenMetrics text (`traffic`, what a scrape
+   * serves) instead of JSON rows (`connections`, empty then).
+   */
+  metrics(opts: { trafficText: boolean } = { trafficText: false }): MetricsSnapshot {
+    return JSON.parse(call(() => this.inner.metrics(opts.trafficText))) as MetricsSnapshot;
   }
 
   /** Shared mode: start the in-pod workload manager (the ZDS client of istio-cni). */

@@ -182,9 +182,11 @@ impl Dataplane {
         self.inner.local_state_json(connections.unwrap_or(true))
     }
 
+    /// The counters' snapshot as JSON. `traffic_text` (default false): the traffic counters as OpenMetrics text in
+    /// `traffic` instead of rows in `connections` (the /metrics scrape).
     #[napi]
-    pub fn metrics(&self) -> String {
-        self.inner.metrics_json()
+    pub fn metrics(&self, traffic_text: Option<bool>) -> String {
+        self.inner.metrics_json(traffic_text.unwrap_or(false))
     }
 
     /// Log filter levels ("trace".."error", "off") for access events, the DNS proxy's records and the dataplane's

@@ -633,8 +633,10 @@ impl Dataplane {
         serde_json::to_string(&out).map_err(|e| DataplaneError::Spec(e.to_string()))
     }
 
-    pub fn metrics_json(&self) -> String {
-        self.pi.metrics.snapshot_json_with(Some(&self.handle))
+    /// The counters' snapshot (`MetricsSnapshot`); `traffic_text`: the traffic counters as OpenMetrics text rather than
+    /// JSON rows (the scrape renders them as they are).
+    pub fn metrics_json(&self, traffic_text: bool) -> String {
+        self.pi.metrics.snapshot_json_with(Some(&self.handle), traffic_text)
     }
 
     /// The log filter levels of access events, of the DNS proxy's records (target `dns`) and of the dataplane's

@@ -109,6 +109,91 @@ impl TrafficLabels {
     }
 }
 
+impl TrafficLabels {
+    /// (name, value) in ztunnel's order.
+    pub fn pairs(&self) -> [(&'static str, &str); 27] {
+        [
+            ("reporter", &self.reporter),
+            ("source_workload", &self.source_workload),
+            ("source_canonical_service", &self.source_canonical_service),
+            ("source_canonical_revision", &self.source_canonical_revision),
+            ("source_workload_namespace", &self.source_workload_namespace),
+            ("source_principal", &self.source_principal),
+            ("source_app", &self.source_app),
+            ("source_version", &self.source_version),
+            ("source_cluster", &self.source_cluster),
+            ("destination_service", &self.destination_service),
+            ("destination_service_namespace", &self.destination_service_namespace),
+            ("destination_service_name", &self.destination_service_name),
+            ("destination_workload", &self.destination_workload),
+            ("destination_canonical_service", &self.destination_canonical_service),
+            ("destination_canonical_revision", &self.destination_canonical_revision),
+            ("destination_workload_namespace", &self.destination_workload_namespace),
+            ("destination_principal", &self.destination_principal),
+            ("destination_app", &self.destination_app),
+            ("destination_version", &self.destination_version),
+            ("destination_cluster", &self.destination_cluster),
+            ("request_protocol", &self.request_protocol),
+            ("response_flags", &self.response_flags),
+            ("connection_security_policy", &self.connection_security_policy),
+            ("source_region", &self.source_region),
+            ("source_zone", &self.source_zone),
+            ("destination_region", &self.destination_region),
+            ("destination_zone", &self.destination_zone),
+        ]
+    }
+}
+
+/// ztunnel's TCP traffic counters: family name (OpenMetrics: without `_total`), HELP text, and which count.
+const TRAFFIC_FAMILIES: [(&str, &str, usize); 5] = [
+    ("istio_tcp_connections_opened", "The total number of TCP connections opened", 0),
+    ("istio_tcp_connections_closed", "The total number of TCP connections closed", 1),
+    ("istio_tcp_connections_failed", "The total number of TCP connections that failed to establish (unstable)", 2),
+    ("istio_tcp_sent_bytes", "The size of total bytes sent during response in case of a TCP connection", 3),
+    ("istio_tcp_received_bytes", "The size of total bytes received during request in case of a TCP connection", 4),
+];
+
+/// The traffic counters as OpenMetrics text, as ztunnel exposes them: per family `# HELP` and `# TYPE` without
+/// `_total`, then a sample per label set with it, every one of the 27 labels present in ztunnel's order, an empty
+/// value written `unknown`. Rendered here, where the counters live, so a scrape does not carry every label set
+/// across the boundary as JSON to be rendered again. `rows`: each label set with [opened, closed, failed, sent,
+/// received].
+pub fn traffic_openmetrics(rows: &[(&TrafficLabels, [u64; 5])]) -> String {
+    use std::fmt::Write;
+    // One sample line is about 1 KB (27 labels): size the buffer once.
+    let mut out = String::with_capacity(512 + rows.len() * TRAFFIC_FAMILIES.len() * 1024);
+    for (family, help, i) in TRAFFIC_FAMILIES {
+        let _ = write!(out, "# HELP {family} {help}\n# TYPE {family} counter\n");
+        for (labels, counts) in rows {
+            out.push_str(family);
+            out.push_str("_total{");
+            for (n, (name, value)) in labels.pairs().into_iter().enumerate() {
+                if n > 0 {
+                    out.push(',');
+                }
+                out.push_str(name);
+                out.push_str("=\"");
+                escape_label_value(&mut out, if value.is_empty() { "unknown" } else { value });
+                out.push('"');
+            }
+            let _ = writeln!(out, "}} {}", counts[i]);
+        }
+    }
+    out
+}
+
+/// A label value as the exposition formats escape it: backslash, double quote and line feed.
+fn escape_label_value(out: &mut String, v: &str) {
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
 /// One end's labels as ztunnel's `with_source`/`with_destination` take them from a workload (src/proxy/metrics.rs):
 /// the workload is its workloadName (empty, so `unknown`, when istiod sent none; never the pod's name); app and
 /// version repeat the canonical service and revision.
@@ -212,6 +297,11 @@ pub struct SnapshotJson<'a> {
     authorization: AuthorizationJson,
     dns: &'a crate::dns::metrics::DnsSnapshot<'a>,
     buffers: BuffersJson,
+    /// When asked for (`metrics({ trafficText: true })`, the scrape): the traffic counters as OpenMetrics text
+    /// (`traffic_openmetrics`), read in this same snapshot; `connections` is then empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional))]
+    traffic: Option<String>,
 }
 
 /// The runtime's figures; per-worker arrays are indexed by worker.
@@ -327,23 +417,36 @@ impl Metrics {
     }
 
     pub fn snapshot_json(&self) -> String {
-        self.snapshot_json_with(None)
+        self.snapshot_json_with(None, false)
     }
 
-    /// The snapshot, with the dataplane runtime's figures (ztunnel's `tokio_*` metrics) when given its handle.
-    pub fn snapshot_json_with(&self, runtime: Option<&tokio::runtime::Handle>) -> String {
+    /// The snapshot, with the dataplane runtime's figures (ztunnel's `tokio_*` metrics) when given its handle, and
+    /// the traffic counters as OpenMetrics text instead of JSON rows when `traffic_text`.
+    pub fn snapshot_json_with(&self, runtime: Option<&tokio::runtime::Handle>, traffic_text: bool) -> String {
         let b = self.buckets.lock();
-        let connections: Vec<BucketJson> = b
+        let rows: Vec<(&TrafficLabels, [u64; 5])> = b
             .iter()
-            .map(|(l, c)| BucketJson {
-                labels: l,
-                opened: c.opened.load(Ordering::Relaxed),
-                closed: c.closed.load(Ordering::Relaxed),
-                failed: c.failed.load(Ordering::Relaxed),
-                sent: c.sent.load(Ordering::Relaxed),
-                received: c.received.load(Ordering::Relaxed),
+            .map(|(l, c)| {
+                let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                (&**l, [load(&c.opened), load(&c.closed), load(&c.failed), load(&c.sent), load(&c.received)])
             })
             .collect();
+        let (connections, traffic) = if traffic_text {
+            (Vec::new(), Some(traffic_openmetrics(&rows)))
+        } else {
+            let connections = rows
+                .iter()
+                .map(|(labels, [opened, closed, failed, sent, received])| BucketJson {
+                    labels,
+                    opened: *opened,
+                    closed: *closed,
+                    failed: *failed,
+                    sent: *sent,
+                    received: *received,
+                })
+                .collect();
+            (connections, None)
+        };
         let runtime = runtime.map(|h| {
             let m = h.metrics();
             let workers = m.num_workers();
@@ -386,6 +489,7 @@ impl Metrics {
                     shed_connections: load(&self.budget.shed),
                     backpressured_streams: load(&self.budget.backpressured),
                 },
+                traffic,
             };
             serde_json::to_string(&snapshot).expect("serializable")
         })
@@ -418,5 +522,39 @@ impl Drop for ConnectionGuard {
             labels.response_flags = flag.into();
             self.metrics.bucket(labels).1.failed.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traffic_text_is_openmetrics_with_every_label_in_order_and_escaped_values() {
+        let labels = TrafficLabels {
+            reporter: "source".into(),
+            source_workload: "a\"b\\c\nd".into(),
+            destination_zone: "zone-b".into(),
+            ..Default::default()
+        };
+        let text = traffic_openmetrics(&[(&labels, [4, 3, 1, 73, 1_048_595])]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5 * 3, "HELP, TYPE and one sample per family");
+        assert_eq!(lines[0], "# HELP istio_tcp_connections_opened The total number of TCP connections opened");
+        assert_eq!(lines[1], "# TYPE istio_tcp_connections_opened counter");
+        let sample = lines[2];
+        assert!(sample.starts_with(
+            "istio_tcp_connections_opened_total{reporter=\"source\",source_workload=\"a\\\"b\\\\c\\nd\","
+        ));
+        assert!(sample.ends_with(",destination_region=\"unknown\",destination_zone=\"zone-b\"} 4"), "{sample}");
+        let names: Vec<&str> = sample[sample.find('{').unwrap() + 1..sample.rfind('}').unwrap()]
+            .split("\",")
+            .map(|kv| kv.split('=').next().unwrap())
+            .collect();
+        assert_eq!(names, labels.pairs().map(|(n, _)| n).to_vec(), "the 27 labels in ztunnel's order");
+        assert!(lines[14].starts_with("istio_tcp_received_bytes_total{") && lines[14].ends_with("} 1048595"));
+        assert!(lines[11].starts_with("istio_tcp_sent_bytes_total{") && lines[11].ends_with("} 73"));
+        // No connection yet: the families are still declared, with no sample.
+        assert_eq!(traffic_openmetrics(&[]).lines().count(), 10);
     }
 }

@@ -15,4 +15,9 @@ export type MetricsSnapshot = {
 /**
  * The dataplane's tokio runtime (ztunnel's `tokio_*` metrics); null when not asked for.
  */
-runtime: RuntimeCounters | null, connections: Array<ConnectionCounters>, socketsOpen: SocketsOpen, tunnels: TunnelCounters, authorization: AuthorizationCounters, dns: DnsCounters, buffers: BufferCounters, };
+runtime: RuntimeCounters | null, connections: Array<ConnectionCounters>, socketsOpen: SocketsOpen, tunnels: TunnelCounters, authorization: AuthorizationCounters, dns: DnsCounters, buffers: BufferCounters, 
+/**
+ * When asked for (`metrics({ trafficText: true })`, the scrape): the traffic counters as OpenMetrics text
+ * (`traffic_openmetrics`), read in this same snapshot; `connections` is then empty.
+ */
+traffic?: string, };
