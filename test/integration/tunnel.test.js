@@ -4,6 +4,10 @@
 // both nodes, the access logs, the exit codes.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { request as httpRequest } from 'node:http';
+import { join } from 'node:path';
 import { sumSamples } from '../../dist/cli/prom-text.js';
 import { socks5Connect } from '../../dist/cli/socks5-client.js';
 import { makeTempDir, removeTempDir, settled, startDaemon, workload } from '../helpers/daemon.js';
@@ -25,6 +29,33 @@ import {
 } from '../helpers/net.js';
 
 const net = block(BLOCKS.tunnel);
+
+/** The Go toolchain (its `go tool pprof` reads the CPU profile): required under CI, which installs Go. */
+const GO = (() => {
+  for (const go of ['go', '/usr/local/go/bin/go']) {
+    try {
+      execFileSync(go, ['version'], { stdio: 'ignore' });
+      return go;
+    } catch {
+      // not this one
+    }
+  }
+  if (process.env.CI) throw new Error('CI: the go toolchain is missing (the CPU profile test reads profiles with go tool pprof)');
+  return null;
+})();
+
+function httpGetBytes(url) {
+  return new Promise((resolve, reject) => {
+    httpRequest(url, { agent: false }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, body: Buffer.concat(chunks) }));
+      res.on('error', reject);
+    })
+      .on('error', reject)
+      .end();
+  });
+}
 const SLEEP_IP = net.workload(1);
 const ECHO_IP = net.workload(2);
 const SOCKS = { host: SLEEP_IP, port: 15080 };
@@ -286,6 +317,28 @@ test('metrics and access logs of both nodes match a known transfer, from each re
   assert.equal(inbound['src.identity'], SLEEP_ID);
   assert.equal(inbound.bytes_recv, REPORT_REQUEST.length);
   assert.equal(inbound.bytes_sent, REPORT_REPLY.length);
+});
+
+test('/debug/pprof/profile: a CPU profile of the process under traffic that go tool pprof reads, with ztunnel\'s bounds', { skip: GO ? false : 'no go toolchain (CI has one)' }, async () => {
+  assert.equal((await httpGet(`${a.adminUrl}/debug/pprof/profile?seconds=0`)).status, 400);
+  assert.equal((await httpGet(`${a.adminUrl}/debug/pprof/profile?frequency=5000`)).status, 400);
+  const profile = httpGetBytes(`${a.adminUrl}/debug/pprof/profile?seconds=2&frequency=250`);
+  await new Promise((r) => setTimeout(r, 200)); // the first one has started
+  assert.equal((await httpGet(`${a.adminUrl}/debug/pprof/profile?seconds=1`)).status, 409, 'one profile at a time');
+  // Traffic meanwhile, so the dataplane's tunnel has samples.
+  const payload = pattern(4 * 1024 * 1024, 11);
+  const until = Date.now() + 1_500;
+  while (Date.now() < until) await socksRoundTrip({ socks: SOCKS, dest: dest(PORT.echo), payload });
+  const { status, body } = await profile;
+  assert.equal(status, 200);
+  const file = join(makeTempDir('ztn-pprof-'), 'profile.pb');
+  writeFileSync(file, body);
+  // An independent reader: Go's pprof, as an operator would run it.
+  const top = execFileSync(GO, ['tool', 'pprof', '-top', '-nodecount=400', file], { encoding: 'utf8', env: { ...process.env, HOME: process.env.HOME ?? '/tmp' } });
+  assert.match(top, /Type: cpu/);
+  assert.match(top, /Duration: 2(\.\d+)?s/);
+  assert.match(top, /ztunnel_dataplane::|dataplane::/, 'the dataplane\'s own functions are in it');
+  assert.match(top, /tokio::/);
 });
 
 test("/metrics is ztunnel's exposition: OpenMetrics text, its content types, the runtime and process gauges", async () => {

@@ -7,6 +7,7 @@ import type { Logs } from '../log/logger.js';
 import type { AuthorizeExplanation, AuthorizeRequest } from '../native/types.js';
 import type { Dashboard } from './dashboard.js';
 import { pathOf, queryOf, reply, serverOptions } from './http.js';
+import { serveCpuProfile } from './pprof.js';
 
 export interface AdminHandlers {
   /** The whole /config_dump document, keys in output order. */
@@ -16,6 +17,8 @@ export interface AdminHandlers {
   logs: Logs;
   /** Explain an authorization decision with the dataplane's own evaluation (absent: 503). */
   authorize?(req: AuthorizeRequest): AuthorizeExplanation;
+  /** The process's CPU profile, pprof protobuf (the dataplane samples it; absent: 503). */
+  cpuProfile?(seconds: number, frequency: number): Promise<Uint8Array>;
   /** The live dashboard (dashboard.ts): its page and its events stream (absent: 404). */
   dashboard?: Pick<Dashboard, 'serve'>;
 }
@@ -25,6 +28,7 @@ const ENDPOINTS: ReadonlyArray<[string, string]> = [
   ['/logging', 'POST: show the log filter; ?level=<level> or ?level=<target>=<level>,... to change it; ?reset'],
   ['/quitquitquit', 'POST: start a graceful shutdown'],
   ['/debug/authorize', '?src_identity=<spiffe id>&src_ip=<ip>&dst=<ip:port>: the L4 authorization decision and why'],
+  ['/debug/pprof/profile', '?seconds=<1-300, default 10>&frequency=<1-1000, default 100>: a CPU profile of the process (pprof protobuf)'],
   ['/dashboard', 'a live view of this node: workloads, connections and their identities, authorization decisions, throughput, certificates'],
 ];
 
@@ -70,6 +74,9 @@ export function createAdminServer(h: AdminHandlers): Server {
         h.quit('admin /quitquitquit');
         return;
       }
+      case '/debug/pprof/profile':
+        if (h.cpuProfile === undefined) return reply(res, 503, 'profiling is not available\n');
+        return serveCpuProfile(queryOf(req), res, h.cpuProfile);
       case '/debug/authorize': {
         if (req.method !== 'GET') return reply(res, 405, AUTHORIZE_HELP);
         if (h.authorize === undefined) return reply(res, 503, 'authorization is not available\n');

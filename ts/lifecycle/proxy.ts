@@ -67,6 +67,7 @@ export type DataplanePort = Pick<
   | 'applyAddresses'
   | 'meshDump'
   | 'localDump'
+  | 'cpuProfile'
   | 'localWorkloadState'
   | 'createCsr'
   | 'installCertificate'
@@ -449,6 +450,10 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       authorize: (r) => {
         if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
         return dp.authorize(r);
+      },
+      cpuProfile: (seconds, frequency) => {
+        if (dp === null) return Promise.reject(new Error('the dataplane is not running yet (the local config is loading)'));
+        return dp.cpuProfile(seconds, frequency);
       },
       configDump: () => {
         // The mesh is rendered by the dataplane, its only holder (before it opens: empty).

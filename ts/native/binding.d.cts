@@ -52,6 +52,12 @@ export declare class Dataplane {
   removeLocalWorkload(uid: string): Promise<void>
   /** Explain the authorization decision for `{ srcIdentity?, srcIp, dst }` (admin `/debug/authorize`). */
   authorize(requestJson: string): string
+  /**
+   * The process's CPU profile over `seconds` at `frequency` Hz, in the pprof protobuf format (admin
+   * `/debug/pprof/profile`; native profile.rs). Sampled on a blocking-pool thread; rejects `PROFILE:` when the
+   * bounds are wrong or a profile is already being taken.
+   */
+  cpuProfile(seconds: number, frequency: number): Promise<Buffer>
   /** Shared mode: start the in-pod workload manager (ZDS client). `{ uds, mark, reusePort, origSrc? }`. */
   startInpod(configJson: string): void
   /** Dedicated mode: `{ namespace, name, serviceAccount, mark, origSrc? }`. */

@@ -313,6 +313,11 @@ export class Dataplane {
     return JSON.parse(call(() => this.inner.inpodState(opts.connections))) as InPodState | null;
   }
 
+  /** The process's CPU profile over `seconds` at `frequency` Hz, pprof protobuf (admin /debug/pprof/profile). */
+  cpuProfile(seconds: number, frequency: number): Promise<Uint8Array> {
+    return callAsync(() => this.inner.cpuProfile(seconds, frequency));
+  }
+
   /** config_dump's `staticConfig` without its policies: the last applied local document's workloads and services. */
   localDump(): LocalDump {
     return JSON.parse(call(() => this.inner.localDump())) as LocalDump;

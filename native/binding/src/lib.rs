@@ -153,6 +153,21 @@ impl Dataplane {
         self.inner.authorize_json(&request_json).map_err(err)
     }
 
+    /// The process's CPU profile over `seconds` at `frequency` Hz, in the pprof protobuf format (admin
+    /// `/debug/pprof/profile`; native profile.rs). Sampled on a blocking-pool thread; rejects `PROFILE:` when the
+    /// bounds are wrong or a profile is already being taken.
+    #[napi]
+    pub async fn cpu_profile(&self, seconds: u32, frequency: u32) -> Result<Buffer> {
+        let frequency = i32::try_from(frequency).unwrap_or(i32::MAX);
+        self.inner
+            .handle()
+            .spawn_blocking(move || dataplane::profile::cpu_profile(u64::from(seconds), frequency))
+            .await
+            .map_err(err)?
+            .map(Buffer::from)
+            .map_err(|e| err(format!("PROFILE: {e}")))
+    }
+
     /// Shared mode: start the in-pod workload manager (ZDS client). `{ uds, mark, reusePort, origSrc? }`.
     #[napi]
     pub fn start_inpod(&self, config_json: String) -> Result<()> {

@@ -15,6 +15,7 @@ pub mod events;
 pub mod identity;
 pub mod inpod;
 pub mod metrics;
+pub mod profile;
 pub mod proxy;
 pub mod rbac;
 pub mod socket;
