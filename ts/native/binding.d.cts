@@ -53,6 +53,11 @@ export declare class Dataplane {
   /** Explain the authorization decision for `{ srcIdentity?, srcIp, dst }` (admin `/debug/authorize`). */
   authorize(requestJson: string): string
   /**
+   * The policy impact preview of candidate policies (`AuthzPreviewRequest` JSON; admin `POST /debug/authz/preview`):
+   * resolves `AuthzPreview` JSON. Runs on the dataplane's runtime, never applies anything.
+   */
+  previewAuthz(requestJson: string): Promise<string>
+  /**
    * The process's CPU profile over `seconds` at `frequency` Hz, in the pprof protobuf format (admin
    * `/debug/pprof/profile`; native profile.rs). Sampled on a blocking-pool thread; rejects `PROFILE:` when the
    * bounds are wrong or a profile is already being taken.

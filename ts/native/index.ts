@@ -15,6 +15,8 @@ import type {
   InPodWorkload,
   LocalDump,
   AuthorizeExplanation,
+  AuthzPreview,
+  AuthzPreviewRequest,
   AppliedOut,
   MeshDump,
   Service,
@@ -331,6 +333,15 @@ export class Dataplane {
   /** Explain the authorization decision for a hypothetical inbound connection (the enforcement code path). */
   authorize(request: AuthorizeRequest): AuthorizeExplanation {
     return JSON.parse(call(() => this.inner.authorize(JSON.stringify(request)))) as AuthorizeExplanation;
+  }
+
+  /**
+   * The policy impact preview: what the candidate policies would do if applied (the live inbound connections they
+   * would close, the recent denied attempts they would allow), judged by the enforcement code path on the dataplane's
+   * runtime, without applying them. Rejects INVALID_STATE (a candidate the dataplane would refuse) or INVALID_SPEC.
+   */
+  async previewAuthz(request: AuthzPreviewRequest): Promise<AuthzPreview> {
+    return JSON.parse(await callAsync(() => this.inner.previewAuthz(JSON.stringify(request)))) as AuthzPreview;
   }
 
   /**

@@ -52,6 +52,9 @@ export type { AuthorizeExplanation } from './generated/AuthorizeExplanation.js';
 export type { AuthorizeWorkload } from './generated/AuthorizeWorkload.js';
 export type { AuthorizeDecision } from './generated/AuthorizeDecision.js';
 export type { ConsideredPolicy } from './generated/ConsideredPolicy.js';
+export type { AuthzPreviewRequest } from './generated/AuthzPreviewRequest.js';
+export type { AuthzPreview } from './generated/AuthzPreview.js';
+export type { PreviewFlow } from './generated/PreviewFlow.js';
 export type { InstalledCertificate } from './generated/InstalledCertificate.js';
 export type { NativeVersion } from './generated/NativeVersion.js';
 

@@ -153,6 +153,20 @@ impl Dataplane {
         self.inner.authorize_json(&request_json).map_err(err)
     }
 
+    /// The policy impact preview of candidate policies (`AuthzPreviewRequest` JSON; admin `POST /debug/authz/preview`):
+    /// resolves `AuthzPreview` JSON. Runs on the dataplane's runtime, never applies anything.
+    #[napi]
+    pub async fn preview_authz(&self, request_json: String) -> Result<String> {
+        let inner = self.inner.clone();
+        inner
+            .handle()
+            .clone()
+            .spawn(async move { inner.preview_authz_json(&request_json).await })
+            .await
+            .map_err(err)?
+            .map_err(err)
+    }
+
     /// The process's CPU profile over `seconds` at `frequency` Hz, in the pprof protobuf format (admin
     /// `/debug/pprof/profile`; native profile.rs). Sampled on a blocking-pool thread; rejects `PROFILE:` when the
     /// bounds are wrong or a profile is already being taken.

@@ -15,6 +15,7 @@ pub mod events;
 pub mod identity;
 pub mod inpod;
 pub mod metrics;
+pub mod preview;
 pub mod profile;
 pub mod proxy;
 pub mod rbac;
@@ -61,6 +62,8 @@ pub enum DataplaneError {
     Runtime(String),
     #[error("INVALID_CRL: {0}")]
     Crl(String),
+    #[error("{0}")]
+    Preview(#[from] preview::PreviewError),
 }
 
 /// A WDS batch this large (a first push) leaves enough freed heap behind to be worth giving back.
@@ -163,18 +166,28 @@ struct AuthorizeRequest {
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "AuthorizeExplanation")
 )]
-struct AuthorizeOut<'a> {
-    workload: AuthorizeWorkload<'a>,
+struct AuthorizeOut {
+    workload: AuthorizeWorkload,
     decision: rbac::Decision,
     considered: Vec<rbac::Considered>,
 }
 
-#[derive(Serialize)]
+/// The destination workload an answer is about (`authorize()`, `previewAuthz()`).
+#[derive(Debug, Serialize)]
 #[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
-struct AuthorizeWorkload<'a> {
-    uid: &'a str,
-    name: &'a str,
-    namespace: &'a str,
+pub struct AuthorizeWorkload {
+    #[cfg_attr(test, ts(as = "String"))]
+    uid: state::intern::Str,
+    #[cfg_attr(test, ts(as = "String"))]
+    name: state::intern::Str,
+    #[cfg_attr(test, ts(as = "String"))]
+    namespace: state::intern::Str,
+}
+
+impl AuthorizeWorkload {
+    pub fn of(w: &state::Workload) -> AuthorizeWorkload {
+        AuthorizeWorkload { uid: w.uid.clone(), name: w.name.clone(), namespace: w.namespace.clone() }
+    }
 }
 
 /// What `version()` answers.
@@ -246,6 +259,7 @@ impl Dataplane {
             events,
             pool,
             tracker: Arc::default(),
+            denials: Arc::default(),
             sockets: Arc::new(socket::DefaultSockets),
             preserve_source: false,
         });
@@ -627,10 +641,20 @@ impl Dataplane {
         let conn = rbac::Connection::new(src_identity, req.src_ip, req.dst.ip(), req.dst.port());
         let explanation = rbac::explain(&state, w, &conn);
         let out = AuthorizeOut {
-            workload: AuthorizeWorkload { uid: &w.uid, name: &w.name, namespace: &w.namespace },
+            workload: AuthorizeWorkload::of(w),
             decision: explanation.decision,
             considered: explanation.considered,
         };
+        serde_json::to_string(&out).map_err(|e| DataplaneError::Spec(e.to_string()))
+    }
+
+    /// The policy impact preview (admin `POST /debug/authz/preview`, preview.rs): a `PreviewRequest` (JSON) judged
+    /// over this node's live inbound connections and recent denials, with the candidates laid over the state and
+    /// without applying them. Runs on the runtime: the state's read lock is taken per chunk of connections.
+    pub async fn preview_authz_json(&self, request: &str) -> Result<String, DataplaneError> {
+        let req: preview::PreviewRequest =
+            serde_json::from_str(request).map_err(|e| DataplaneError::Spec(e.to_string()))?;
+        let out = preview::preview(&self.pi, req).await?;
         serde_json::to_string(&out).map_err(|e| DataplaneError::Spec(e.to_string()))
     }
 

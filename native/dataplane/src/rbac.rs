@@ -18,7 +18,9 @@
 //! - The identity is the one verified in the TLS handshake; nothing from headers reaches this module.
 //!
 //! Evaluation is a pure function of the state and the connection; `explain` returns the same decision with the
-//! policies considered, for `/debug/authorize`.
+//! policies considered, for `/debug/authorize`. Where policies are found is a parameter (`Policies`): the state, or
+//! the state with candidate policies laid over it, which is how the policy impact preview (preview.rs) asks this
+//! same evaluator what a candidate would decide.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -151,17 +153,48 @@ pub enum Entry<'a> {
     Missing(&'a str),
 }
 
+/// Where the evaluator finds policies: the state, or the state with candidate policies laid over it (the policy
+/// impact preview, preview.rs). One evaluator judges both; the state's own lookups cost what they always did.
+pub trait Policies {
+    /// The GLOBAL policies, in key order.
+    fn global(&self) -> impl Iterator<Item = &Arc<Policy>>;
+    /// The NAMESPACE policies of `namespace`, in key order.
+    fn of_namespace<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a Arc<Policy>>;
+    /// The policy of a `namespace/name` key.
+    fn by_key(&self, key: &str) -> Option<&Arc<Policy>>;
+    /// WORKLOAD_SELECTOR policies that select `w` although `w` does not name them (a previewed new policy and the
+    /// workloads it is to select); the state has none.
+    fn also_selecting<'a>(&'a self, _w: &'a Workload) -> impl Iterator<Item = &'a Arc<Policy>> {
+        std::iter::empty()
+    }
+}
+
+impl Policies for State {
+    fn global(&self) -> impl Iterator<Item = &Arc<Policy>> {
+        self.global_policies().iter()
+    }
+
+    fn of_namespace<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a Arc<Policy>> {
+        self.namespace_policies(namespace).iter()
+    }
+
+    fn by_key(&self, key: &str) -> Option<&Arc<Policy>> {
+        self.policy(key)
+    }
+}
+
 /// The policies that apply to `w`, in evaluation order, without allocating keys.
-pub fn policy_set<'a>(state: &'a State, w: &'a Workload) -> impl Iterator<Item = Entry<'a>> + 'a {
-    let global = state.global_policies().iter().map(|p| Entry::Known("global", p));
-    let ns = state.namespace_policies(&w.namespace).iter().map(|p| Entry::Known("namespace", p));
-    let selected = w.authorization_policies.iter().filter_map(move |key| match state.policy(key) {
+pub fn policy_set<'a, P: Policies>(policies: &'a P, w: &'a Workload) -> impl Iterator<Item = Entry<'a>> + 'a {
+    let global = policies.global().map(|p| Entry::Known("global", p));
+    let ns = policies.of_namespace(&w.namespace).map(|p| Entry::Known("namespace", p));
+    let selected = w.authorization_policies.iter().filter_map(move |key| match policies.by_key(key) {
         // A selector naming a global or namespace policy would count it twice; the scope decides membership.
         Some(p) if p.scope != crate::state::policy::Scope::WorkloadSelector => None,
         Some(p) => Some(Entry::Known("workload", p)),
         None => Some(Entry::Missing(key.as_str())),
     });
-    global.chain(ns).chain(selected)
+    let also = policies.also_selecting(w).map(|p| Entry::Known("workload", p));
+    global.chain(ns).chain(selected).chain(also)
 }
 
 fn missing_decision(key: &str) -> Decision {
@@ -246,8 +279,15 @@ pub enum LiveDecision {
     Deferred(String),
 }
 
-pub fn authorize_live(state: &State, w: &Workload, c: &Connection, in_grace: impl FnMut(&str) -> bool) -> LiveDecision {
-    evaluate(state, w, c, in_grace, true)
+/// Generic over where policies are found: re-evaluation passes the state, the preview the state with its candidates
+/// laid over it, so a preview is judged by this very function.
+pub fn authorize_live<P: Policies>(
+    policies: &P,
+    w: &Workload,
+    c: &Connection,
+    in_grace: impl FnMut(&str) -> bool,
+) -> LiveDecision {
+    evaluate(policies, w, c, in_grace, true)
 }
 
 /// The decision alone: the per-connection path (one pass, no explanation, keys formatted only for the decider).
@@ -259,8 +299,8 @@ pub fn authorize(state: &State, w: &Workload, c: &Connection) -> Decision {
     }
 }
 
-fn evaluate(
-    state: &State,
+fn evaluate<P: Policies>(
+    policies: &P,
     w: &Workload,
     c: &Connection,
     mut in_grace: impl FnMut(&str) -> bool,
@@ -269,7 +309,7 @@ fn evaluate(
     let mut deferred: Option<&str> = None;
     let mut have_allow = false;
     let mut allow: Option<(&Arc<Policy>, usize)> = None;
-    for entry in policy_set(state, w) {
+    for entry in policy_set(policies, w) {
         let p = match entry {
             Entry::Missing(key) if in_grace(key) => {
                 deferred.get_or_insert(key);

@@ -82,6 +82,7 @@ impl InPodProxies {
             events: base.events.clone(),
             pool,
             tracker: base.tracker.clone(),
+            denials: base.denials.clone(),
             sockets: sockets.clone(),
             preserve_source: transparent,
         });

@@ -82,6 +82,7 @@ pub(super) fn inputs() -> Arc<ProxyInputs> {
         events,
         pool,
         tracker: Arc::default(),
+        denials: Arc::default(),
         sockets: Arc::new(crate::socket::DefaultSockets),
         preserve_source: false,
     })

@@ -613,6 +613,7 @@ async fn establish_stream(
             f.insert("policy".into(), p.clone().into());
         }
         pi.events.push(Event { kind: "access", level: Level::Warn, message: "connection denied".into(), fields: f });
+        pi.denials.record(local.uid.clone(), conn, "HBONE");
         return None;
     }
     // An application tunnel speaking PROXY is reached on loopback, from loopback (LOCALHOST_APP_TUNNEL): it is then

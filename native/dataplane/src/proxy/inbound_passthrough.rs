@@ -148,6 +148,7 @@ async fn establish(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr) -> Opt
             f.insert("policy".into(), p.into());
         }
         pi.events.push(Event { kind: "access", level: Level::Warn, message: "connection denied".into(), fields: f });
+        pi.denials.record(local.uid.clone(), conn, "TCP");
         return None; // dropping the stream closes it: nothing was read, nothing reached the application
     }
     let opts = crate::socket::ConnectOptions {

@@ -1,6 +1,7 @@
 //! The proxies: inbound HBONE (15008), outbound routing and its SOCKS5 entry, the HBONE client pool, and the
 //! HTTP/2 glue they share.
 
+pub mod denials;
 pub mod double_hbone;
 pub mod h2;
 pub mod inbound;
@@ -108,6 +109,8 @@ pub struct ProxyInputs {
     pub events: Arc<Events>,
     pub pool: Arc<pool::Pool>,
     pub tracker: Arc<tracker::Tracker>,
+    /// The last inbound connections authorization refused (the policy impact preview judges them again).
+    pub denials: Arc<denials::RecentDenials>,
     /// Where this proxy's sockets are created (the daemon's namespace, or a pod's, marked).
     pub sockets: Arc<dyn crate::socket::SocketFactory>,
     /// Inbound connections to the application keep the client's source IP (IP_TRANSPARENT), in-pod only.

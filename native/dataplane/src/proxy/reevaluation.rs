@@ -102,6 +102,12 @@ impl Scope {
         s
     }
 
+    /// This scope and the workloads `uids`.
+    pub(crate) fn and_uids(mut self, uids: impl IntoIterator<Item = String>) -> Scope {
+        self.uids.extend(uids);
+        self
+    }
+
     pub fn is_empty(&self) -> bool {
         !self.all && self.namespaces.is_empty() && self.uids.is_empty() && self.policies.is_empty()
     }
@@ -113,7 +119,7 @@ impl Scope {
         self.policies.extend(other.policies);
     }
 
-    fn covers(&self, w: &Workload) -> bool {
+    pub(crate) fn covers(&self, w: &Workload) -> bool {
         self.all
             || self.uids.contains(w.uid.as_str())
             || self.namespaces.contains(w.namespace.as_str())
@@ -226,34 +232,49 @@ impl Grace {
     }
 }
 
-async fn pass(pi: &ProxyInputs, scope: &Scope, grace: &mut Grace) {
+/// One live inbound connection as a walk hands it over: the entry, what authorization sees of it, and its local
+/// workload as the state has it now.
+pub(crate) struct Live<'a> {
+    pub(crate) tracked: &'a Tracked,
+    pub(crate) conn: &'a rbac::Connection,
+    pub(crate) protocol: &'static str,
+    pub(crate) workload: &'a Arc<Workload>,
+}
+
+/// Visits every live inbound connection not yet closed whose local workload `scope` covers, in chunks of `CHUNK`
+/// under the state's read lock (released and the worker yielded between chunks). Re-evaluation and the policy
+/// impact preview (preview.rs) both walk this way, so they see the same connections.
+pub(crate) async fn walk(pi: &ProxyInputs, scope: &Scope, mut visit: impl FnMut(&State, Live<'_>)) {
     let conns = pi.tracker.inbound_snapshot();
     for chunk in conns.chunks(CHUNK) {
         {
             let state = pi.state.read();
-            let now = Instant::now();
             for t in chunk {
-                judge(pi, &state, t, scope, grace, now);
+                let Kind::Inbound { conn, protocol } = &t.kind else { continue };
+                if t.close.is_cancelled() {
+                    continue;
+                }
+                // A workload no longer in the state is being removed: its drain closes its listeners and connections.
+                let Some(w) = t.local.resolve(&state) else { continue };
+                if scope.covers(&w) {
+                    visit(&state, Live { tracked: t, conn, protocol, workload: &w });
+                }
             }
         }
         // Let connection tasks on this worker run between chunks.
         tokio::task::yield_now().await;
     }
+}
+
+async fn pass(pi: &ProxyInputs, scope: &Scope, grace: &mut Grace) {
+    walk(pi, scope, |state, live| judge(pi, state, live, grace)).await;
     let state = pi.state.read();
     grace.forget_arrived(&state);
 }
 
-fn judge(pi: &ProxyInputs, state: &State, t: &Tracked, scope: &Scope, grace: &mut Grace, now: Instant) {
-    let Kind::Inbound { conn, .. } = &t.kind else { return };
-    if t.close.is_cancelled() {
-        return;
-    }
-    // A workload no longer in the state is being removed: its drain closes its listeners and connections.
-    let Some(w) = t.local.resolve(state) else { return };
-    if !scope.covers(&w) {
-        return;
-    }
-    let decision = match rbac::authorize_live(state, &w, conn, |key| grace.in_grace(key, now)) {
+fn judge(pi: &ProxyInputs, state: &State, live: Live<'_>, grace: &mut Grace) {
+    let Live { tracked: t, conn, workload: w, .. } = live;
+    let decision = match rbac::authorize_live(state, w, conn, |key| grace.in_grace(key, Instant::now())) {
         LiveDecision::Deferred(key) => {
             grace.wait(&w.uid, &key);
             return;
