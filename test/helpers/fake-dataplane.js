@@ -28,6 +28,8 @@ export function fakeDataplane(overrides = {}, { nodeName = 'node-a' } = {}) {
     removeLocalWorkload: async (uid) => void log.push(['removeLocalWorkload', uid]),
     metrics: () => ({ connections: [], socketsOpen: { source: 0, destination: 0 } }),
     authorize: () => ({}),
+    // Judges nothing live (no listener), but the candidates are read and refused as the daemon's would be.
+    previewAuthz: (r) => real.previewAuthz(r),
     drainEvents: () => [],
     setEventLevels: () => undefined,
     drain: async () => true,

@@ -35,6 +35,8 @@
 //   70  test/unit/early-readiness.test.js     readiness addresses 127.70.255.{1,2,3} (fixed port 15021)
 //   71  test/integration/h2-floods.test.js    workload 127.71.1.10 (echo app :8080), daemon's admin 127.71.255.1
 //   73  test/integration/dashboard.test.js    workloads 127.73.{1,2}.10 (echo app :8080), daemon's admin 127.73.255.1
+//   74  test/integration/authz-preview.test.js  sources 127.74.{1,2,3}.10, destinations 127.74.{4,5,6}.10
+//                                              (echo apps :8080, :9090), daemons' admin 127.74.255.{1,2}
 //
 // Taken elsewhere: 127.0.0.0/16 (the demo, examples/), 127.50.0.0/16 (bench/). Inside a block, 127.N.255.k is
 // node k's admin (15000), stats (15020) and readiness (15021) servers; 127.N.<w>.10 are workload IPs.
@@ -66,6 +68,7 @@ export const BLOCKS = Object.freeze({
   'h2-floods': 71,
   'lazy-modules': 72,
   dashboard: 73,
+  'authz-preview': 74,
 });
 
 /** Addresses of one file's block. */

@@ -111,3 +111,40 @@ test('/ is an HTML index; unknown paths 404', async (t) => {
   assert.match(index.body, /href="\/config_dump"/);
   assert.equal((await req('/stats')).status, 404);
 });
+
+test('/debug/authz/preview: the body parsed by the local config schema (both string-match dialects) and compiled; bad input 400 naming the field', async (t) => {
+  const asked = [];
+  const answer = { candidates: ['default/p'], judgedAsEnforced: [], connectionsJudged: 0, denialsJudged: 0, wouldClose: [], wouldCloseConnections: 0, wouldAllow: [], wouldAllowAttempts: 0, truncated: false };
+  const { port } = await start(t, { previewAuthz: async (r) => (asked.push(r), answer) });
+  const post = async (path, body) => {
+    const res = await fetch(`http://127.0.0.1:${port}${path}`, { method: 'POST', body });
+    return { status: res.status, body: await res.text() };
+  };
+  const tagged = 'name: p\nnamespace: default\nscope: Namespace\naction: Deny\nrules: [[[{principals: [!Exact "spiffe://cluster.local/ns/a/sa/b"], sourceIps: ["10.0.0.0/8"]}]]]\n';
+  const mapping = 'name: p\nnamespace: default\nscope: Namespace\naction: Deny\nrules: [[[{principals: [{Exact: "spiffe://cluster.local/ns/a/sa/b"}], sourceIps: ["10.0.0.0/8"]}]]]\n';
+  for (const body of [tagged, mapping]) {
+    const r = await post('/debug/authz/preview', body);
+    assert.equal(r.status, 200, r.body);
+    assert.deepEqual(JSON.parse(r.body), answer);
+  }
+  // Compiled as applying it compiles it (principals without spiffe://).
+  const compiled = { name: 'p', namespace: 'default', scope: 'Namespace', action: 'Deny', dryRun: false, rules: [[[{ principals: [{ exact: 'cluster.local/ns/a/sa/b' }], sourceIps: ['10.0.0.0/8'] }]]] };
+  assert.deepEqual(asked, [{ policies: [compiled], selects: {} }, { policies: [compiled], selects: {} }]);
+
+  const wrapped = JSON.stringify({ policies: [{ name: 'w', namespace: 'default', scope: 'WorkloadSelector', action: 'Allow' }], selects: { 'default/w': ['uid-1'] } });
+  assert.equal((await post('/debug/authz/preview?limit=5', wrapped)).status, 200);
+  assert.deepEqual(asked.at(-1), { policies: [{ name: 'w', namespace: 'default', scope: 'WorkloadSelector', action: 'Allow', dryRun: false, rules: [] }], selects: { 'default/w': ['uid-1'] }, limit: 5 });
+
+  const bad = await post('/debug/authz/preview', '- name: p\n  scope: Namespace\n  action: Deny\n  rules: [[[{destinationPorts: [70000]}]]]\n');
+  assert.equal(bad.status, 400);
+  assert.match(bad.body, /^request body: \[0\]\.rules\[0\]\[0\]\[0\]\.destinationPorts\[0\]: 70000 is not a port \(1-65535\)/);
+  assert.equal((await post('/debug/authz/preview?limit=lots', mapping)).status, 400);
+  assert.equal(asked.length, 3, 'nothing bad reached the dataplane');
+  assert.equal((await fetch(`http://127.0.0.1:${port}/debug/authz/preview`)).status, 405);
+});
+
+test('/debug/authz/preview without a dataplane: 503', async (t) => {
+  const { port } = await start(t);
+  const res = await fetch(`http://127.0.0.1:${port}/debug/authz/preview`, { method: 'POST', body: 'name: p\nscope: Global\naction: Deny\n' });
+  assert.equal(res.status, 503);
+});

@@ -4,7 +4,8 @@ import { createServer, type IncomingMessage, type Server } from 'node:http';
 import { isIP } from 'node:net';
 import { formatLogFilter, parseLogFilter } from '../log/filter.js';
 import type { Logs } from '../log/logger.js';
-import type { AuthorizeExplanation, AuthorizeRequest } from '../native/types.js';
+import type { AuthorizeExplanation, AuthorizeRequest, AuthzPreview, AuthzPreviewRequest } from '../native/types.js';
+import { PREVIEW_HELP, servePreview } from './authz-preview.js';
 import type { Dashboard } from './dashboard.js';
 import { pathOf, queryOf, reply, serverOptions } from './http.js';
 import { serveCpuProfile } from './pprof.js';
@@ -17,6 +18,8 @@ export interface AdminHandlers {
   logs: Logs;
   /** Explain an authorization decision with the dataplane's own evaluation (absent: 503). */
   authorize?(req: AuthorizeRequest): AuthorizeExplanation;
+  /** The policy impact preview of candidate policies, judged by the dataplane without applying them (absent: 503). */
+  previewAuthz?(req: AuthzPreviewRequest): Promise<AuthzPreview>;
   /** The process's CPU profile, pprof protobuf (the dataplane samples it; absent: 503). */
   cpuProfile?(seconds: number, frequency: number): Promise<Uint8Array>;
   /** The live dashboard (dashboard.ts): its page and its events stream (absent: 404). */
@@ -28,6 +31,7 @@ const ENDPOINTS: ReadonlyArray<[string, string]> = [
   ['/logging', 'POST: show the log filter; ?level=<level> or ?level=<target>=<level>,... to change it; ?reset'],
   ['/quitquitquit', 'POST: start a graceful shutdown'],
   ['/debug/authorize', '?src_identity=<spiffe id>&src_ip=<ip>&dst=<ip:port>: the L4 authorization decision and why'],
+  ['/debug/authz/preview', 'POST candidate policies (YAML or JSON): the live connections they would close and the recent denials they would allow, without applying them'],
   ['/debug/pprof/profile', '?seconds=<1-300, default 10>&frequency=<1-1000, default 100>: a CPU profile of the process (pprof protobuf)'],
   ['/dashboard', 'a live view of this node: workloads, connections and their identities, authorization decisions, throughput, certificates'],
 ];
@@ -92,6 +96,13 @@ export function createAdminServer(h: AdminHandlers): Server {
       case '/dashboard/events':
         if (h.dashboard === undefined) return reply(res, 404, 'Not found\n');
         return h.dashboard.serve(req, res, path, notFromAnOperator(req));
+      case '/debug/authz/preview': {
+        if (req.method !== 'POST') return reply(res, 405, PREVIEW_HELP);
+        const refused = notFromAnOperator(req);
+        if (refused !== null) return reply(res, 403, refused);
+        if (h.previewAuthz === undefined) return reply(res, 503, 'authorization is not available\n');
+        return servePreview(req, res, h.previewAuthz);
+      }
       case '/logging': {
         const refused = req.method === 'POST' ? notFromAnOperator(req) : null;
         if (refused !== null) return reply(res, 403, refused);

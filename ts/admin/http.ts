@@ -38,6 +38,28 @@ export function reply(res: ServerResponse, status: number, body: string, content
   res.end(body);
 }
 
+/**
+ * The request's body as UTF-8 text, or null when it is larger than `limit` bytes (then the rest is read and dropped,
+ * never held; the server's request timeout bounds how long).
+ */
+export function readBody(req: IncomingMessage, limit: number): Promise<string | null> {
+  return new Promise((resolve, reject) => {
+    if (Number(req.headers['content-length'] ?? 0) > limit) {
+      req.resume();
+      return resolve(null);
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on('data', (chunk: Buffer) => {
+      size += chunk.length;
+      if (size <= limit) chunks.push(chunk);
+      else chunks.length = 0;
+    });
+    req.on('end', () => resolve(size <= limit ? Buffer.concat(chunks).toString('utf8') : null));
+    req.on('error', reject);
+  });
+}
+
 /** The request path without the query string. */
 export function pathOf(req: IncomingMessage): string {
   const url = req.url ?? '/';

@@ -16,11 +16,12 @@ export const EXIT_CONFIG = 2;
 const USAGE = `usage: ztunnel-node <command> [flags]
 
 commands:
-  proxy [args...]   run the node proxy (default; extra arguments are recorded as config.proxyArgs)
-  version           print the version and the native build
-  authz check ...   explain how a running daemon's L4 authorization decides a connection
-  demo              two proxies on loopback, one mTLS connection between them, and what it looked like
-  help              this text ("<command> --help" for a command's flags)
+  proxy [args...]     run the node proxy (default; extra arguments are recorded as config.proxyArgs)
+  version             print the version and the native build
+  authz check ...     explain how a running daemon's L4 authorization decides a connection
+  authz preview FILE  what candidate policies would close and allow on a running daemon, without applying them
+  demo                two proxies on loopback, one mTLS connection between them, and what it looked like
+  help                this text ("<command> --help" for a command's flags)
 `;
 
 function proxyUsage(): string {

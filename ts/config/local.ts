@@ -241,6 +241,25 @@ const documentSchema = z
     dup('policies', doc.policies.map(policyKey), null, 'policy');
   });
 
+/**
+ * Candidate policies for the policy impact preview (admin `POST /debug/authz/preview`), in the forms a user has at
+ * hand: one policy as the local config writes it, a list of them, or `{ policies, selects }` (`selects`: a new
+ * WorkloadSelector policy's key → the uids of the workloads it is to select). The same policy schema as the file.
+ */
+const candidatesSchema = z
+  .strictObject({
+    policies: z.array(policySchema).min(1, { error: 'at least one policy is needed' }),
+    selects: z.record(z.string(), z.array(z.string().min(1, { error: 'must not be empty' }))).default({}),
+  })
+  .superRefine((doc, ctx) => {
+    const seen = new Map<string, number>();
+    doc.policies.forEach((p, i) => {
+      const first = seen.get(policyKey(p));
+      if (first === undefined) seen.set(policyKey(p), i);
+      else ctx.addIssue({ code: 'custom', path: ['policies', i], message: `duplicate policy "${policyKey(p)}" (also policies[${first}])` });
+    });
+  });
+
 // Compile-time proof that the schema produces the state model (a drift breaks the build, not a test).
 type Parsed = z.output<typeof documentSchema>;
 const _workloadFits = (w: Parsed['workloads'][number]): WorkloadInfo => w;
@@ -319,6 +338,41 @@ export function parseLocalPolicies(policies: unknown[], source: string): Policy[
     throw new LocalConfigError(lines.join('\n'));
   }
   return parsed.data.policies;
+}
+
+/** Candidate policies to preview, and the workloads new WorkloadSelector ones are to select. */
+export interface PolicyCandidates {
+  policies: Policy[];
+  selects: Record<string, string[]>;
+}
+
+/**
+ * Parses candidate policies (YAML, either dialect of string matches, or JSON) as the preview takes them: one policy,
+ * a list, or `{ policies, selects }`. Throws LocalConfigError naming `source`, the path and the problem.
+ */
+export function parsePolicyCandidates(text: string, source: string): PolicyCandidates {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(yamlToJson(text));
+  } catch (err) {
+    if (err instanceof ZtunnelError) throw err; // no native binary
+    throw new LocalConfigError(`${source}: ${(err as Error).message}`);
+  }
+  if (raw === null) throw new LocalConfigError(`${source}: empty: expected a policy, a list of policies, or { policies, selects }`);
+  // A document's other keys make it the wrapped form too, whose schema names them as fields a preview does not take.
+  const wrapped = typeof raw === 'object' && !Array.isArray(raw) && ['policies', 'selects', 'workloads', 'services'].some((k) => k in raw);
+  // A lone policy or a list is read as `{ policies }`; its paths are reported as written (without `policies`).
+  const doc = wrapped ? raw : { policies: Array.isArray(raw) ? raw : [raw] };
+  const parsed = candidatesSchema.safeParse(doc, { reportInput: true });
+  if (!parsed.success) {
+    const asWritten = (issue: z.core.$ZodIssue): z.core.$ZodIssue => {
+      if (wrapped || issue.path[0] !== 'policies') return issue;
+      return { ...issue, path: Array.isArray(raw) ? issue.path.slice(1) : issue.path.slice(2) };
+    };
+    const lines = parsed.error.issues.map(asWritten).flatMap(describeIssue).map((line) => `${source}: ${line}`);
+    throw new LocalConfigError(lines.join('\n'));
+  }
+  return parsed.data;
 }
 
 /** The local config's text as read, and where it came from (the file path, or "LOCAL_XDS"). */

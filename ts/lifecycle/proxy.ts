@@ -78,6 +78,7 @@ export type DataplanePort = Pick<
   | 'removeLocalWorkload'
   | 'metrics'
   | 'authorize'
+  | 'previewAuthz'
   | 'startInpod'
   | 'startDedicated'
   | 'inpodState'
@@ -450,6 +451,10 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       authorize: (r) => {
         if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
         return dp.authorize(r);
+      },
+      previewAuthz: async (r) => {
+        if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
+        return dp.previewAuthz(r);
       },
       cpuProfile: (seconds, frequency) => {
         if (dp === null) return Promise.reject(new Error('the dataplane is not running yet (the local config is loading)'));

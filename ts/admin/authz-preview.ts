@@ -1,0 +1,61 @@
+// POST /debug/authz/preview: the policy impact preview. The body holds candidate policies as a user has them (the
+// local config's policy form, string matches in either YAML dialect, or JSON); they are parsed by the local config's
+// schema, compiled by the policy compiler, and handed to the dataplane, which judges this node's live inbound
+// connections and recent denied attempts with them laid over its policies, without applying them
+// (native/dataplane/src/preview.rs). The admin server routes here after its method and CSRF checks.
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { LocalConfigError, ZtunnelError } from '../errors.js';
+import { parsePolicyCandidates } from '../config/local.js';
+import type { AuthzPreview, AuthzPreviewRequest } from '../native/types.js';
+import { compilePolicy } from '../policy/compile.js';
+import { queryOf, readBody, reply } from './http.js';
+
+/** Candidate policies are a few KiB; a whole namespace's worth fits many times over. */
+export const PREVIEW_BODY_LIMIT = 1 << 20;
+
+export const PREVIEW_HELP = `usage: POST /debug/authz/preview[?limit=<n>] with a body of candidate policies (YAML or JSON):
+  one policy as the local config writes it, a list of them, or { policies: [...], selects: { "<ns>/<name>": [<uid>, ...] } }
+  (selects: the workloads a new WorkloadSelector policy is to select; those naming it already are selected anyway).
+Answers what applying them would do here: the live inbound connections they would close, the recent denied attempts
+they would allow. Nothing is applied. A dry-run candidate is judged as if enforced.
+`;
+
+/** The request body → the dataplane's request; throws LocalConfigError (what is wrong, and where) on bad input. */
+export function previewRequest(body: string, query: URLSearchParams): AuthzPreviewRequest {
+  const { policies, selects } = parsePolicyCandidates(body, 'request body');
+  const request: AuthzPreviewRequest = { policies: policies.map(compilePolicy), selects };
+  const limit = query.get('limit');
+  if (limit !== null) {
+    if (!/^\d{1,9}$/.test(limit)) throw new LocalConfigError(`limit: ${JSON.stringify(limit)} is not a count`);
+    request.limit = Number(limit);
+  }
+  return request;
+}
+
+/** Reads, parses and answers one preview request; never rejects (every failure is an answer). */
+export function servePreview(req: IncomingMessage, res: ServerResponse, preview: (r: AuthzPreviewRequest) => Promise<AuthzPreview>): void {
+  const query = queryOf(req);
+  readBody(req, PREVIEW_BODY_LIMIT)
+    .then(async (body) => {
+      if (body === null) {
+        res.setHeader('connection', 'close');
+        return reply(res, 413, `the body is larger than ${PREVIEW_BODY_LIMIT} bytes\n`);
+      }
+      let request: AuthzPreviewRequest;
+      try {
+        request = previewRequest(body, query);
+      } catch (err) {
+        if (err instanceof LocalConfigError) return reply(res, 400, `${err.message}\n\n${PREVIEW_HELP}`);
+        throw err;
+      }
+      const answer = await preview(request);
+      reply(res, 200, `${JSON.stringify(answer, null, 2)}\n`, 'application/json');
+    })
+    .then(undefined, (err: unknown) => {
+      // The dataplane refusing a candidate (INVALID_STATE names the policy and the field) or the request
+      // (INVALID_SPEC: a selects entry) is the caller's to fix; anything else is ours.
+      const theirs = err instanceof ZtunnelError && (err.code === 'INVALID_STATE' || err.code === 'INVALID_SPEC');
+      const message = err instanceof Error ? err.message : String(err);
+      if (!res.headersSent) reply(res, theirs ? 400 : 500, `${theirs ? message : `preview failed: ${message}`}\n`);
+    });
+}
