@@ -86,11 +86,6 @@ export class LocalWorkloads {
     while (this.chains.size > 0) await Promise.all([...this.chains.values()]);
   }
 
-  /** uids currently wanted on this node (listeners bound or pending, or certificate prefetched). */
-  servedUids(): string[] {
-    return [...this.wanted.keys()].sort();
-  }
-
   stop(): void {
     this.stopped = true;
   }
