@@ -464,10 +464,9 @@ struct Established {
     send: h2::SendStream<Bytes>,
     body: RecvStream,
     track: super::tracker::TrackGuard,
-    guard: crate::metrics::ConnectionGuard,
+    result: super::access::ConnectionResult,
     local: Arc<Workload>,
     target: SocketAddr,
-    started: Instant,
 }
 
 type EstablishFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Box<Established>>> + Send>>;
@@ -476,15 +475,13 @@ type EstablishFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option
 /// are freed once established, so the task is sized for the relay, which lives as long as the connection.
 async fn stream_task(ctx: Arc<StreamContext>, establish: EstablishFuture) {
     // Unboxed by value: the box is freed here, not at the end of the connection.
-    let Some(Established { upstream, send, body, track, mut guard, local, target, started }) =
-        establish.await.map(|b| *b)
-    else {
+    let Some(Established { upstream, send, body, track, result, local, target }) = establish.await.map(|b| *b) else {
         return;
     };
-    let counters = guard.counters.clone();
+    let counters = result.counters();
     // The reporter's view: received = bytes from the peer, sent = bytes back to it.
     let (from_peer, to_peer) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));
-    let result = tokio::select! {
+    let copied = tokio::select! {
         r = crate::copy::tcp_h2_bidirectional(upstream, send, body, &to_peer, &from_peer, Some(ctx.buffers.clone())) => r.map(|_| ()),
         _ = ctx.force.cancelled() => Err(std::io::Error::other("drained")),
         _ = track.close.cancelled() => Err(std::io::Error::other("connection closed due to policy change")),
@@ -493,13 +490,11 @@ async fn stream_task(ctx: Arc<StreamContext>, establish: EstablishFuture) {
         _ = ctx.buffers.shed.cancelled() => Err(std::io::Error::other("shed: the node's buffered stream data is over its budget")),
         _ = super::h2::after_close(&ctx.closed) => Err(std::io::Error::other("the HBONE connection closed")),
     };
-    let (rx, tx) = (from_peer.get(), to_peer.get());
-    if result.is_err() {
-        guard.fail(if track.close.is_cancelled() { "DENY" } else { "CONNECT" });
-    }
+    let flag = if track.close.is_cancelled() { "DENY" } else { "CONNECT" };
     drop(track);
-    let err = result.err().map(|e| e.to_string());
-    log_complete(&ctx.pi, ctx.peer, &ctx.peer_id, &local, target, tx, rx, started, err);
+    let error = copied.err().map(|e| (flag, e.to_string()));
+    let record = access_record(ctx.peer, &ctx.peer_id, &local, target);
+    result.finish(&ctx.pi, &record, to_peer.get(), from_peer.get(), error);
 }
 
 /// Validate, authorize and connect one CONNECT stream; answer it (200 with the upstream connected, or the error).
@@ -590,7 +585,7 @@ async fn establish_stream(
         let st = pi.state.read();
         service_for_port(&st, &local, target.port())
     });
-    let mut guard = pi.metrics.open(TrafficLabels::new(&ConnectionInfo {
+    let labels = TrafficLabels::new(&ConnectionInfo {
         reporter: Reporter::Destination,
         source: source.as_deref(),
         source_identity: Some(peer_id),
@@ -598,10 +593,11 @@ async fn establish_stream(
         destination_identity: Some(&local.identity()),
         destination_service: service.as_deref(),
         mutual_tls: true,
-    }));
+    });
+    let mut result = super::access::ConnectionResult::open(pi, labels, started);
     if !decision.allowed {
         respond_error(&mut respond, StatusCode::UNAUTHORIZED).await;
-        guard.fail("DENY");
+        result.fail("DENY");
         pi.metrics.authz_denied.fetch_add(1, Ordering::Relaxed);
         let mut f = fields! {
             "src.addr" => peer.to_string(), "src.identity" => peer_id.to_string(),
@@ -644,7 +640,7 @@ async fn establish_stream(
     };
     let Some(dialed) = dialed else {
         ctx.peer_reset();
-        guard.fail("CONNECT");
+        result.fail("CONNECT");
         return None;
     };
     let mut upstream = match dialed {
@@ -652,8 +648,7 @@ async fn establish_stream(
         Err(e) => {
             let err = InboundError::Upstream(target, e.to_string());
             respond_error(&mut respond, err.status()).await;
-            guard.fail("CONNECT");
-            log_complete(pi, peer, peer_id, &local, target, 0, 0, started, Some(err.to_string()));
+            result.finish(pi, &access_record(peer, peer_id, &local, target), 0, 0, Some(("CONNECT", err.to_string())));
             return None;
         }
     };
@@ -666,8 +661,7 @@ async fn establish_stream(
     let send = match respond.send_response(ok.body(()).unwrap_or_else(|_| Response::new(())), false) {
         Ok(s) => s,
         Err(e) => {
-            guard.fail("CONNECT");
-            log_complete(pi, peer, peer_id, &local, target, 0, 0, started, Some(e.to_string()));
+            result.finish(pi, &access_record(peer, peer_id, &local, target), 0, 0, Some(("CONNECT", e.to_string())));
             return None;
         }
     };
@@ -678,47 +672,33 @@ async fn establish_stream(
             Err(e) => Err(e),
         };
         if let Err(e) = written {
-            guard.fail("CONNECT");
-            log_complete(pi, peer, peer_id, &local, target, 0, 0, started, Some(format!("PROXY header: {e}")));
+            let error = Some(("CONNECT", format!("PROXY header: {e}")));
+            result.finish(pi, &access_record(peer, peer_id, &local, target), 0, 0, error);
             return None;
         }
     }
     ctx.established.fetch_add(1, Ordering::Relaxed);
-    Some(Box::new(Established { upstream, send, body: req.into_body(), track, guard, local, target, started }))
+    Some(Box::new(Established { upstream, send, body: req.into_body(), track, result, local, target }))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn log_complete(
-    pi: &ProxyInputs,
+/// What the inbound access record names: the peer and its identity, the target and the workload it reaches.
+fn access_record<'a>(
     peer: SocketAddr,
-    peer_id: &Identity,
-    local: &Workload,
+    peer_id: &'a Identity,
+    local: &'a Workload,
     target: SocketAddr,
-    sent: u64,
-    received: u64,
-    started: Instant,
-    error: Option<String>,
-) {
-    let level = if error.is_some() { Level::Error } else { Level::Info };
-    if !pi.events.enabled("access", level) {
-        return;
+) -> super::access::AccessRecord<'a> {
+    super::access::AccessRecord {
+        direction: "inbound",
+        src_addr: peer,
+        src_workload: None,
+        src_identity: Some(peer_id),
+        dst_addr: target,
+        dst_hbone_addr: None,
+        dst_service: None,
+        dst_workload: Some(local),
+        dst_identity: Some(local.identity()),
     }
-    let mut f = fields! {
-        "src.addr" => peer.to_string(),
-        "src.identity" => peer_id.to_string(),
-        "dst.addr" => target.to_string(),
-        "dst.workload" => local.name.clone(),
-        "dst.namespace" => local.namespace.clone(),
-        "dst.identity" => local.identity().to_string(),
-        "direction" => "inbound",
-        "bytes_sent" => sent,
-        "bytes_recv" => received,
-        "duration" => format!("{}ms", started.elapsed().as_millis()),
-    };
-    if let Some(e) = error {
-        f.insert("error".into(), e.into());
-    }
-    pi.events.push(Event { kind: "access", level, message: "connection complete".into(), fields: f });
 }
 
 #[cfg(test)]

@@ -40,8 +40,7 @@ struct Established {
     dst: SocketAddr,
     local: Arc<crate::state::Workload>,
     track: super::tracker::TrackGuard,
-    guard: crate::metrics::ConnectionGuard,
-    started: Instant,
+    result: super::access::ConnectionResult,
 }
 
 type EstablishFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Box<Established>>> + Send>>;
@@ -49,36 +48,30 @@ type EstablishFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option
 /// One connection's task, sized for its relay: the checks and the connect run in the caller's box (see
 /// outbound::connection).
 async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
-    let Some(Established { client, upstream, peer, dst, local, track, mut guard, started }) =
-        establish.await.map(|b| *b)
-    else {
+    let Some(Established { client, upstream, peer, dst, local, track, result }) = establish.await.map(|b| *b) else {
         return;
     };
     let pi = &l.pi;
-    let counters = guard.counters.clone();
+    let counters = result.counters();
     let (rx, tx) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));
-    let result = tokio::select! {
+    let copied = tokio::select! {
         r = crate::copy::tcp_bidirectional(client, upstream, &rx, &tx) => r.map(|_| ()),
         _ = l.force.cancelled() => Err(std::io::Error::other("drained")),
         _ = track.close.cancelled() => Err(std::io::Error::other("connection closed due to policy change")),
     };
-    if result.is_err() {
-        guard.fail(if track.close.is_cancelled() { "DENY" } else { "CONNECT" });
-    }
-    let level = if result.is_err() { Level::Error } else { Level::Info };
-    if !pi.events.enabled("access", level) {
-        return;
-    }
-    let mut f = fields! {
-        "src.addr" => peer.to_string(), "dst.addr" => dst.to_string(), "dst.workload" => local.name.clone(),
-        "dst.namespace" => local.namespace.clone(), "direction" => "inbound",
-        "bytes_sent" => tx.get(), "bytes_recv" => rx.get(),
-        "duration" => format!("{}ms", started.elapsed().as_millis()),
+    let flag = if track.close.is_cancelled() { "DENY" } else { "CONNECT" };
+    let record = super::access::AccessRecord {
+        direction: "inbound",
+        src_addr: peer,
+        src_workload: None,
+        src_identity: None,
+        dst_addr: dst,
+        dst_hbone_addr: None,
+        dst_service: None,
+        dst_workload: Some(&local),
+        dst_identity: None,
     };
-    if let Err(e) = result {
-        f.insert("error".into(), e.to_string().into());
-    }
-    pi.events.push(Event { kind: "access", level, message: "connection complete".into(), fields: f });
+    result.finish(pi, &record, tx.get(), rx.get(), copied.err().map(|e| (flag, e.to_string())));
 }
 
 fn refused(pi: &ProxyInputs, peer: SocketAddr, dst: Option<SocketAddr>, error: String) {
@@ -127,7 +120,7 @@ async fn establish(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr) -> Opt
             super::inbound::service_for_port(&st, &local, dst.port()),
         )
     };
-    let mut guard = pi.metrics.open(TrafficLabels::new(&ConnectionInfo {
+    let labels = TrafficLabels::new(&ConnectionInfo {
         reporter: Reporter::Destination,
         source: source.as_deref(),
         source_identity: None,
@@ -135,9 +128,10 @@ async fn establish(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr) -> Opt
         destination_identity: Some(&local.identity()),
         destination_service: service.as_deref(),
         mutual_tls: false,
-    }));
+    });
+    let mut result = super::access::ConnectionResult::open(pi, labels, started);
     if !decision.allowed {
-        guard.fail("DENY");
+        result.fail("DENY");
         pi.metrics.authz_denied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut f = fields! {
             "src.addr" => peer.to_string(), "dst.addr" => dst.to_string(), "dst.workload" => local.name.clone(),
@@ -158,10 +152,10 @@ async fn establish(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr) -> Opt
     let upstream = match crate::socket::connect_with(&*pi.sockets, dst, opts, pi.cfg.connect_timeout()).await {
         Ok(u) => u,
         Err(e) => {
-            guard.fail("CONNECT");
+            result.fail("CONNECT");
             refused(pi, peer, Some(dst), format!("connecting to {dst}: {e}"));
             return None;
         }
     };
-    Some(Box::new(Established { client: stream, upstream, peer, dst, local, track, guard, started }))
+    Some(Box::new(Established { client: stream, upstream, peer, dst, local, track, result }))
 }

@@ -1,6 +1,7 @@
 //! The proxies: inbound HBONE (15008), outbound routing and its SOCKS5 entry, the HBONE client pool, and the
 //! HTTP/2 glue they share.
 
+pub mod access;
 pub mod denials;
 pub mod double_hbone;
 pub mod h2;

@@ -794,8 +794,7 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
         return;
     };
     let (pi, local, force) = (&*l.pi, &l.local, &l.force);
-    let started = Instant::now();
-    let mut guard = pi.metrics.open(labels(Some(&routed), None));
+    let result = super::access::ConnectionResult::open(pi, labels(Some(&routed), None), Instant::now());
     let protocol = if routed.request.protocol == Protocol::Hbone { "HBONE" } else { "TCP" };
     let _listed = pi.tracker.register_outbound(
         local.clone(),
@@ -807,7 +806,7 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
             protocol,
         },
     );
-    let counters = guard.counters.clone();
+    let counters = result.counters();
     // Istio's byte metrics have one meaning on both reporters: `received` is the request direction (client to
     // server), `sent` the response. The access log's bytes_sent/bytes_recv are this side's: sent to the upstream,
     // received from it.
@@ -842,64 +841,31 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
             None => std::future::pending().await,
         }
     };
-    let result = tokio::select! {
+    let copied = tokio::select! {
         r = copy => r.map(|_| ()),
         _ = force.cancelled() => Err(std::io::Error::other("drained")),
         _ = shed => Err(std::io::Error::other("shed: the node's buffered stream data is over its budget")),
         _ = ended => Err(std::io::Error::other("the HBONE connection closed")),
     };
-    let (s, r) = (sent.get(), recv.get());
-    if result.is_err() {
-        guard.fail("CONNECT");
-    }
-    access_log(pi, client_addr, Some(&routed), s, r, started, result.as_ref().err().map(|e| e.to_string()));
+    let error = copied.err().map(|e| ("CONNECT", e.to_string()));
+    result.finish(pi, &access_record(client_addr, &routed), sent.get(), recv.get(), error);
 }
 
-/// ztunnel's "connection complete" access log record (target `access`, same field names), outbound side.
-pub fn access_log(
-    pi: &ProxyInputs,
-    client: SocketAddr,
-    routed: Option<&Routed>,
-    sent: u64,
-    received: u64,
-    started: Instant,
-    error: Option<String>,
-) {
-    use crate::events::{Event, Level};
-    let level = if error.is_some() { Level::Error } else { Level::Info };
-    if !pi.events.enabled("access", level) {
-        return;
+/// What the outbound access record names: the source workload and identity, the destination asked for, the HBONE
+/// peer dialed, the service and the workload at the other end (with its identity when reached over HBONE).
+fn access_record(client: SocketAddr, r: &Routed) -> super::access::AccessRecord<'_> {
+    let hbone = r.request.protocol == Protocol::Hbone;
+    super::access::AccessRecord {
+        direction: "outbound",
+        src_addr: client,
+        src_workload: Some(&r.source),
+        src_identity: Some(&r.source_identity),
+        dst_addr: r.request.target,
+        dst_hbone_addr: hbone.then_some(r.request.upstream),
+        dst_service: r.request.service.as_ref().map(|s| &*s.key.hostname),
+        dst_workload: r.request.destination.as_deref(),
+        dst_identity: r.request.destination.as_ref().filter(|_| hbone).map(|w| w.identity()),
     }
-    let mut f = crate::fields! {
-        "src.addr" => client.to_string(),
-        "direction" => "outbound",
-        "bytes_sent" => sent,
-        "bytes_recv" => received,
-        "duration" => format!("{}ms", started.elapsed().as_millis()),
-    };
-    if let Some(r) = routed {
-        f.insert("src.workload".into(), r.source.name.clone().into());
-        f.insert("src.namespace".into(), r.source.namespace.clone().into());
-        f.insert("src.identity".into(), r.source_identity.to_string().into());
-        f.insert("dst.addr".into(), r.request.target.to_string().into());
-        if r.request.protocol == Protocol::Hbone {
-            f.insert("dst.hbone_addr".into(), r.request.upstream.to_string().into());
-        }
-        if let Some(s) = &r.request.service {
-            f.insert("dst.service".into(), s.key.hostname.clone().into());
-        }
-        if let Some(w) = &r.request.destination {
-            f.insert("dst.workload".into(), w.name.clone().into());
-            f.insert("dst.namespace".into(), w.namespace.clone().into());
-            if r.request.protocol == Protocol::Hbone {
-                f.insert("dst.identity".into(), w.identity().to_string().into());
-            }
-        }
-    }
-    if let Some(e) = error {
-        f.insert("error".into(), e.into());
-    }
-    pi.events.push(Event { kind: "access", level, message: "connection complete".into(), fields: f });
 }
 
 /// Count and log an outbound connection that never reached its upstream (`connection failed`, ztunnel's record).
