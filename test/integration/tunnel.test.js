@@ -44,6 +44,19 @@ const GO = (() => {
   return null;
 })();
 
+function httpPost(url) {
+  return new Promise((resolve, reject) => {
+    httpRequest(url, { method: 'POST', agent: false }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, body: Buffer.concat(chunks).toString() }));
+      res.on('error', reject);
+    })
+      .on('error', reject)
+      .end();
+  });
+}
+
 function httpGetBytes(url) {
   return new Promise((resolve, reject) => {
     httpRequest(url, { agent: false }, (res) => {
@@ -339,6 +352,40 @@ test('/debug/pprof/profile: a CPU profile of the process under traffic that go t
   assert.match(top, /Duration: 2(\.\d+)?s/);
   assert.match(top, /ztunnel_dataplane::|dataplane::/, 'the dataplane\'s own functions are in it');
   assert.match(top, /tokio::/);
+});
+
+test("/debug/pprof/heap: the dataplane's live sampled allocations, toggled by /debug/pprof/heap/profiling, read by go tool pprof", { skip: GO ? false : 'no go toolchain (CI has one)' }, async () => {
+  const toggle = (v) => httpPost(`${a.adminUrl}/debug/pprof/heap/profiling?activate=${v}`);
+  assert.equal((await httpGet(`${a.adminUrl}/debug/pprof/heap`)).status, 409, 'off: nothing to show');
+  assert.equal((await toggle('maybe')).status, 400);
+  const on = await toggle('true');
+  assert.deepEqual([on.status, on.body], [200, 'heap profiling is active\n']);
+  try {
+    // Connections held open while the profile is taken: their buffers and TLS state are live allocations.
+    const held = await Promise.all(
+      Array.from({ length: 20 }, () => socks5Connect({ proxyHost: SOCKS.host, proxyPort: SOCKS.port, destHost: ECHO_IP, destPort: PORT.echo })),
+    );
+    try {
+      for (const s of held) s.write(pattern(256 * 1024, 3));
+      await new Promise((r) => setTimeout(r, 300));
+      const { status, body } = await httpGetBytes(`${a.adminUrl}/debug/pprof/heap`);
+      assert.equal(status, 200);
+      const file = join(makeTempDir('ztn-heap-'), 'heap.pb');
+      writeFileSync(file, body);
+      const top = execFileSync(GO, ['tool', 'pprof', '-top', '-sample_index=inuse_space', '-nodecount=400', file], {
+        encoding: 'utf8',
+        env: { ...process.env, HOME: process.env.HOME ?? '/tmp' },
+      });
+      assert.match(top, /Type: inuse_space/);
+      assert.match(top, /ztunnel_dataplane::|dataplane::|h2::|rustls::|tokio::/, 'the dataplane\'s allocation sites are in it');
+    } finally {
+      for (const s of held) s.destroy();
+    }
+  } finally {
+    const off = await toggle('false');
+    assert.deepEqual([off.status, off.body], [200, 'heap profiling is inactive\n']);
+  }
+  assert.equal((await httpGet(`${a.adminUrl}/debug/pprof/heap`)).status, 409, 'off again');
 });
 
 test("/metrics is ztunnel's exposition: OpenMetrics text, its content types, the runtime and process gauges", async () => {

@@ -8,7 +8,7 @@ import type { AuthorizeExplanation, AuthorizeRequest, AuthzPreview, AuthzPreview
 import { PREVIEW_HELP, servePreview } from './authz-preview.js';
 import type { Dashboard } from './dashboard.js';
 import { pathOf, queryOf, reply, serverOptions } from './http.js';
-import { serveCpuProfile } from './pprof.js';
+import { serveCpuProfile, serveHeapProfile, serveHeapProfiling } from './pprof.js';
 
 export interface AdminHandlers {
   /** The whole /config_dump document, keys in output order. */
@@ -22,6 +22,10 @@ export interface AdminHandlers {
   previewAuthz?(req: AuthzPreviewRequest): Promise<AuthzPreview>;
   /** The process's CPU profile, pprof protobuf (the dataplane samples it; absent: 503). */
   cpuProfile?(seconds: number, frequency: number): Promise<Uint8Array>;
+  /** Turns the heap profile's sampling on or off; returns whether it is on (absent: 503). */
+  heapProfiling?(activate: boolean): boolean;
+  /** The dataplane's live sampled allocations, pprof protobuf (absent: 503). */
+  heapProfile?(): Promise<Uint8Array>;
   /** The live dashboard (dashboard.ts): its page and its events stream (absent: 404). */
   dashboard?: Pick<Dashboard, 'serve'>;
 }
@@ -33,6 +37,8 @@ const ENDPOINTS: ReadonlyArray<[string, string]> = [
   ['/debug/authorize', '?src_identity=<spiffe id>&src_ip=<ip>&dst=<ip:port>: the L4 authorization decision and why'],
   ['/debug/authz/preview', 'POST candidate policies (YAML or JSON): the live connections they would close and the recent denials they would allow, without applying them'],
   ['/debug/pprof/profile', '?seconds=<1-300, default 10>&frequency=<1-1000, default 100>: a CPU profile of the process (pprof protobuf)'],
+  ['/debug/pprof/heap/profiling', '?activate=true|false: turn the heap profile\'s sampling on or off'],
+  ['/debug/pprof/heap', "the dataplane's live sampled allocations (pprof protobuf; sampling must be on)"],
   ['/dashboard', 'a live view of this node: workloads, connections and their identities, authorization decisions, throughput, certificates'],
 ];
 
@@ -81,6 +87,16 @@ export function createAdminServer(h: AdminHandlers): Server {
       case '/debug/pprof/profile':
         if (h.cpuProfile === undefined) return reply(res, 503, 'profiling is not available\n');
         return serveCpuProfile(queryOf(req), res, h.cpuProfile);
+      case '/debug/pprof/heap/profiling': {
+        if (h.heapProfiling === undefined) return reply(res, 503, 'profiling is not available\n');
+        // It changes what the process does on every allocation: an operator's request, never a web page's.
+        const refused = notFromAnOperator(req);
+        if (refused !== null) return reply(res, 403, refused);
+        return serveHeapProfiling(queryOf(req), res, h.heapProfiling);
+      }
+      case '/debug/pprof/heap':
+        if (h.heapProfile === undefined) return reply(res, 503, 'profiling is not available\n');
+        return serveHeapProfile(res, h.heapProfile);
       case '/debug/authorize': {
         if (req.method !== 'GET') return reply(res, 405, AUTHORIZE_HELP);
         if (h.authorize === undefined) return reply(res, 503, 'authorization is not available\n');

@@ -1,6 +1,9 @@
-// GET /debug/pprof/profile: ztunnel's CPU profile endpoint, the same parameters and bounds (seconds 1-300, default 10;
-// frequency 1-1000 Hz, default 100) and the same answer, a pprof protobuf profile (`go tool pprof` reads it). The
-// dataplane samples the whole process (native profile.rs); this module only reads the query and sends the bytes.
+// ztunnel's profile endpoints, the same parameters and answers (pprof protobuf profiles, which `go tool pprof` reads):
+// - /debug/pprof/profile: a CPU profile, seconds 1-300 (default 10), frequency 1-1000 Hz (default 100); the dataplane
+//   samples the whole process (native profile.rs);
+// - /debug/pprof/heap/profiling?activate=true|false: turns the heap profile's sampling on or off;
+// - /debug/pprof/heap: the dataplane's live sampled allocations (native heap_profile.rs).
+// This module only reads the queries and sends the bytes.
 import type { ServerResponse } from 'node:http';
 import { reply } from './http.js';
 
@@ -30,17 +33,45 @@ export function serveCpuProfile(
   const p = profileParams(q);
   if (typeof p === 'string') return reply(res, 400, p);
   profile(p.seconds, p.frequency).then(
-    (bytes) => {
-      res.writeHead(200, {
-        'content-type': 'application/octet-stream',
-        'content-disposition': 'attachment; filename="profile.pb"',
-        'content-length': bytes.byteLength,
-      });
-      res.end(bytes);
-    },
+    (bytes) => sendProfile(res, bytes),
     (err: unknown) => {
       const message = err instanceof Error ? err.message : String(err);
       reply(res, /already being taken/.test(message) ? 409 : 500, `${message}\n`);
+    },
+  );
+}
+
+function sendProfile(res: ServerResponse, bytes: Uint8Array): void {
+  res.writeHead(200, {
+    'content-type': 'application/octet-stream',
+    'content-disposition': 'attachment; filename="profile.pb"',
+    'content-length': bytes.byteLength,
+  });
+  res.end(bytes);
+}
+
+/** /debug/pprof/heap/profiling: `activate` must be `true` or `false`; answers the state it leaves. */
+export function serveHeapProfiling(q: URLSearchParams, res: ServerResponse, toggle: (on: boolean) => boolean): void {
+  const activate = q.get('activate');
+  if (activate !== 'true' && activate !== 'false') {
+    return reply(res, 400, 'usage: /debug/pprof/heap/profiling?activate=true|false\n');
+  }
+  let on: boolean;
+  try {
+    on = toggle(activate === 'true');
+  } catch (err) {
+    return reply(res, 503, `${err instanceof Error ? err.message : String(err)}\n`);
+  }
+  reply(res, 200, on ? 'heap profiling is active\n' : 'heap profiling is inactive\n');
+}
+
+/** /debug/pprof/heap: 200 with the profile; 409 while the sampling is off. */
+export function serveHeapProfile(res: ServerResponse, profile: () => Promise<Uint8Array>): void {
+  profile().then(
+    (bytes) => sendProfile(res, bytes),
+    (err: unknown) => {
+      const message = err instanceof Error ? err.message : String(err);
+      reply(res, /not active/.test(message) ? 409 : 500, `${message}\n`);
     },
   );
 }

@@ -68,6 +68,8 @@ export type DataplanePort = Pick<
   | 'meshDump'
   | 'localDump'
   | 'cpuProfile'
+  | 'heapProfiling'
+  | 'heapProfile'
   | 'localWorkloadState'
   | 'createCsr'
   | 'installCertificate'
@@ -459,6 +461,14 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       cpuProfile: (seconds, frequency) => {
         if (dp === null) return Promise.reject(new Error('the dataplane is not running yet (the local config is loading)'));
         return dp.cpuProfile(seconds, frequency);
+      },
+      heapProfiling: (activate) => {
+        if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
+        return dp.heapProfiling(activate);
+      },
+      heapProfile: () => {
+        if (dp === null) return Promise.reject(new Error('the dataplane is not running yet (the local config is loading)'));
+        return dp.heapProfile();
       },
       configDump: () => {
         // The mesh is rendered by the dataplane, its only holder (before it opens: empty).

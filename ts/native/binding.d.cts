@@ -63,6 +63,16 @@ export declare class Dataplane {
    * bounds are wrong or a profile is already being taken.
    */
   cpuProfile(seconds: number, frequency: number): Promise<Buffer>
+  /**
+   * Turns the heap profile's sampling on or off (admin `/debug/pprof/heap/profiling?activate=`); returns whether it
+   * is on. Off drops what was recorded.
+   */
+  heapProfiling(activate: boolean): boolean
+  /**
+   * The live sampled allocations as a pprof protobuf profile (admin `/debug/pprof/heap`); rejects `PROFILE:` when
+   * the sampling is off. Symbolized on a blocking-pool thread.
+   */
+  heapProfile(): Promise<Buffer>
   /** Shared mode: start the in-pod workload manager (ZDS client). `{ uds, mark, reusePort, origSrc? }`. */
   startInpod(configJson: string): void
   /** Dedicated mode: `{ namespace, name, serviceAccount, mark, origSrc? }`. */

@@ -320,6 +320,16 @@ export class Dataplane {
     return callAsync(() => this.inner.cpuProfile(seconds, frequency));
   }
 
+  /** Turns the heap profile's sampling on or off; returns whether it is on (off drops what was recorded). */
+  heapProfiling(activate: boolean): boolean {
+    return call(() => this.inner.heapProfiling(activate));
+  }
+
+  /** The dataplane's live sampled allocations, pprof protobuf (admin /debug/pprof/heap); rejects while sampling is off. */
+  heapProfile(): Promise<Uint8Array> {
+    return callAsync(() => this.inner.heapProfile());
+  }
+
   /** config_dump's `staticConfig` without its policies: the last applied local document's workloads and services. */
   localDump(): LocalDump {
     return JSON.parse(call(() => this.inner.localDump())) as LocalDump;

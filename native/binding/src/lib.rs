@@ -9,6 +9,11 @@ use std::time::Duration;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
+/// The system allocator, sampled while the heap profile is on (native heap_profile.rs); otherwise one atomic load more
+/// per allocation and free.
+#[global_allocator]
+static ALLOCATOR: dataplane::heap_profile::Sampling = dataplane::heap_profile::Sampling;
+
 fn err(e: impl std::fmt::Display) -> Error {
     Error::new(Status::GenericFailure, e.to_string())
 }
@@ -176,6 +181,26 @@ impl Dataplane {
         self.inner
             .handle()
             .spawn_blocking(move || dataplane::profile::cpu_profile(u64::from(seconds), frequency))
+            .await
+            .map_err(err)?
+            .map(Buffer::from)
+            .map_err(|e| err(format!("PROFILE: {e}")))
+    }
+
+    /// Turns the heap profile's sampling on or off (admin `/debug/pprof/heap/profiling?activate=`); returns whether it
+    /// is on. Off drops what was recorded.
+    #[napi]
+    pub fn heap_profiling(&self, activate: bool) -> bool {
+        dataplane::heap_profile::activate(activate)
+    }
+
+    /// The live sampled allocations as a pprof protobuf profile (admin `/debug/pprof/heap`); rejects `PROFILE:` when
+    /// the sampling is off. Symbolized on a blocking-pool thread.
+    #[napi]
+    pub async fn heap_profile(&self) -> Result<Buffer> {
+        self.inner
+            .handle()
+            .spawn_blocking(dataplane::heap_profile::profile)
             .await
             .map_err(err)?
             .map(Buffer::from)

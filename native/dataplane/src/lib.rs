@@ -12,6 +12,7 @@ pub mod copy;
 pub mod dns;
 pub mod drain;
 pub mod events;
+pub mod heap_profile;
 pub mod identity;
 pub mod inpod;
 pub mod metrics;

@@ -65,7 +65,7 @@ pub fn cpu_profile(seconds: u64, frequency: i32) -> Result<Vec<u8>, ProfileError
 }
 
 /// The profile.proto messages this profile uses (field numbers as google/pprof's profile.proto gives them).
-mod proto {
+pub(crate) mod proto {
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Profile {
         #[prost(message, repeated, tag = "1")]
@@ -141,8 +141,23 @@ pub fn encode(
     start: Duration,
     duration: Duration,
 ) -> Vec<u8> {
-    use prost::Message;
     let period = 1_000_000_000 / i64::from(frequency.max(1));
+    let samples = samples.map(|(stack, count)| (stack, [count, count * period]));
+    let types = [("samples", "count"), ("cpu", "nanoseconds")];
+    encode_values(samples, types, ("cpu", "nanoseconds"), period, start, duration)
+}
+
+/// Encodes samples with two values each (`types` names them, as (type, unit)) as a pprof profile; one location per
+/// distinct frame, one function per distinct (name, file).
+pub fn encode_values(
+    samples: impl Iterator<Item = (Vec<(String, String, u32)>, [i64; 2])>,
+    types: [(&str, &str); 2],
+    period_type: (&str, &str),
+    period: i64,
+    start: Duration,
+    duration: Duration,
+) -> Vec<u8> {
+    use prost::Message;
     let mut strings: HashMap<String, i64> = HashMap::new();
     let mut p = proto::Profile::default();
     let mut s = |v: &str, p: &mut proto::Profile| -> i64 {
@@ -158,15 +173,14 @@ pub fn encode(
     let value_type = |t: &str, u: &str, p: &mut proto::Profile, s: &mut dyn FnMut(&str, &mut proto::Profile) -> i64| {
         proto::ValueType { r#type: s(t, p), unit: s(u, p) }
     };
-    p.sample_type =
-        vec![value_type("samples", "count", &mut p, &mut s), value_type("cpu", "nanoseconds", &mut p, &mut s)];
-    p.period_type = Some(value_type("cpu", "nanoseconds", &mut p, &mut s));
+    p.sample_type = types.iter().map(|(t, u)| value_type(t, u, &mut p, &mut s)).collect();
+    p.period_type = Some(value_type(period_type.0, period_type.1, &mut p, &mut s));
     p.period = period;
     p.time_nanos = start.as_nanos() as i64;
     p.duration_nanos = duration.as_nanos() as i64;
     let mut functions: HashMap<(String, String), u64> = HashMap::new();
     let mut locations: HashMap<(u64, u32), u64> = HashMap::new();
-    for (stack, count) in samples {
+    for (stack, values) in samples {
         let mut ids = Vec::with_capacity(stack.len());
         for (name, file, line) in stack {
             let fid = match functions.get(&(name.clone(), file.clone())) {
@@ -187,7 +201,7 @@ pub fn encode(
             });
             ids.push(lid);
         }
-        p.sample.push(proto::Sample { location_id: ids, value: vec![count, count * period] });
+        p.sample.push(proto::Sample { location_id: ids, value: values.to_vec() });
     }
     p.encode_to_vec()
 }
