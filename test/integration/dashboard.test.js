@@ -1,6 +1,7 @@
 // The admin port's live dashboard (GET /dashboard), in a real headless browser with no network: a daemon in local mode
 // with two workloads and a DENY policy; the test opens a tunnel and provokes a denial, and the page must show them as
-// an operator would read them (identities, the deciding policy), with charts that have points. A screenshot is kept
+// an operator would read them (identities, the deciding policy), with charts that have points, and the policy impact
+// preview must answer from the page what a candidate would close and allow. A screenshot is kept
 // in test-results/ (printed); DASHBOARD_SCREENSHOT=docs also copies it to docs/dashboard.png, the README's.
 /* global document -- the functions handed to page.waitForFunction and page.evaluate run in the browser */
 import { after, before, test } from 'node:test';
@@ -129,6 +130,16 @@ if (chromium !== null) {
     assert.ok(throughput.lines.some((l) => l.series === 'inboundBps' && l.pairs >= 3), JSON.stringify(throughput));
     assert.ok(throughput.lines.some((l) => l.series === 'outboundBps' && l.pairs >= 3), JSON.stringify(throughput));
     assert.ok(rate.max > 0 && rate.lines.some((l) => l.series === 'deniedPs' && l.pairs >= 3), JSON.stringify(rate));
+
+    // The policy impact preview, from the page: replacing deny-9090 by a DENY of 8080 would close the open tunnel and
+    // allow the attempt just denied on 9090.
+    await page.fill('#preview-policy', 'name: deny-9090\nnamespace: default\nscope: Namespace\naction: Deny\nrules: [[[{destinationPorts: [8080]}]]]\n');
+    await page.click('#preview-run');
+    await shows('#preview-summary', ['default/deny-9090: would close 1 live connection(s), would allow 1 recently denied attempt(s)']);
+    await shows('#preview-close tr', ['default/echo', `${ECHO}:${PORT}`, ID.sleep, 'HBONE', 'allow', 'deny', 'default/deny-9090 rule 0']);
+    await shows('#preview-allow tr', ['default/echo', `${ECHO}:${DENIED_PORT}`, ID.sleep, 'deny', 'allow']);
+    // Nothing was applied: the tunnel still carries bytes.
+    await echoOnce(tunnel.socket, Buffer.from('still open'));
 
     // The README's picture (DASHBOARD_SCREENSHOT=docs) gets half a minute of traffic first, so its charts have a shape.
     if (process.env.DASHBOARD_SCREENSHOT === 'docs') await traffic(30_000);

@@ -61,6 +61,12 @@ svg .s-deny { stroke: var(--deny); }
 .legend .l-in { background: var(--in); }
 .legend .l-out { background: var(--out); }
 .legend .l-deny { background: var(--deny); }
+.preview textarea { width: 100%; min-height: 96px; font: 12px ui-monospace, monospace; box-sizing: border-box;
+  border: 1px solid var(--line); border-radius: 4px; padding: 6px; }
+.preview button { margin: 6px 0; padding: 4px 12px; border: 1px solid var(--line); border-radius: 4px; background: var(--bg);
+  cursor: pointer; }
+.preview .summary { margin: 4px 0 8px; }
+.preview .error { color: var(--deny); white-space: pre-wrap; }
 @media (max-width: 900px) { main { grid-template-columns: 1fr; } .tiles { grid-template-columns: repeat(2, 1fr); } }
 `;
 
@@ -284,6 +290,43 @@ const SCRIPT = String.raw`
     $('status-text').textContent = textValue;
   }
 
+  // Policy impact preview: the candidate goes to POST /debug/authz/preview (this origin; the admin's guard admits a
+  // same-origin page), and the answer is shown as text like everything else.
+  function previewFlows(id, flows, total, emptyText) {
+    fill(id, flows.map(function (f) {
+      var tr = el('tr');
+      tr.appendChild(cell(two(el('span', f.workload.namespace + '/' + f.workload.name), f.dst)));
+      tr.appendChild(cell(two(ident(f.srcIdentity, 'plaintext'), f.srcIp)));
+      tr.appendChild(cell(f.protocol));
+      tr.appendChild(cell(f.count, 'num'));
+      tr.appendChild(cell(badge(f.now.allowed ? 'allow' : 'deny', f.now.allowed ? 'allow' : 'deny')));
+      var by = f.candidate.policy ? f.candidate.policy + (f.candidate.rule !== undefined ? ' rule ' + f.candidate.rule : '') : f.candidate.reason;
+      tr.appendChild(cell(two(badge(f.candidate.allowed ? 'allow' : 'deny', f.candidate.allowed ? 'allow' : 'deny'), by)));
+      return tr;
+    }), total, 6, emptyText);
+  }
+  $('preview-run').addEventListener('click', function () {
+    var out = $('preview-summary');
+    out.className = 'summary';
+    out.textContent = 'judging…';
+    fetch('/debug/authz/preview', { method: 'POST', headers: { 'content-type': 'text/yaml' }, body: $('preview-policy').value })
+      .then(function (r) { return r.text().then(function (t) { return { ok: r.ok, status: r.status, text: t }; }); })
+      .then(function (r) {
+        if (!r.ok) {
+          out.className = 'summary error';
+          out.textContent = r.status + ': ' + r.text;
+          return;
+        }
+        var a = JSON.parse(r.text);
+        out.textContent = a.candidates.join(', ') + ': would close ' + a.wouldCloseConnections + ' live connection(s), would allow ' +
+          a.wouldAllowAttempts + ' recently denied attempt(s) (' + a.connectionsJudged + ' connections and ' + a.denialsJudged +
+          ' denials judged' + (a.judgedAsEnforced.length ? '; dry-run judged as enforced' : '') + ')';
+        previewFlows('preview-close', a.wouldClose, a.wouldCloseConnections, 'no live connection would close');
+        previewFlows('preview-allow', a.wouldAllow, a.wouldAllowAttempts, 'no recently denied attempt would be allowed');
+      })
+      .catch(function (e) { out.className = 'summary error'; out.textContent = String(e); });
+  });
+
   var events = new EventSource('/dashboard/events');
   events.addEventListener('snapshot', function (e) {
     var m = JSON.parse(e.data);
@@ -350,6 +393,23 @@ const BODY = `
     <h2>Workloads on this node<span class="note" id="workloads-note"></span></h2>
     <div class="scroll"><table><thead><tr><th>workload</th><th>identity</th><th>protocol</th><th>addresses</th></tr></thead>
     <tbody id="workloads"></tbody></table></div>
+  </section>
+  <section class="wide preview">
+    <h2>Policy impact preview</h2>
+    <div class="muted">A candidate authorization policy in the local config's form (YAML or JSON): what applying it would close and allow, judged by the dataplane, nothing applied.</div>
+    <textarea id="preview-policy" spellcheck="false" aria-label="candidate policy">name: example
+namespace: default
+scope: Namespace
+action: Deny
+rules: [[[{destinationPorts: [9090]}]]]</textarea>
+    <button id="preview-run" type="button">Preview</button>
+    <div class="summary" id="preview-summary"></div>
+    <h2>Would close<span class="note" id="preview-close-note"></span></h2>
+    <div class="scroll"><table><thead><tr><th>destination</th><th>source</th><th>protocol</th><th class="num">count</th><th>now</th><th>with it</th></tr></thead>
+    <tbody id="preview-close"></tbody></table></div>
+    <h2>Would allow<span class="note" id="preview-allow-note"></span></h2>
+    <div class="scroll"><table><thead><tr><th>destination</th><th>source</th><th>protocol</th><th class="num">count</th><th>now</th><th>with it</th></tr></thead>
+    <tbody id="preview-allow"></tbody></table></div>
   </section>
   <section class="wide">
     <h2>Certificates<span class="note" id="certificates-note"></span></h2>
