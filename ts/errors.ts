@@ -26,6 +26,7 @@ export const ERROR_CATALOG = {
   RUNTIME: { retryable: false, description: 'the dataplane runtime failed' },
   // From the TypeScript layer.
   NATIVE_UNAVAILABLE: { retryable: false, description: 'no native binary for this platform' },
+  NOT_RUNNING: { retryable: true, description: 'the dataplane is not running yet (the local config is loading)' },
   NATIVE_ERROR: { retryable: false, description: 'the native module failed without a known code' },
   CONFIG_INVALID: { retryable: false, description: 'an environment variable or flag is invalid' },
   LOCAL_CONFIG_INVALID: { retryable: false, description: 'the local config file is unreadable or invalid' },

@@ -148,3 +148,39 @@ test('/debug/authz/preview without a dataplane: 503', async (t) => {
   const res = await fetch(`http://127.0.0.1:${port}/debug/authz/preview`, { method: 'POST', body: 'name: p\nscope: Global\naction: Deny\n' });
   assert.equal(res.status, 503);
 });
+
+test('while the dataplane is not open yet (NOT_RUNNING), authorize, preview and the profiles answer 503', async (t) => {
+  const { ZtunnelError } = await import('../../dist/errors.js');
+  const notYet = () => new ZtunnelError('NOT_RUNNING', 'the dataplane is not running yet (the local config is loading)');
+  const { req, port } = await start(t, {
+    authorize: () => {
+      throw notYet();
+    },
+    previewAuthz: async () => {
+      throw notYet();
+    },
+    cpuProfile: async () => {
+      throw notYet();
+    },
+    heapProfiling: () => {
+      throw notYet();
+    },
+    heapProfile: async () => {
+      throw notYet();
+    },
+  });
+  const authorize = await req('/debug/authorize?dst=10.0.0.1:80');
+  assert.deepEqual([authorize.status, authorize.body], [503, 'the dataplane is not running yet (the local config is loading)\n']);
+  const preview = await fetch(`http://127.0.0.1:${port}/debug/authz/preview`, { method: 'POST', body: 'name: p\nnamespace: n\nscope: Global\naction: Deny\n' });
+  assert.equal(preview.status, 503);
+  assert.equal((await req('/debug/pprof/profile?seconds=1')).status, 503);
+  assert.equal((await req('/debug/pprof/heap/profiling?activate=true', 'POST')).status, 503);
+  assert.equal((await req('/debug/pprof/heap')).status, 503);
+  // Any other failure of the dataplane stays what it was: a refused authorize request is the caller's (400).
+  const { req: req2 } = await start(t, {
+    authorize: () => {
+      throw new ZtunnelError('INVALID_SPEC', 'no workload has the address 10.0.0.1');
+    },
+  });
+  assert.equal((await req2('/debug/authorize?dst=10.0.0.1:80')).status, 400);
+});

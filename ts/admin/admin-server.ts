@@ -7,7 +7,7 @@ import type { Logs } from '../log/logger.js';
 import type { AuthorizeExplanation, AuthorizeRequest, AuthzPreview, AuthzPreviewRequest } from '../native/types.js';
 import { PREVIEW_HELP, servePreview } from './authz-preview.js';
 import type { Dashboard } from './dashboard.js';
-import { pathOf, queryOf, reply, serverOptions } from './http.js';
+import { notRunning, pathOf, queryOf, reply, serverOptions } from './http.js';
 import { serveCpuProfile, serveHeapProfile, serveHeapProfiling } from './pprof.js';
 
 export interface AdminHandlers {
@@ -105,7 +105,7 @@ export function createAdminServer(h: AdminHandlers): Server {
         try {
           return reply(res, 200, `${JSON.stringify(h.authorize(r), null, 2)}\n`, 'application/json');
         } catch (err) {
-          return reply(res, 400, `${err instanceof Error ? err.message : String(err)}\n`);
+          return reply(res, notRunning(err) ? 503 : 400, `${err instanceof Error ? err.message : String(err)}\n`);
         }
       }
       case '/dashboard':

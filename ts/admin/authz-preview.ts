@@ -8,7 +8,7 @@ import { LocalConfigError, ZtunnelError } from '../errors.js';
 import { parsePolicyCandidates } from '../config/local.js';
 import type { AuthzPreview, AuthzPreviewRequest } from '../native/types.js';
 import { compilePolicy } from '../policy/compile.js';
-import { queryOf, readBody, reply } from './http.js';
+import { notRunning, queryOf, readBody, reply } from './http.js';
 
 /** Candidate policies are a few KiB; a whole namespace's worth fits many times over. */
 export const PREVIEW_BODY_LIMIT = 1 << 20;
@@ -56,6 +56,8 @@ export function servePreview(req: IncomingMessage, res: ServerResponse, preview:
       // (INVALID_SPEC: a selects entry) is the caller's to fix; anything else is ours.
       const theirs = err instanceof ZtunnelError && (err.code === 'INVALID_STATE' || err.code === 'INVALID_SPEC');
       const message = err instanceof Error ? err.message : String(err);
-      if (!res.headersSent) reply(res, theirs ? 400 : 500, `${theirs ? message : `preview failed: ${message}`}\n`);
+      if (res.headersSent) return;
+      if (notRunning(err)) return reply(res, 503, `${message}\n`);
+      reply(res, theirs ? 400 : 500, `${theirs ? message : `preview failed: ${message}`}\n`);
     });
 }

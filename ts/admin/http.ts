@@ -2,6 +2,7 @@
 import type { IncomingMessage, Server, ServerOptions, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { formatSocketAddress, type SocketAddress } from '../config/address.js';
+import { ZtunnelError } from '../errors.js';
 
 /**
  * What every one of the three servers allows a client (README "Limits and overload"): the request headers within 2 s
@@ -31,6 +32,11 @@ export function capConnections(server: Server, name: ServerName, onDrop: (name: 
   server.maxConnections = MAX_HTTP_CONNECTIONS[name];
   server.on('drop', () => onDrop(name));
   return server;
+}
+
+/** True for the error a handler throws while the dataplane is not open yet: answered 503, as a not-ready service. */
+export function notRunning(err: unknown): boolean {
+  return err instanceof ZtunnelError && err.code === 'NOT_RUNNING';
 }
 
 export function reply(res: ServerResponse, status: number, body: string, contentType = 'text/plain; charset=utf-8'): void {

@@ -5,7 +5,7 @@
 // - /debug/pprof/heap: the dataplane's live sampled allocations (native heap_profile.rs).
 // This module only reads the queries and sends the bytes.
 import type { ServerResponse } from 'node:http';
-import { reply } from './http.js';
+import { notRunning, reply } from './http.js';
 
 export const PROFILE_USAGE = 'usage: GET /debug/pprof/profile[?seconds=<1-300, default 10>][&frequency=<1-1000 Hz, default 100>]\n';
 
@@ -36,7 +36,7 @@ export function serveCpuProfile(
     (bytes) => sendProfile(res, bytes),
     (err: unknown) => {
       const message = err instanceof Error ? err.message : String(err);
-      reply(res, /already being taken/.test(message) ? 409 : 500, `${message}\n`);
+      reply(res, notRunning(err) ? 503 : /already being taken/.test(message) ? 409 : 500, `${message}\n`);
     },
   );
 }
@@ -71,7 +71,7 @@ export function serveHeapProfile(res: ServerResponse, profile: () => Promise<Uin
     (bytes) => sendProfile(res, bytes),
     (err: unknown) => {
       const message = err instanceof Error ? err.message : String(err);
-      reply(res, /not active/.test(message) ? 409 : 500, `${message}\n`);
+      reply(res, notRunning(err) ? 503 : /not active/.test(message) ? 409 : 500, `${message}\n`);
     },
   );
 }

@@ -37,7 +37,7 @@ import { readinessHandler, takeEarlyReadiness } from '../admin/early-readiness.j
 import { createStatsServer } from '../admin/stats-server.js';
 import { LocalCertificateAuthority, type CertificateAuthority } from '../ca/authority.js';
 import { CertificateManager } from '../ca/manager.js';
-import { ConfigError, LocalConfigError } from '../errors.js';
+import { ConfigError, LocalConfigError, ZtunnelError } from '../errors.js';
 import type { Logs } from '../log/logger.js';
 import type { Logger } from 'pino';
 import { Dataplane, nativeVersion } from '../native/index.js';
@@ -306,6 +306,12 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     return (config.proxyMode === 'local' ? dp?.localWorkloadState() : capture?.workloadState()) ?? {};
   }
 
+  /** The dataplane, or the admin API's NOT_RUNNING error (answered 503) while it is not open yet. */
+  function running(): DataplanePort {
+    if (dp === null) throw new ZtunnelError('NOT_RUNNING', 'the dataplane is not running yet (the local config is loading)');
+    return dp;
+  }
+
   /** config_dump's `staticConfig`: the policy keys of the local document last applied (null: none applied yet). */
   let localPolicyKeys: Set<string> | null = null;
 
@@ -450,26 +456,12 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     const admin = createAdminServer({
       logs,
       quit: (reason) => shutdownSoon('graceful', reason),
-      authorize: (r) => {
-        if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
-        return dp.authorize(r);
-      },
-      previewAuthz: async (r) => {
-        if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
-        return dp.previewAuthz(r);
-      },
-      cpuProfile: (seconds, frequency) => {
-        if (dp === null) return Promise.reject(new Error('the dataplane is not running yet (the local config is loading)'));
-        return dp.cpuProfile(seconds, frequency);
-      },
-      heapProfiling: (activate) => {
-        if (dp === null) throw new Error('the dataplane is not running yet (the local config is loading)');
-        return dp.heapProfiling(activate);
-      },
-      heapProfile: () => {
-        if (dp === null) return Promise.reject(new Error('the dataplane is not running yet (the local config is loading)'));
-        return dp.heapProfile();
-      },
+      // Before the dataplane opens (a large local config loading) these answer 503, as a not-ready service should.
+      authorize: (r) => running().authorize(r),
+      previewAuthz: async (r) => running().previewAuthz(r),
+      cpuProfile: async (seconds, frequency) => running().cpuProfile(seconds, frequency),
+      heapProfiling: (activate) => running().heapProfiling(activate),
+      heapProfile: async () => running().heapProfile(),
       configDump: () => {
         // The mesh is rendered by the dataplane, its only holder (before it opens: empty).
         const mesh = dp?.meshDump() ?? { workloads: [], services: [], stagedServices: {} };
