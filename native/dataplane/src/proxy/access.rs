@@ -29,7 +29,8 @@ pub struct AccessRecord<'a> {
     /// The service's hostname, when the client addressed one.
     pub dst_service: Option<&'a str>,
     pub dst_workload: Option<&'a Workload>,
-    pub dst_identity: Option<Identity>,
+    /// The workload whose identity the destination proved (built only when the record is written).
+    pub dst_identity_of: Option<&'a Workload>,
 }
 
 /// A connection from the moment it is counted as opened to its end.
@@ -100,8 +101,8 @@ impl ConnectionResult {
             put("dst.workload", w.name.to_string());
             put("dst.namespace", w.namespace.to_string());
         }
-        if let Some(id) = &record.dst_identity {
-            put("dst.identity", id.to_string());
+        if let Some(w) = record.dst_identity_of {
+            put("dst.identity", w.identity().to_string());
         }
         if let Some((_, e)) = error {
             put("error", e);
@@ -142,7 +143,7 @@ mod tests {
             dst_hbone_addr: None,
             dst_service: Some("echo.ns.svc"),
             dst_workload: Some(&w),
-            dst_identity: Some(w.identity()),
+            dst_identity_of: Some(&w),
         };
         let result = ConnectionResult::open(&pi, labels(), Instant::now());
         result.counters().sent.fetch_add(7, std::sync::atomic::Ordering::Relaxed);
@@ -187,7 +188,7 @@ mod tests {
             dst_hbone_addr: Some("10.0.0.2:15008".parse().unwrap()),
             dst_service: None,
             dst_workload: None,
-            dst_identity: None,
+            dst_identity_of: None,
         };
         ConnectionResult::open(&pi, labels(), Instant::now()).finish(&pi, &record, 1, 1, None);
         assert_eq!(pi.events.drain_json(), "[]");

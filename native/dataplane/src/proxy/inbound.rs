@@ -697,7 +697,7 @@ fn access_record<'a>(
         dst_hbone_addr: None,
         dst_service: None,
         dst_workload: Some(local),
-        dst_identity: Some(local.identity()),
+        dst_identity_of: Some(local),
     }
 }
 

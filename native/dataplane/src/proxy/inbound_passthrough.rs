@@ -69,7 +69,7 @@ async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
         dst_hbone_addr: None,
         dst_service: None,
         dst_workload: Some(&local),
-        dst_identity: None,
+        dst_identity_of: None,
     };
     result.finish(pi, &record, tx.get(), rx.get(), copied.err().map(|e| (flag, e.to_string())));
 }

@@ -864,7 +864,7 @@ fn access_record(client: SocketAddr, r: &Routed) -> super::access::AccessRecord<
         dst_hbone_addr: hbone.then_some(r.request.upstream),
         dst_service: r.request.service.as_ref().map(|s| &*s.key.hostname),
         dst_workload: r.request.destination.as_deref(),
-        dst_identity: r.request.destination.as_ref().filter(|_| hbone).map(|w| w.identity()),
+        dst_identity_of: r.request.destination.as_deref().filter(|_| hbone),
     }
 }
 
