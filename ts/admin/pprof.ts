@@ -65,13 +65,13 @@ export function serveHeapProfiling(q: URLSearchParams, res: ServerResponse, togg
   reply(res, 200, on ? 'heap profiling is active\n' : 'heap profiling is inactive\n');
 }
 
-/** /debug/pprof/heap: 200 with the profile; 409 while the sampling is off. */
+/** /debug/pprof/heap: 200 with the profile; 500 while the sampling is off, as ztunnel answers when jemalloc's is. */
 export function serveHeapProfile(res: ServerResponse, profile: () => Promise<Uint8Array>): void {
   profile().then(
     (bytes) => sendProfile(res, bytes),
     (err: unknown) => {
       const message = err instanceof Error ? err.message : String(err);
-      reply(res, notRunning(err) ? 503 : /not active/.test(message) ? 409 : 500, `${message}\n`);
+      reply(res, notRunning(err) ? 503 : 500, `${message}\n`);
     },
   );
 }

@@ -317,10 +317,11 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
 
   /**
    * config_dump's `staticConfig`, as ztunnel shows its local config: the last applied local document as parsed (its
-   * workloads and services from the dataplane's state, its policies from the store), null before one applied.
+   * workloads and services from the dataplane's state, its policies from the store). Without one (xDS, or before the
+   * first applies) the empty document, as ztunnel's admin writes its LocalConfig's default.
    */
-  function staticConfigDump(): Record<string, unknown> | null {
-    if (localPolicyKeys === null || dp === null) return null;
+  function staticConfigDump(): Record<string, unknown> {
+    if (localPolicyKeys === null || dp === null) return { workloads: [], policies: [], services: [] };
     const { workloads, services } = dp.localDump();
     return { workloads, policies: store.dumpPolicies(localPolicyKeys), services };
   }
