@@ -196,7 +196,12 @@ test("config_dump's workloadState lists a live tunnel on both nodes (local mode)
   await waitFor(async () => (await outbound()).length === 0 && (await inbound()).length === 0, { timeoutMs: 5_000, message: 'the tunnel gone from both dumps' });
 });
 
-test('200 concurrent connections all succeed over at most two pooled HBONE connections', { timeout: 40_000 }, async () => {
+// The daemons run two connection workers (silos, ZTUNNEL_WORKER_THREADS=2), each with its own pool: 200 streams need
+// two connections of 100, plus at most one partly filled connection per further silo.
+const WORKERS = 2;
+const MAX_POOLED = 2 + (WORKERS - 1);
+
+test('200 concurrent connections all succeed over at most one more pooled HBONE connection than they fill', { timeout: 40_000 }, async () => {
   const N = 200;
   const openedA0 = await a.metric('ztunnel_node_hbone_connections_opened_total', { direction: 'outbound' });
   const acceptedB0 = await b.metric('ztunnel_node_hbone_connections_opened_total', { direction: 'inbound' });
@@ -214,9 +219,9 @@ test('200 concurrent connections all succeed over at most two pooled HBONE conne
     const failures = results.filter((r) => r.status === 'rejected').map((r) => r.reason.message);
     assert.deepEqual(failures.slice(0, 5), [], `${failures.length} of ${N} connections failed`);
     // All N streams are open right now. At most 100 streams per connection (POOL_MAX_STREAMS_PER_CONNECTION), so
-    // two connections are needed, and pooling means no more than two.
+    // two connections are needed, and pooling means no more than one partly filled connection per silo.
     const activeA = await a.metric('ztunnel_node_hbone_connections_active', { direction: 'outbound' });
-    assert.equal(activeA, 2, `node-a has ${activeA} HBONE connections open for ${N} concurrent streams`);
+    assert.ok(activeA >= 2 && activeA <= MAX_POOLED, `node-a has ${activeA} HBONE connections open for ${N} concurrent streams`);
     assert.equal(apps.echo.stats.accepted - echoAccepted0, N, 'the echo app accepted every connection');
     assert.equal(await a.metric('istio_tcp_sockets_open', { reporter: 'source' }), N);
   } finally {
@@ -224,8 +229,8 @@ test('200 concurrent connections all succeed over at most two pooled HBONE conne
   }
   const openedA = (await a.metric('ztunnel_node_hbone_connections_opened_total', { direction: 'outbound' })) - openedA0;
   const acceptedB = (await b.metric('ztunnel_node_hbone_connections_opened_total', { direction: 'inbound' })) - acceptedB0;
-  assert.ok(openedA <= 2, `node-a opened ${openedA} HBONE connections for ${N} concurrent streams`);
-  assert.ok(acceptedB <= 2, `node-b accepted ${acceptedB} HBONE connections for ${N} concurrent streams`);
+  assert.ok(openedA <= MAX_POOLED, `node-a opened ${openedA} HBONE connections for ${N} concurrent streams`);
+  assert.ok(acceptedB <= MAX_POOLED, `node-b accepted ${acceptedB} HBONE connections for ${N} concurrent streams`);
   assert.equal(acceptedB, openedA, 'every connection node-a opened, node-b accepted');
   await Promise.all([settled(a, 'source'), settled(b, 'destination')]);
 });

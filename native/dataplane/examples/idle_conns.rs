@@ -3,7 +3,7 @@
 //! heap before and after N connections are established (and echo one byte each), so the figure is the dataplane's
 //! own allocations, without RSS noise from fragmentation, Node or the kernel. Run it under heaptrack to see which
 //! allocation sites the bytes come from.
-//! Run: cargo run --release -p ztunnel-dataplane --example idle_conns -- [N]
+//! Run: cargo run --release -p ztunnel-dataplane --example idle_conns -- [N]   (WORKERS=n: the silos per node)
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -61,7 +61,8 @@ fn main() {
     ]})
     .to_string();
     let node = |name: &str, uid: &str, identity: &str| {
-        let cfg = Config { node_name: name.into(), bind_source_ip: true, ..Config::default() };
+        let workers = std::env::var("WORKERS").map(|w| w.parse().expect("WORKERS")).unwrap_or(2);
+        let cfg = Config { node_name: name.into(), bind_source_ip: true, worker_threads: workers, ..Config::default() };
         let dp = Dataplane::new(cfg).unwrap();
         dp.apply_state_json(&state).unwrap();
         let csr = dp.create_csr(identity).unwrap();
@@ -91,6 +92,7 @@ fn main() {
         }))
         .unwrap();
 
+    let pool = a.inputs().pool.clone();
     // The application and the clients run on their own single thread; their allocations are measured separately.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async move {
@@ -159,6 +161,8 @@ fn main() {
             (b1 - b0) / n,
             (k1 - k0) as f64 / n as f64
         );
+        // Per-silo pools: how many HBONE connections carry the held streams (100 streams each at most).
+        println!("node A's pool: {} HBONE connections for {n} streams", pool.connection_count());
         if let Ok(ms) = std::env::var("HOLD_MS") {
             tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
         }

@@ -20,6 +20,7 @@ pub mod preview;
 pub mod profile;
 pub mod proxy;
 pub mod rbac;
+pub mod silo;
 pub mod socket;
 pub mod state;
 pub mod tls;
@@ -28,7 +29,6 @@ pub mod yaml;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -237,10 +237,11 @@ impl Dataplane {
         cfg.validate()?;
         alloc::tune();
         let cfg = Arc::new(cfg);
-        let next = Arc::new(AtomicUsize::new(0));
+        // Connections run on the silos (`workerThreads` of them); the control runtime's one worker runs the rest.
+        let silos = silo::Silos::start(cfg.worker_threads).map_err(|e| DataplaneError::Runtime(e.to_string()))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cfg.worker_threads)
-            .thread_name_fn(move || format!("ztunnel-{}", next.fetch_add(1, Ordering::Relaxed)))
+            .worker_threads(1)
+            .thread_name("ztunnel-control")
             .enable_all()
             .build()
             .map_err(|e| DataplaneError::Runtime(e.to_string()))?;
@@ -263,6 +264,7 @@ impl Dataplane {
             denials: Arc::default(),
             sockets: Arc::new(socket::DefaultSockets),
             preserve_source: false,
+            silos,
         });
         let reevaluator = Arc::new(proxy::reevaluation::Reevaluator::default());
         handle.spawn(reevaluator.clone().run(pi.clone(), drain.force.clone()));
@@ -662,7 +664,7 @@ impl Dataplane {
     /// The counters' snapshot (`MetricsSnapshot`); `traffic_text`: the traffic counters as OpenMetrics text rather than
     /// JSON rows (the scrape renders them as they are).
     pub fn metrics_json(&self, traffic_text: bool) -> String {
-        self.pi.metrics.snapshot_json_with(Some(&self.handle), traffic_text)
+        self.pi.metrics.snapshot_json_with(Some(self.pi.silos.handles()), traffic_text)
     }
 
     /// The log filter levels of access events, of the DNS proxy's records (target `dns`) and of the dataplane's
@@ -716,6 +718,7 @@ impl Dataplane {
     pub fn shutdown(&self) {
         if let Some(rt) = self.rt.lock().take() {
             self.drain.force.cancel();
+            self.pi.silos.shutdown(Duration::from_secs(2));
             rt.shutdown_timeout(Duration::from_secs(2));
         }
     }
@@ -724,6 +727,8 @@ impl Dataplane {
 impl Drop for Dataplane {
     fn drop(&mut self) {
         // Runtime::drop would panic if dropped inside an async context; shut it down explicitly, off-runtime.
+        // The silos' tasks hold the inputs (and so the silos): stop them explicitly.
+        self.pi.silos.stop();
         if let Some(rt) = self.rt.get_mut().take() {
             rt.shutdown_background();
         }

@@ -420,9 +420,9 @@ impl Metrics {
         self.snapshot_json_with(None, false)
     }
 
-    /// The snapshot, with the dataplane runtime's figures (ztunnel's `tokio_*` metrics) when given its handle, and
-    /// the traffic counters as OpenMetrics text instead of JSON rows when `traffic_text`.
-    pub fn snapshot_json_with(&self, runtime: Option<&tokio::runtime::Handle>, traffic_text: bool) -> String {
+    /// The snapshot, with the connection workers' figures (ztunnel's `tokio_*` metrics) when given the silos'
+    /// handles, and the traffic counters as OpenMetrics text instead of JSON rows when `traffic_text`.
+    pub fn snapshot_json_with(&self, runtime: Option<&[tokio::runtime::Handle]>, traffic_text: bool) -> String {
         // The bucket map's lock is what a new connection takes to find its bucket: held only to copy the counts (a
         // label set is shared, not copied); rendering 10k label sets takes tens of milliseconds, done after.
         let owned: Vec<(Arc<TrafficLabels>, [u64; 5])> = self
@@ -451,17 +451,27 @@ impl Metrics {
                 .collect();
             (connections, None)
         };
-        let runtime = runtime.map(|h| {
-            let m = h.metrics();
-            let workers = m.num_workers();
-            RuntimeJson {
-                workers,
-                global_queue_depth: m.global_queue_depth(),
-                alive_tasks: m.num_alive_tasks(),
-                busy_seconds: (0..workers).map(|w| m.worker_total_busy_duration(w).as_secs_f64()).collect(),
-                parks: (0..workers).map(|w| m.worker_park_count(w)).collect(),
-                park_unparks: (0..workers).map(|w| m.worker_park_unpark_count(w)).collect(),
+        // One worker per silo: each silo is a single-threaded runtime.
+        let runtime = runtime.map(|handles| {
+            let mut r = RuntimeJson {
+                workers: 0,
+                global_queue_depth: 0,
+                alive_tasks: 0,
+                busy_seconds: Vec::new(),
+                parks: Vec::new(),
+                park_unparks: Vec::new(),
+            };
+            for h in handles {
+                let m = h.metrics();
+                let workers = m.num_workers();
+                r.workers += workers;
+                r.global_queue_depth += m.global_queue_depth();
+                r.alive_tasks += m.num_alive_tasks();
+                r.busy_seconds.extend((0..workers).map(|w| m.worker_total_busy_duration(w).as_secs_f64()));
+                r.parks.extend((0..workers).map(|w| m.worker_park_count(w)));
+                r.park_unparks.extend((0..workers).map(|w| m.worker_park_unpark_count(w)));
             }
+            r
         });
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         self.dns.with_snapshot(|dns| {

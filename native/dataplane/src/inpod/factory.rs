@@ -85,6 +85,7 @@ impl InPodProxies {
             denials: base.denials.clone(),
             sockets: sockets.clone(),
             preserve_source: transparent,
+            silos: base.silos.clone(),
         });
         let local = LocalRef::Pod {
             namespace: Arc::from(info.namespace.as_str()),

@@ -85,6 +85,7 @@ pub(super) fn inputs() -> Arc<ProxyInputs> {
         denials: Arc::default(),
         sockets: Arc::new(crate::socket::DefaultSockets),
         preserve_source: false,
+        silos: crate::silo::Silos::inline(),
     })
 }
 

@@ -277,7 +277,8 @@ pub async fn serve(
     let identity = Arc::new(identity);
     let d = drain.clone();
     let peers = Arc::new(Peers::default());
-    super::accept_until_drained(listener, &pi, &drain, |tcp, peer| {
+    let inputs = pi.clone();
+    super::accept_until_drained(listener, &inputs, &drain, move |tcp, peer| {
         let (pi, local, acceptor, d, id) = (pi.clone(), local.clone(), acceptor.clone(), d.clone(), identity.clone());
         let admitted = peers.admit(peer.ip());
         async move {

@@ -25,7 +25,8 @@ struct Listener {
 
 pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, local: LocalRef, drain: Drain) {
     let l = Arc::new(Listener { pi, local, force: drain.force.clone() });
-    super::accept_until_drained(listener, &l.pi, &drain, |stream, peer| {
+    let pi = l.pi.clone();
+    super::accept_until_drained(listener, &pi, &drain, move |stream, peer| {
         let setup = Box::pin(establish(l.clone(), stream, peer));
         connection(l.clone(), setup)
     })

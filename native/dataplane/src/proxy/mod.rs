@@ -65,17 +65,59 @@ impl std::fmt::Display for LocalRef {
     }
 }
 
-/// Accept connections until the drain's graceful signal; each runs as a task the drain tracks (so it can wait for
-/// it, then force it). Sets TCP_NODELAY and canonicalizes the peer (no `::ffff:` from dual-stack listeners). An
-/// accept error (e.g. EMFILE) is counted and logged (the event queue rate-limits it per cause) and backs off briefly
-/// instead of spinning.
+/// Accept connections until the drain's graceful signal, on every silo (see `silo`): each silo accepts from its own
+/// registration of the listening socket, and each connection runs as a task of the silo that took it, tracked by
+/// the drain (so it can wait for it, then force it). Sets TCP_NODELAY and canonicalizes the peer (no `::ffff:` from
+/// dual-stack listeners). An accept error (e.g. EMFILE) is counted and logged (the event queue rate-limits it per
+/// cause) and backs off briefly instead of spinning. Resolves when every silo has stopped accepting.
 pub async fn accept_until_drained<F, Fut>(
     listener: tokio::net::TcpListener,
     pi: &ProxyInputs,
     drain: &crate::drain::Drain,
-    mut handle: F,
+    handle: F,
 ) where
-    F: FnMut(tokio::net::TcpStream, std::net::SocketAddr) -> Fut,
+    F: Fn(tokio::net::TcpStream, std::net::SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (metrics, events) = (pi.metrics.clone(), pi.events.clone());
+    if pi.silos.handles().is_empty() {
+        return accept_loop(listener, metrics, events, drain.clone(), handle).await;
+    }
+    let listener = match listener.into_std() {
+        Ok(l) => l,
+        Err(e) => return log_listener_error(&events, "leaving the control runtime", &e),
+    };
+    pi.silos
+        .on_each(|_| {
+            let (copy, metrics, events, drain, handle) =
+                (listener.try_clone(), metrics.clone(), events.clone(), drain.clone(), handle.clone());
+            async move {
+                // Registers the duplicate with this silo's reactor (it must run on the silo).
+                match copy.and_then(tokio::net::TcpListener::from_std) {
+                    Ok(l) => accept_loop(l, metrics, events, drain, handle).await,
+                    Err(e) => log_listener_error(&events, "registering with a silo", &e),
+                }
+            }
+        })
+        .await;
+}
+
+fn log_listener_error(events: &Events, step: &str, e: &std::io::Error) {
+    events.log(
+        crate::events::Level::Error,
+        "listener not served",
+        crate::fields! {"step" => step.to_string(), "error" => e.to_string()},
+    );
+}
+
+async fn accept_loop<F, Fut>(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    events: Arc<Events>,
+    drain: crate::drain::Drain,
+    handle: F,
+) where
+    F: Fn(tokio::net::TcpStream, std::net::SocketAddr) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     loop {
@@ -83,9 +125,9 @@ pub async fn accept_until_drained<F, Fut>(
             r = listener.accept() => match r {
                 Ok((s, peer)) => (s, crate::socket::canonical(peer)),
                 Err(e) => {
-                    pi.metrics.accept_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    metrics.accept_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-                    pi.events.log(
+                    events.log(
                         crate::events::Level::Warn,
                         "accept failed",
                         crate::fields! {"listener" => local, "error" => e.to_string()},
@@ -116,4 +158,6 @@ pub struct ProxyInputs {
     pub sockets: Arc<dyn crate::socket::SocketFactory>,
     /// Inbound connections to the application keep the client's source IP (IP_TRANSPARENT), in-pod only.
     pub preserve_source: bool,
+    /// The connection workers every listener is served on.
+    pub silos: Arc<crate::silo::Silos>,
 }

@@ -909,7 +909,8 @@ pub async fn serve_capture(
     drain: crate::drain::Drain,
 ) {
     let l = Arc::new(Listener { pi, local, force: drain.force.clone() });
-    super::accept_until_drained(listener, &l.pi, &drain, |stream, peer| {
+    let pi = l.pi.clone();
+    super::accept_until_drained(listener, &pi, &drain, move |stream, peer| {
         connection(l.clone(), Box::pin(establish_captured(l.clone(), stream, peer)))
     })
     .await

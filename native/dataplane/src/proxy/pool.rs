@@ -11,6 +11,9 @@
 //! - A connection that received GOAWAY, failed a PING, or whose driver ended is never handed out again.
 //! - A key unused for POOL_UNUSED_RELEASE_TIMEOUT is released: the pool drops its handles and h2 closes the
 //!   connection once its last stream ends.
+//! - Each silo (`crate::silo`) has its own connections: a stream is only ever carried by a connection of the silo
+//!   its connection runs on, so the stream's task and the connection's driver share one thread. A key used from
+//!   two silos has (at least) one connection in each.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -157,6 +160,8 @@ impl KeyEntry {
     }
 }
 
+type Keys = HashMap<PoolKey, Arc<KeyEntry>>;
+
 pub struct Pool {
     cfg: Arc<Config>,
     sockets: Arc<dyn crate::socket::SocketFactory>,
@@ -164,7 +169,8 @@ pub struct Pool {
     metrics: Arc<Metrics>,
     events: Arc<Events>,
     drain: Drain,
-    keys: Mutex<HashMap<PoolKey, Arc<KeyEntry>>>,
+    /// One key table per silo (index 0: callers off the silos).
+    keys: Box<[Mutex<Keys>]>,
     next_id: AtomicU64,
 }
 
@@ -187,14 +193,15 @@ impl Pool {
         events: Arc<Events>,
         drain: Drain,
     ) -> Arc<Pool> {
+        let shards = crate::silo::Silos::shards(cfg.worker_threads);
         Arc::new(Pool {
+            keys: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
             cfg,
             sockets,
             certs,
             metrics,
             events,
             drain,
-            keys: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
         })
     }
@@ -202,13 +209,17 @@ impl Pool {
     /// Release keys idle for longer than the configured timeout. Run periodically by `run_eviction`.
     pub fn evict_idle(&self, now: Instant) -> usize {
         let timeout = Duration::from_millis(self.cfg.pool_unused_release_timeout_ms);
-        let mut keys = self.keys.lock();
-        let before = keys.len();
-        keys.retain(|_, e| match e.idle_since() {
-            Some(t) => now.duration_since(t) < timeout,
-            None => true,
-        });
-        before - keys.len()
+        let mut released = 0;
+        for shard in self.keys.iter() {
+            let mut keys = shard.lock();
+            let before = keys.len();
+            keys.retain(|_, e| match e.idle_since() {
+                Some(t) => now.duration_since(t) < timeout,
+                None => true,
+            });
+            released += before - keys.len();
+        }
+        released
     }
 
     pub async fn run_eviction(self: Arc<Self>) {
@@ -219,7 +230,7 @@ impl Pool {
                 _ = tokio::time::sleep(period) => { self.evict_idle(Instant::now()); }
                 _ = self.drain.graceful.cancelled() => {
                     // Drop every handle: h2 closes each connection once its streams end.
-                    self.keys.lock().clear();
+                    self.keys.iter().for_each(|shard| shard.lock().clear());
                     return;
                 }
             }
@@ -228,12 +239,14 @@ impl Pool {
 
     /// Number of live pooled connections (for tests and the admin API).
     pub fn connection_count(&self) -> usize {
-        let keys = self.keys.lock();
-        keys.values().map(|e| e.conns.lock().iter().filter(|c| c.is_usable()).count()).sum()
+        let count =
+            |keys: &Keys| keys.values().map(|e| e.conns.lock().iter().filter(|c| c.is_usable()).count()).sum::<usize>();
+        self.keys.iter().map(|shard| count(&shard.lock())).sum()
     }
 
+    /// The calling silo's entry for `key`.
     fn entry(&self, key: &PoolKey) -> Arc<KeyEntry> {
-        let mut keys = self.keys.lock();
+        let mut keys = self.keys[crate::silo::current().min(self.keys.len() - 1)].lock();
         keys.entry(key.clone())
             .or_insert_with(|| {
                 Arc::new(KeyEntry {

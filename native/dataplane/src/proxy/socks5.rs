@@ -127,7 +127,8 @@ pub async fn send_reply<S: AsyncWriteExt + Unpin>(s: &mut S, code: u8) -> std::i
 
 pub async fn serve(listener: TcpListener, pi: Arc<ProxyInputs>, src: LocalRef, drain: Drain) {
     let l = Arc::new(outbound::Listener { pi, local: src, force: drain.force.clone() });
-    super::accept_until_drained(listener, &l.pi, &drain, |stream, peer| {
+    let pi = l.pi.clone();
+    super::accept_until_drained(listener, &pi, &drain, move |stream, peer| {
         outbound::connection(l.clone(), Box::pin(establish(l.clone(), stream, peer)))
     })
     .await
