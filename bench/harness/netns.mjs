@@ -13,16 +13,17 @@
 // to the application port to its original-destination listener (Envoy's own upstream goes to 15008: not matched).
 // Either way a packet takes the same path: app → proxy in the client pod → pod veth → node a → node link → node b →
 // pod veth → proxy in the server pod → app. The load client and servers run inside the pods (`exec`), and every
-// certificate comes from the same built-in CA as the loopback topologies'.
+// certificate comes from the same built-in CA as the loopback topologies'. ztunnel-node-captured runs once per Node
+// line (`ztunnel-node-captured@24`), each line with its own pods and its own pair of daemons in the node namespaces.
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { DAEMON_NODE_FLAGS } from '../daemon-flags.mjs';
 import { parsePrometheusText, sumSamples } from '../../dist/cli/prom-text.js';
 import { startCni } from '../../test/helpers/fake-cni.js';
 import { Cluster, isRoot } from '../../test/helpers/netns.js';
 import { makeCa } from '../../test/helpers/pki.js';
 import { clientConfig, envoyCertificates, envoyStats, serverConfig } from './envoy.mjs';
+import { daemonArgv, onLine } from './node-lines.mjs';
 import { poll, waitLine } from './processes.mjs';
 
 export const NETNS_TOPOLOGIES = ['direct-netns', 'ztunnel-node-captured', 'envoy-captured'];
@@ -41,11 +42,11 @@ function getIn(ns, url) {
   return JSON.parse(r.stdout.trim().split('\n').pop());
 }
 
-async function waitReadyIn(ns, what, ms = 30_000) {
+async function waitReadyIn(ns, adminIp, what, ms = 30_000) {
   const deadline = Date.now() + ms;
   let last;
   while (Date.now() < deadline) {
-    last = getIn(ns, 'http://127.0.0.1:15021/healthz/ready');
+    last = getIn(ns, `http://${adminIp}:15021/healthz/ready`);
     if (last.status === 200) return;
     await new Promise((r) => setTimeout(r, 200));
   }
@@ -57,8 +58,8 @@ async function waitReadyIn(ns, what, ms = 30_000) {
  * Without root every netns topology is unavailable, with the reason. The namespaces (and every veth, rule and route
  * in them) are deleted by the function handed to `atStop`, which runs after the children have stopped.
  */
-export async function startNetns({ root, tmp, loadgen, workers, envoy, want, children, atStop, caDir, prefix = 'ztb', block = 77 }) {
-  const wanted = NETNS_TOPOLOGIES.filter(want);
+export async function startNetns({ root, tmp, loadgen, workers, envoy, want, children, atStop, caDir, lines, prefix = 'ztb', block = 77 }) {
+  const wanted = NETNS_TOPOLOGIES.flatMap((b) => (b === 'ztunnel-node-captured' ? lines.map((l) => onLine(b, l.line)) : [b])).filter(want);
   const unavailable = {};
   if (wanted.length === 0) return { topologies: {}, unavailable };
   if (!isRoot()) {
@@ -86,33 +87,44 @@ export async function startNetns({ root, tmp, loadgen, workers, envoy, want, chi
   if (on('direct-netns')) {
     const [ua, ub] = [cluster.addPod('a', 'ua'), cluster.addPod('b', 'ub')];
     await serve(ub);
-    topologies['direct-netns'] = { name: 'direct-netns', target: `${ub.ip}:${APP_PORT}`, socks: null, pids: [], roles: [], exec: inNs(ua.ns) };
+    topologies['direct-netns'] = { name: 'direct-netns', base: 'direct-netns', target: `${ub.ip}:${APP_PORT}`, socks: null, pids: [], roles: [], exec: inNs(ua.ns) };
   }
 
-  if (on('ztunnel-node-captured')) {
-    const [a1, b1] = [cluster.addPod('a', 'a1'), cluster.addPod('b', 'b1')];
-    cluster.capture(a1);
-    cluster.capture(b1);
-    await serve(b1);
-    const cfg = join(tmp, 'netns-workloads.yaml');
-    writeFileSync(cfg, 'workloads:\n' + [a1, b1].map((p) => `- {uid: bench/${p.name}, name: ${p.name}, namespace: default, serviceAccount: ${p.name}, workloadIps: ["${p.ip}"], protocol: HBONE, node: node-${p.node}}\n`).join(''));
+  // ztunnel-node-captured once per Node line: the line's own pods (a<k>, b<k>) and pair of daemons (one per node
+  // namespace, each with its own fake CNI agent; their admin, stats and readiness servers on 127.0.0.<k> there).
+  for (const [slot, line] of lines.entries()) {
+    const name = onLine('ztunnel-node-captured', line.line);
+    if (!want(name)) continue;
+    if (line.unavailable) {
+      unavailable[name] = `Node ${line.line} unavailable: ${line.unavailable}`;
+      continue;
+    }
+    const [pa, pb] = [cluster.addPod('a', `a${slot + 1}`), cluster.addPod('b', `b${slot + 1}`)];
+    cluster.capture(pa);
+    cluster.capture(pb);
+    await serve(pb);
+    const cfg = join(tmp, `netns-workloads-${line.line}.yaml`);
+    writeFileSync(cfg, 'workloads:\n' + [pa, pb].map((p) => `- {uid: bench/${p.name}, name: ${p.name}, namespace: default, serviceAccount: ${p.name}, workloadIps: ["${p.ip}"], protocol: HBONE, node: node-${p.node}}\n`).join(''));
+    const adminIp = `127.0.0.${slot + 1}`;
     const cni = {};
     const daemons = {};
     for (const node of ['a', 'b']) {
       const agents = [];
-      cni[node] = startCni(join(tmp, `cni-${node}.sock`), agents);
-      children.track(agents[0], `fake CNI agent of node ${node}`);
+      const sock = join(tmp, `cni-${node}-${line.line}.sock`);
+      cni[node] = startCni(sock, agents);
+      children.track(agents[0], `fake CNI agent of node ${node} (Node ${line.line})`);
       await cni[node].next((e) => e.event === 'listening', `fake CNI of node ${node} listening`);
       const env = {
         PATH: process.env.PATH, HOME: process.env.HOME ?? '/tmp',
         PROXY_MODE: 'shared', NODE_NAME: `node-${node}`, LOCAL_XDS_PATH: cfg, LOCAL_CA_DIR: caDir,
-        XDS_ADDRESS: '', CA_ADDRESS: '', INPOD_UDS: join(tmp, `cni-${node}.sock`),
+        XDS_ADDRESS: '', CA_ADDRESS: '', INPOD_UDS: sock,
+        ADMIN_ADDR: `${adminIp}:15000`, STATS_ADDR: `${adminIp}:15020`, READINESS_ADDR: `${adminIp}:15021`,
         RUST_LOG: 'warn', ZTUNNEL_WORKER_THREADS: String(workers),
       };
       // `ip netns exec` execs the command: the child's pid is the daemon's.
-      daemons[node] = children.track(cluster.spawn(cluster.nodeNs(node), process.execPath, [...DAEMON_NODE_FLAGS, join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'ignore', 'pipe'] }), `node-${node} (in-pod)`);
+      daemons[node] = children.track(cluster.spawn(cluster.nodeNs(node), ...daemonArgv(root, line), { env, stdio: ['ignore', 'ignore', 'pipe'] }), `node-${node} (in-pod, Node ${line.line})`);
     }
-    for (const [node, pod] of [['a', a1], ['b', b1]]) {
+    for (const [node, pod] of [['a', pa], ['b', pb]]) {
       await cni[node].next((e) => e.event === 'connected', `node-${node} connected to its CNI agent`, 30_000).catch((err) => {
         throw new Error(`${err.message}\n${daemons[node].tail()}`);
       });
@@ -120,17 +132,17 @@ export async function startNetns({ root, tmp, loadgen, workers, envoy, want, chi
       if (ack.error) throw new Error(`node-${node} refused pod ${pod.name}: ${ack.error}`);
       const snap = await cni[node].send({ op: 'snapshot' });
       if (snap.error) throw new Error(`node-${node} refused the snapshot: ${snap.error}`);
-      await waitReadyIn(cluster.nodeNs(node), `node-${node} (in-pod)`);
+      await waitReadyIn(cluster.nodeNs(node), adminIp, `node-${node} (in-pod, Node ${line.line})`);
     }
     const nodeB = cluster.nodeNs('b');
-    topologies['ztunnel-node-captured'] = {
-      name: 'ztunnel-node-captured', target: `${b1.ip}:${APP_PORT}`, socks: null, exec: inNs(a1.ns),
+    topologies[name] = {
+      name, base: 'ztunnel-node-captured', line: line.line, target: `${pb.ip}:${APP_PORT}`, socks: null, exec: inNs(pa.ns),
       pids: [daemons.a.pid, daemons.b.pid], roles: ['node-a (in-pod)', 'node-b (in-pod)'],
-      /** What node-b saw arrive: connections over mTLS from a1's identity, and HBONE connections accepted. */
+      /** What node-b saw arrive: connections over mTLS from the client pod's identity, and HBONE connections accepted. */
       async proof() {
-        const m = parsePrometheusText(getIn(nodeB, 'http://127.0.0.1:15020/metrics').body);
+        const m = parsePrometheusText(getIn(nodeB, `http://${adminIp}:15020/metrics`).body);
         return {
-          tunneled: sumSamples(m, 'istio_tcp_connections_opened_total', { reporter: 'destination', connection_security_policy: 'mutual_tls', source_principal: 'spiffe://cluster.local/ns/default/sa/a1' }),
+          tunneled: sumSamples(m, 'istio_tcp_connections_opened_total', { reporter: 'destination', connection_security_policy: 'mutual_tls', source_principal: `spiffe://cluster.local/ns/default/sa/${pa.name}` }),
           handshakes: sumSamples(m, 'ztunnel_node_hbone_connections_opened_total', { direction: 'inbound' }),
         };
       },
@@ -172,7 +184,7 @@ export async function startNetns({ root, tmp, loadgen, workers, envoy, want, chi
     }
     const base = { client: `unix:${admins.client}`, server: `unix:${admins.server}` };
     topologies['envoy-captured'] = {
-      name: 'envoy-captured', target: `${eb.ip}:${APP_PORT}`, socks: null, exec: inNs(ea.ns),
+      name: 'envoy-captured', base: 'envoy-captured', target: `${eb.ip}:${APP_PORT}`, socks: null, exec: inNs(ea.ns),
       pids, roles: ['envoy-client (in pod ea)', 'envoy-server (in pod eb)'], envoyAdmins: base,
       /** What the server Envoy saw arrive: CONNECT requests, and TLS handshakes. */
       async proof() {

