@@ -47,6 +47,7 @@ WORKDIR /
 # and NET_RAW, and nothing else; the chart sets exactly that, as Istio's ztunnel chart does.
 USER node
 EXPOSE 15008 15020 15021
-# --max-semi-space-size=1: a daemon's young generation (bench/daemon-flags.mjs says why; the benchmarks use the same).
-ENTRYPOINT ["node", "--max-semi-space-size=1", "/opt/ztunnel-node/bin/ztunnel-node.js"]
+# --max-semi-space-size=1: a daemon's young generation; --max-opt=2: no TurboFan (bench/daemon-flags.mjs says why;
+# the benchmarks use the same).
+ENTRYPOINT ["node", "--max-semi-space-size=1", "--max-opt=2", "/opt/ztunnel-node/bin/ztunnel-node.js"]
 CMD ["proxy", "ztunnel"]

@@ -618,7 +618,7 @@ try {
     assert.match(runtime, /^\nFROM node:24[-\w.]*slim/, 'the runtime stage is a slim Node 24 (current LTS) image');
     assert.match(runtime, /apt-get install [^\n]*iptables iproute2/);
     // The benchmarks start the daemon with the same Node flags (bench/daemon-flags.mjs).
-    assert.match(runtime, /^ENTRYPOINT \["node", "--max-semi-space-size=1", "\/opt\/ztunnel-node\/bin\/ztunnel-node\.js"\]$/m);
+    assert.match(runtime, /^ENTRYPOINT \["node", "--max-semi-space-size=1", "--max-opt=2", "\/opt\/ztunnel-node\/bin\/ztunnel-node\.js"\]$/m);
     assert.match(runtime, /^CMD \["proxy", "ztunnel"\]$/m, 'the chart passes the same args as Istio\'s chart');
     // ztunnel's default file locations are relative to /, and the chart mounts them there (checkDaemonSide).
     assert.match(runtime, /^WORKDIR \/$/m);

@@ -1,34 +1,81 @@
-// The Node footprint (bench/results/README.md): a daemon loads what its mode needs. In local mode with the built-in
-// CA there is no istiod to talk to, so gRPC and the generated protobuf code stay unloaded (with XDS_ADDRESS or
-// CA_ADDRESS they load, as the xDS suites show by working). The modules are read as Node resolved them, through
-// module hooks (test/helpers/module-log).
+// The Node footprint (bench/idle-rss.mjs): a daemon loads what its mode needs. In local mode with the built-in CA
+// there is no istiod to talk to, so gRPC and the generated protobuf code stay unloaded (with XDS_ADDRESS or
+// CA_ADDRESS they load, as the xDS suites show by working). The admin's dashboard and policy preview load with their
+// first request (and then work), the other commands' modules (demo, authz) never load in the daemon, a small local
+// config is read without a worker thread, and the admin servers do not pull in undici and http2 (an ESM import of
+// node:http does on Node 22 and later). The modules are read as Node resolved them, through module hooks
+// (test/helpers/module-log), and the builtins from the daemon's process.moduleLoadList as it exits.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { request } from 'node:http';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { makeTempDir, startDaemon, workload } from '../helpers/daemon.js';
-import { BLOCKS, block } from '../helpers/net.js';
+import { BLOCKS, block, httpGet } from '../helpers/net.js';
 
 const net = block(BLOCKS['lazy-modules']);
 const REGISTER = fileURLToPath(new URL('../helpers/module-log/register.mjs', import.meta.url));
+const BUILTINS = fileURLToPath(new URL('../helpers/module-log/builtins.mjs', import.meta.url));
 
-test('a local-mode daemon does not load gRPC or the protobuf code', async (t) => {
+/** Loaded only when used: the admin's lazy pieces and the other commands. */
+const LAZY = ['/dist/admin/dashboard.js', '/dist/admin/dashboard-page.js', '/dist/admin/authz-preview.js', '/dist/cli/demo.js', '/dist/cli/authz.js'];
+
+function post(url, body) {
+  return new Promise((resolve, reject) => {
+    const req = request(url, { method: 'POST', agent: false }, (res) => {
+      let text = '';
+      res.on('data', (c) => (text += c));
+      res.on('end', () => resolve({ status: res.statusCode, body: text }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+test('a local-mode daemon loads only what its mode needs; the lazy admin pieces load and work when asked for', async (t) => {
   const dir = makeTempDir('ztn-lazy-');
   const log = join(dir, 'modules.txt');
+  const builtinLog = join(dir, 'builtins.txt');
   const config = { workloads: [workload({ name: 'a', ip: net.workload(1), node: 'node-a' })] };
   const d = await startDaemon({
     node: 'node-a',
     config,
     caDir: join(dir, 'ca'),
     adminIp: net.admin(1),
-    env: { NODE_OPTIONS: `--import=${REGISTER}`, ZTN_MODULE_LOG: log },
+    env: { NODE_OPTIONS: `--import=${REGISTER} --import=${BUILTINS}`, ZTN_MODULE_LOG: log, ZTN_BUILTIN_LOG: builtinLog },
     cleanup: t,
   });
-  const loaded = readFileSync(log, 'utf8').split('\n').filter(Boolean);
+  const loaded = () => readFileSync(log, 'utf8').split('\n').filter(Boolean);
+  const atReady = loaded();
   // The log is real: the daemon's own modules are in it.
-  assert.ok(loaded.some((u) => u.endsWith('/dist/lifecycle/proxy.js')), 'the daemon module was logged');
-  assert.ok(loaded.some((u) => u.includes('/node_modules/zod/')), 'the config schema (zod) was logged');
-  assert.deepEqual(loaded.filter((u) => u.includes('/@grpc/') || u.includes('/@bufbuild/') || u.includes('/dist/gen/')), []);
+  assert.ok(atReady.some((u) => u.endsWith('/dist/lifecycle/proxy.js')), 'the daemon module was logged');
+  assert.ok(atReady.some((u) => u.includes('/node_modules/zod/')), 'the config schema (zod) was logged');
+  assert.deepEqual(atReady.filter((u) => u.includes('/@grpc/') || u.includes('/@bufbuild/') || u.includes('/dist/gen/')), []);
+  assert.deepEqual(atReady.filter((u) => LAZY.some((m) => u.endsWith(m))), [], 'nothing lazy is loaded at ready');
+  // A one-workload file is read on the main thread.
+  const applied = await d.waitForLog((l) => l.message === 'local config applied');
+  assert.equal(applied.worker, false, 'a small local config is read without a worker thread');
+
+  // The dashboard: loaded by its first request, and serving.
+  const page = await httpGet(`${d.adminUrl}/dashboard`);
+  assert.equal(page.status, 200);
+  assert.match(page.body, /<html/i);
+  assert.ok(loaded().some((u) => u.endsWith('/dist/admin/dashboard.js')), 'the dashboard loaded with its first request');
+
+  // The policy preview: loaded by its first request, and answering (no connections: nothing to close or allow).
+  const candidate = 'name: deny-9\nnamespace: default\nscope: Namespace\naction: Deny\nrules:\n- - - destinationPorts: [9]\n';
+  const preview = await post(`${d.adminUrl}/debug/authz/preview`, candidate);
+  assert.equal(preview.status, 200, preview.body);
+  assert.deepEqual(JSON.parse(preview.body).wouldClose, []);
+  assert.ok(loaded().some((u) => u.endsWith('/dist/admin/authz-preview.js')), 'the preview loaded with its first request');
+  const usage = await httpGet(`${d.adminUrl}/debug/authz/preview`);
+  assert.equal(usage.status, 405);
+  assert.match(usage.body, /usage: POST \/debug\/authz\/preview/);
+
   await d.stop();
+  assert.deepEqual(loaded().filter((u) => u.endsWith('/dist/cli/demo.js') || u.endsWith('/dist/cli/authz.js')), [], 'no other command was loaded');
+  const builtins = readFileSync(builtinLog, 'utf8').split('\n').filter(Boolean);
+  assert.ok(builtins.includes('http'), 'the builtins log is real: node:http is in it');
+  assert.deepEqual(builtins.filter((b) => b.includes('undici') || b.includes('http2')), [], 'no undici, no http2');
 });

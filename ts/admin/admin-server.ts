@@ -1,13 +1,12 @@
 // The admin server (ADMIN_ADDR, default 127.0.0.1:15000; local-only because it can stop the proxy).
 // Routes and answers follow ztunnel's admin API so istioctl and existing runbooks keep working.
-import { createServer, type IncomingMessage, type Server } from 'node:http';
+import type { IncomingMessage, Server } from 'node:http';
 import { isIP } from 'node:net';
 import { formatLogFilter, parseLogFilter } from '../log/filter.js';
 import type { Logs } from '../log/logger.js';
 import type { AuthorizeExplanation, AuthorizeRequest, AuthzPreview, AuthzPreviewRequest } from '../native/types.js';
-import { PREVIEW_HELP, servePreview } from './authz-preview.js';
 import type { Dashboard } from './dashboard.js';
-import { notRunning, pathOf, queryOf, reply, serverOptions } from './http.js';
+import { createHttpServer, notRunning, pathOf, queryOf, reply } from './http.js';
 import { serveCpuProfile, serveHeapProfile, serveHeapProfiling } from './pprof.js';
 
 export interface AdminHandlers {
@@ -63,7 +62,7 @@ function indexHtml(): string {
 }
 
 export function createAdminServer(h: AdminHandlers): Server {
-  const server = createServer(serverOptions(), (req, res) => {
+  const server = createHttpServer((req, res) => {
     const path = pathOf(req);
     switch (path) {
       case '/':
@@ -113,11 +112,20 @@ export function createAdminServer(h: AdminHandlers): Server {
         if (h.dashboard === undefined) return reply(res, 404, 'Not found\n');
         return h.dashboard.serve(req, res, path, notFromAnOperator(req));
       case '/debug/authz/preview': {
-        if (req.method !== 'POST') return reply(res, 405, PREVIEW_HELP);
-        const refused = notFromAnOperator(req);
-        if (refused !== null) return reply(res, 403, refused);
-        if (h.previewAuthz === undefined) return reply(res, 503, 'authorization is not available\n');
-        return servePreview(req, res, h.previewAuthz);
+        // Loaded with its first request: it parses candidates with the local config's schema, which the daemon's
+        // main thread otherwise loads only to read a small local config (config/local-loader.ts).
+        const previewAuthz = h.previewAuthz;
+        import('./authz-preview.js').then(
+          ({ PREVIEW_HELP, servePreview }) => {
+            if (req.method !== 'POST') return reply(res, 405, PREVIEW_HELP);
+            const refused = notFromAnOperator(req);
+            if (refused !== null) return reply(res, 403, refused);
+            if (previewAuthz === undefined) return reply(res, 503, 'authorization is not available\n');
+            servePreview(req, res, previewAuthz);
+          },
+          (err: unknown) => reply(res, 500, `preview failed: ${err instanceof Error ? err.message : String(err)}\n`),
+        );
+        return;
       }
       case '/logging': {
         const refused = req.method === 'POST' ? notFromAnOperator(req) : null;

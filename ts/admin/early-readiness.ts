@@ -3,10 +3,10 @@
 // where ztunnel answers 500 from its start. The command's entry binds the readiness address before that (this module
 // imports only node:http and small helpers), answering "not ready" with the tasks the daemon is about to register;
 // the daemon then takes the listening server over (`takeEarlyReadiness`) and answers from its own readiness.
-import { createServer, type Server, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { Server, IncomingMessage, ServerResponse } from 'node:http';
 import { parseSocketAddress, type SocketAddress } from '../config/address.js';
 import { renderReadiness } from '../lifecycle/readiness.js';
-import { MAX_HTTP_CONNECTIONS, pathOf, reply, serverOptions } from './http.js';
+import { MAX_HTTP_CONNECTIONS, createHttpServer, pathOf, reply } from './http.js';
 
 /** What the daemon registers at start (lifecycle/proxy.ts): pending until it takes over. */
 export const STARTING_TASKS = ['state manager', 'certificates', 'proxy'] as const;
@@ -33,7 +33,7 @@ export function bindEarlyReadiness(env: Readonly<Record<string, string | undefin
   const text = env.READINESS_ADDR ?? (mode === 'local' ? '127.0.0.1:15021' : '0.0.0.0:15021');
   const addr = parseSocketAddress(text);
   if (typeof addr === 'string' || addr.port === 0) return;
-  const server = createServer(serverOptions(), readinessHandler(() => STARTING_TASKS));
+  const server = createHttpServer(readinessHandler(() => STARTING_TASKS));
   server.maxConnections = MAX_HTTP_CONNECTIONS.readiness;
   const bound = new Promise<boolean>((resolve) => {
     server.once('listening', () => resolve(true));

@@ -1,5 +1,5 @@
 // Small helpers shared by the admin, stats and readiness servers (plain node:http; no framework for three routes).
-import type { IncomingMessage, Server, ServerOptions, ServerResponse } from 'node:http';
+import type { IncomingMessage, RequestListener, Server, ServerOptions, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { formatSocketAddress, type SocketAddress } from '../config/address.js';
 import { ZtunnelError } from '../errors.js';
@@ -25,6 +25,17 @@ export function serverOptions(): ServerOptions {
     keepAliveTimeout: HTTP_KEEPALIVE_TIMEOUT_MS,
     connectionsCheckingInterval: HTTP_TIMEOUT_CHECK_MS,
   };
+}
+
+/**
+ * An HTTP server with `serverOptions()`. node:http is taken with process.getBuiltinModule, never an ESM import: from
+ * Node 22 on, importing a builtin from ESM reads every one of its exports, and node:http's lazy `WebSocket`,
+ * `CloseEvent` and `MessageEvent` getters then load undici, and with it http2, tls, zlib and the web streams: 66
+ * more builtin modules for servers that use none of them, 2.6-2.8 MiB of the idle daemon's RSS on Node 22 and 24
+ * (bench/idle-rss.mjs; test/integration/lazy-modules.test.js keeps undici out).
+ */
+export function createHttpServer(handler: RequestListener): Server {
+  return process.getBuiltinModule('node:http').createServer(serverOptions(), handler);
 }
 
 /** Caps `server` at its MAX_HTTP_CONNECTIONS; a connection over the cap is closed at once and reported. */

@@ -1,9 +1,9 @@
 // The readiness server (READINESS_ADDR, default :15021): what the kubelet probes.
-import { createServer, type Server } from 'node:http';
+import type { Server } from 'node:http';
 import type { Readiness } from '../lifecycle/readiness.js';
 import { readinessHandler } from './early-readiness.js';
-import { serverOptions } from './http.js';
+import { createHttpServer } from './http.js';
 
 export function createReadinessServer(readiness: Readiness): Server {
-  return createServer(serverOptions(), readinessHandler(() => readiness.pending()));
+  return createHttpServer(readinessHandler(() => readiness.pending()));
 }

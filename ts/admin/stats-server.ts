@@ -1,10 +1,10 @@
 // The stats server (STATS_ADDR, default :15020): Prometheus scrapes `/metrics` or `/stats/prometheus`.
-import { createServer, type Server } from 'node:http';
+import type { Server } from 'node:http';
 import type { Metrics } from './metrics.js';
-import { pathOf, reply, serverOptions } from './http.js';
+import { createHttpServer, pathOf, reply } from './http.js';
 
 export function createStatsServer(metrics: Metrics): Server {
-  return createServer(serverOptions(), (req, res) => {
+  return createHttpServer((req, res) => {
     const path = pathOf(req);
     if (path !== '/metrics' && path !== '/stats/prometheus') return reply(res, 404, 'not found\n');
     if (req.method !== 'GET' && req.method !== 'HEAD') return reply(res, 405, 'method not allowed\n');

@@ -1,13 +1,13 @@
 // `ztunnel-node`: proxy (the daemon; the default, as in ztunnel), version, demo, help.
 // Exit codes: 0 ok, 1 runtime failure, 2 configuration error (message on stderr).
-import { runAuthz } from './authz.js';
+// Each command loads what it needs: the daemon runs for weeks, and the demo's and `authz`'s modules (child_process,
+// dns, readline, the SOCKS5 and Prometheus text clients) would stay loaded in it for nothing.
 import { CONFIG_KEYS, describeKey, flagFor, loadConfig } from '../config/index.js';
 import { isConfigError } from '../errors.js';
 import { runProxy } from '../lifecycle/proxy.js';
 import { createLogs } from '../log/logger.js';
 import { nativeVersion } from '../native/index.js';
 import { packageVersion } from '../version.js';
-import { DEMO_USAGE, runDemo } from './demo.js';
 
 export const EXIT_OK = 0;
 export const EXIT_FAILURE = 1;
@@ -63,13 +63,15 @@ export async function main(argv: readonly string[], env: Readonly<Record<string,
       }
       return version();
     case 'authz':
-      return runAuthz(args, env);
-    case 'demo':
+      return (await import('./authz.js')).runAuthz(args, env);
+    case 'demo': {
+      const { DEMO_USAGE, runDemo } = await import('./demo.js');
       if (args.some(isHelp)) {
         process.stdout.write(DEMO_USAGE);
         return EXIT_OK;
       }
       return runDemo(args, env);
+    }
     default:
       process.stderr.write(`ztunnel-node: unknown command "${command}"\n\n${USAGE}`);
       return EXIT_CONFIG;

@@ -1,6 +1,7 @@
 // The local config worker thread: reads and validates the local config OFF the main thread. A 50 MiB file (100k
 // workloads) is seconds of parsing; on the main thread those would be seconds in which readiness, metrics and admin do
-// not answer. Started and spoken to by local-loader.ts.
+// not answer. Started and spoken to by local-loader.ts, which runs `prepareLoad` on its own thread instead for a small
+// document (milliseconds of work; a worker would cost the daemon more memory than the document, for good).
 //
 // Two ways to read a document, one result:
 // - **Fast** (native/dataplane/src/state/local.rs, `localPrepare`): the dataplane reads the YAML straight into its
@@ -13,7 +14,7 @@
 //
 // Invariants:
 // - One worker per load (local-loader.ts starts it and it ends when the load is done): the document's text, its
-//   parse and the schema's objects live and die with it.
+//   parse and the schema's objects live and die with it. In-thread, they are garbage once the load has answered.
 // - The whole document is validated before anything is sent: a refused document sends only `invalid`, so the
 //   main thread applies nothing of it.
 // - The dataplane diffs workloads and services itself (it knows which keys the last applied local document put in
@@ -74,59 +75,64 @@ export type FromWorker =
   | { op: 'invalid'; message: string }
   | { op: 'failed'; message: string };
 
+const utf8 = new TextEncoder();
+
+/** The document's workloads and services held by the dataplane, and its policies, read the fast way or the slow. */
+function prepare(text: Buffer, name: string): { ticket: number; workloads: number; services: number; policies: Policy[]; fast: boolean } {
+  const fast = localPrepare(text);
+  if ('ticket' in fast) {
+    try {
+      return { ticket: fast.ticket, workloads: fast.workloads, services: fast.services, policies: parseLocalPolicies(fast.policies, name), fast: true };
+    } catch (err) {
+      localDiscard(fast.ticket);
+      if (!(err instanceof LocalConfigError)) throw err;
+      // Falls through to the slow way, which reports the same problems (and would only differ if the two disagreed).
+    }
+  }
+  const doc = parseLocalConfig(text.toString('utf8'), name);
+  const records = utf8.encode(JSON.stringify({ workloads: doc.workloads.map(toNativeWorkload), services: doc.services.map(toNativeService) }));
+  let ticket: number;
+  try {
+    ticket = localPrepareRecords(records);
+  } catch (err) {
+    // Accepted by the schema, refused by the dataplane's validation: still a problem of the file.
+    if (err instanceof ZtunnelError) throw new LocalConfigError(`${name}: ${err.message}`, { cause: err });
+    throw err;
+  }
+  return { ticket, workloads: doc.workloads.length, services: doc.services.length, policies: doc.policies, fast: false };
+}
+
+/**
+ * One load: the message the worker posts, and the buffers it transfers. Never rejects (a failure is a message). Run
+ * by the worker, or by the loader on its own thread for a small document (local-loader.ts).
+ */
+export async function prepareLoad(data: LocalWorkerData): Promise<{ message: FromWorker; transfer: ArrayBuffer[] }> {
+  try {
+    const read = await readLocalText(data, { reload: data.reload });
+    if (read === null) throw new Error('no local config is configured');
+    const doc = prepare(read.text, read.source);
+    const base: Kept = { ...EMPTY_KEPT, policies: new Map(data.base) };
+    const { change, kept } = diffKept(base, { workloads: [], services: [], policies: doc.policies });
+    const chunks: Uint8Array[] = [];
+    for (const chunk of splitChange(change)) {
+      if ((chunk.policies?.length ?? 0) + (chunk.removedPolicies?.length ?? 0) === 0) continue;
+      chunks.push(utf8.encode(JSON.stringify({ policies: chunk.policies?.map(compilePolicy), removedPolicies: chunk.removedPolicies })));
+    }
+    const policies = utf8.encode(JSON.stringify({ upserts: change.policies ?? [], removed: change.removedPolicies ?? [] }));
+    const counts = { workloads: doc.workloads, services: doc.services, policies: doc.policies.length };
+    const transfer = [...chunks.map((c) => c.buffer as ArrayBuffer), policies.buffer as ArrayBuffer];
+    return { message: { op: 'loaded', source: read.source, ticket: doc.ticket, chunks, counts, policies, kept: [...kept.policies], fast: doc.fast }, transfer };
+  } catch (err) {
+    if (err instanceof LocalConfigError) return { message: { op: 'invalid', message: err.message }, transfer: [] };
+    return { message: { op: 'failed', message: err instanceof Error ? err.message : String(err) }, transfer: [] };
+  }
+}
+
 if (parentPort !== null) {
   const port = parentPort;
-  const data = workerData as LocalWorkerData;
-  const post = (m: FromWorker, transfer: ArrayBuffer[] = []) => port.postMessage(m, transfer);
-  const utf8 = new TextEncoder();
-
-  /** The document's workloads and services held by the dataplane, and its policies, read the fast way or the slow. */
-  function prepare(text: Buffer, name: string): { ticket: number; workloads: number; services: number; policies: Policy[]; fast: boolean } {
-    const fast = localPrepare(text);
-    if ('ticket' in fast) {
-      try {
-        return { ticket: fast.ticket, workloads: fast.workloads, services: fast.services, policies: parseLocalPolicies(fast.policies, name), fast: true };
-      } catch (err) {
-        localDiscard(fast.ticket);
-        if (!(err instanceof LocalConfigError)) throw err;
-        // Falls through to the slow way, which reports the same problems (and would only differ if the two disagreed).
-      }
-    }
-    const doc = parseLocalConfig(text.toString('utf8'), name);
-    const records = utf8.encode(JSON.stringify({ workloads: doc.workloads.map(toNativeWorkload), services: doc.services.map(toNativeService) }));
-    let ticket: number;
-    try {
-      ticket = localPrepareRecords(records);
-    } catch (err) {
-      // Accepted by the schema, refused by the dataplane's validation: still a problem of the file.
-      if (err instanceof ZtunnelError) throw new LocalConfigError(`${name}: ${err.message}`, { cause: err });
-      throw err;
-    }
-    return { ticket, workloads: doc.workloads.length, services: doc.services.length, policies: doc.policies, fast: false };
-  }
-
-  async function load(): Promise<void> {
-    try {
-      const read = await readLocalText(data, { reload: data.reload });
-      if (read === null) throw new Error('no local config is configured');
-      const doc = prepare(read.text, read.source);
-      const base: Kept = { ...EMPTY_KEPT, policies: new Map(data.base) };
-      const { change, kept } = diffKept(base, { workloads: [], services: [], policies: doc.policies });
-      const chunks: Uint8Array[] = [];
-      for (const chunk of splitChange(change)) {
-        if ((chunk.policies?.length ?? 0) + (chunk.removedPolicies?.length ?? 0) === 0) continue;
-        chunks.push(utf8.encode(JSON.stringify({ policies: chunk.policies?.map(compilePolicy), removedPolicies: chunk.removedPolicies })));
-      }
-      const policies = utf8.encode(JSON.stringify({ upserts: change.policies ?? [], removed: change.removedPolicies ?? [] }));
-      const counts = { workloads: doc.workloads, services: doc.services, policies: doc.policies.length };
-      const transfer = [...chunks.map((c) => c.buffer as ArrayBuffer), policies.buffer as ArrayBuffer];
-      post({ op: 'loaded', source: read.source, ticket: doc.ticket, chunks, counts, policies, kept: [...kept.policies], fast: doc.fast }, transfer);
-    } catch (err) {
-      if (err instanceof LocalConfigError) post({ op: 'invalid', message: err.message });
-      else post({ op: 'failed', message: err instanceof Error ? err.message : String(err) });
-    }
-  }
-
-  // load() posts its own failures; this is for a bug past it (the daemon then hears of it instead of waiting).
-  load().catch((err: unknown) => post({ op: 'failed', message: err instanceof Error ? err.message : String(err) }));
+  prepareLoad(workerData as LocalWorkerData).then(
+    ({ message, transfer }) => port.postMessage(message, transfer),
+    // prepareLoad answers its own failures; this is for a bug past it (the daemon then hears of it instead of waiting).
+    (err: unknown) => port.postMessage({ op: 'failed', message: err instanceof Error ? err.message : String(err) } satisfies FromWorker),
+  );
 }

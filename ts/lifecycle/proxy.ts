@@ -29,8 +29,8 @@ import { LocalConfigLoader, type LocalLoad } from '../config/local-loader.js';
 import { followCrls } from '../ca/crl.js';
 import { readResolvConf, type ResolvConf } from '../config/resolv-conf.js';
 import { createAdminServer } from '../admin/admin-server.js';
-import { Dashboard } from '../admin/dashboard.js';
-import { MAX_HTTP_CONNECTIONS, boundAddress, capConnections, closeServer, listen, type ServerName } from '../admin/http.js';
+import type { Dashboard } from '../admin/dashboard.js';
+import { MAX_HTTP_CONNECTIONS, boundAddress, capConnections, closeServer, listen, reply, type ServerName } from '../admin/http.js';
 import { Metrics } from '../admin/metrics.js';
 import { createReadinessServer } from '../admin/readiness-server.js';
 import { readinessHandler, takeEarlyReadiness } from '../admin/early-readiness.js';
@@ -243,20 +243,27 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   let stopEventLevels: () => void = () => undefined;
   const servers: Server[] = [];
   // The admin port's live view: it reads what the daemon has (and the events the pump drains) only while watched.
-  const dashboard = new Dashboard({
-    node: config.nodeName ?? '',
-    mode: config.proxyMode,
-    workloads: () => store.onThisNode,
-    certificates: () => certs?.states() ?? [],
-    metrics: () => dp?.metrics() ?? null,
-    workloadState: () => workloadState(),
-  });
+  // Its module (and the page it serves) loads with the first request for it.
+  let dashboard: Dashboard | null = null;
+  let dashboardLoad: Promise<Dashboard> | null = null;
+  const openDashboard = (): Promise<Dashboard> =>
+    (dashboardLoad ??= import('../admin/dashboard.js').then(
+      ({ Dashboard }) =>
+        (dashboard = new Dashboard({
+          node: config.nodeName ?? '',
+          mode: config.proxyMode,
+          workloads: () => store.onThisNode,
+          certificates: () => certs?.states() ?? [],
+          metrics: () => dp?.metrics() ?? null,
+          workloadState: () => workloadState(),
+        })),
+    ));
   const pump = () => {
     if (dp === null) return;
     try {
       const events = dp.drainEvents();
       for (const ev of events) logNativeEvent(ev, loggers, suppressedLogs);
-      dashboard.observe(events);
+      dashboard?.observe(events);
     } catch (err) {
       log.error({ err: (err as Error).message }, 'reading dataplane events failed');
     }
@@ -478,7 +485,18 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         workloadState: workloadState(),
         };
       },
-      dashboard,
+      dashboard: {
+        serve: (req, res, path, refused) => {
+          openDashboard().then(
+            (d) => {
+              // Its streams are ended by the drain; one that would start after it never would be.
+              if (drain.signal.aborted) return reply(res, 503, 'shutting down\n');
+              d.serve(req, res, path, refused);
+            },
+            (err: unknown) => reply(res, 500, `the dashboard failed to load: ${err instanceof Error ? err.message : String(err)}\n`),
+          );
+        },
+      },
     });
     const stats = createStatsServer(metrics);
     // The entry may have bound the readiness address already (admin/early-readiness.ts): take that server over.
@@ -515,7 +533,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     return loader?.close();
   });
   drain.watch('admin servers', () => {
-    dashboard.close(); // its streams never end on their own
+    dashboard?.close(); // its streams never end on their own
     return Promise.all(servers.map((s) => closeServer(s))).then(() => undefined);
   });
   drain.watch('certificates', () => {
@@ -564,7 +582,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     localWatch?.stop();
     crlWatch?.stop();
     removeSignals();
-    dashboard.close();
+    dashboard?.close();
     await Promise.all(servers.map((s) => closeServer(s, 0)));
     await loader?.close();
     localWorkloads?.stop();
@@ -662,7 +680,10 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
 
     if (local !== null) {
       const applied = await applyLocalLoad(local);
-      log.info({ source: local.source, ...local.counts, fast: local.fast, chunks: applied.chunks, applyMs: applied.applyMs }, 'local config applied');
+      log.info(
+        { source: local.source, ...local.counts, fast: local.fast, worker: local.worker, chunks: applied.chunks, applyMs: applied.applyMs },
+        'local config applied',
+      );
     }
   } catch (err) {
     if (drain.signal.aborted) return handle;
