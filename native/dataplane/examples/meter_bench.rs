@@ -1,5 +1,6 @@
 //! What the buffer budget's accounting costs on the byte path (budget.rs): one HTTP/2 stream over loopback TCP,
-//! an application socket → `copy::tcp_to_h2` → h2 → the reader, with the connection's IO plain and `Metered`, in
+//! an application socket → `copy::tcp_h2_bidirectional` → h2 → the reader (which answers at once with an empty
+//! body, so only the TCP → HTTP/2 direction carries data), with the connection's IO plain and `Metered`, in
 //! alternating rounds (same process, same machine state). No TLS, so the accounting's share is not diluted by
 //! encryption: this is its upper bound. Prints each configuration's median throughput and CPU per GB, and the ratios.
 //! Run: cargo run --release -p ztunnel-dataplane --example meter_bench
@@ -9,7 +10,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use dataplane::budget::{Budget, Metered};
-use dataplane::copy::{tcp_to_h2, Tally};
+use dataplane::copy::{tcp_h2_bidirectional, Tally};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -48,8 +49,9 @@ async fn round(metered: bool) -> (f64, f64) {
             .handshake::<_, Bytes>(h2s)
             .await
             .unwrap();
-        let (req, resp) = conn.accept().await.unwrap().unwrap();
+        let (req, mut resp) = conn.accept().await.unwrap().unwrap();
         tokio::spawn(async move { while conn.accept().await.is_some() {} });
+        resp.send_response(http::Response::new(()), true).unwrap();
         let mut body = req.into_body();
         let mut got = 0usize;
         while let Some(d) = body.data().await {
@@ -57,7 +59,6 @@ async fn round(metered: bool) -> (f64, f64) {
             got += d.len();
             body.flow_control().release_capacity(d.len()).unwrap();
         }
-        drop(resp); // held until the body ends: dropping it unanswered resets the stream
         got
     });
     let conn = budget.connection(peer);
@@ -86,13 +87,13 @@ async fn round(metered: bool) -> (f64, f64) {
         app.shutdown().await.unwrap();
     });
     let (t0, c0) = (Instant::now(), cpu_seconds());
-    let (r, _w) = app_proxy.into_split();
-    let tally = Tally::new(None);
-    let meter = buffers.map(|b| b.stream(u32::from(stream.stream_id())));
-    tcp_to_h2(r, stream, &tally, meter).await.unwrap();
+    let body = response.await.unwrap().into_body();
+    let (tally, back) = (Tally::new(None), Tally::new(None));
+    let (up, down) = tcp_h2_bidirectional(app_proxy, stream, body, &tally, &back, buffers).await.unwrap();
+    assert_eq!((up, down), (BYTES as u64, 0));
     let got = reader.await.unwrap();
     writer.await.unwrap();
-    drop((send, response)); // held until the reader has everything: with no handle left the stream is cancelled
+    drop(send);
     assert_eq!(got, BYTES);
     assert_eq!(budget.used(), 0, "everything written is taken off the count");
     (t0.elapsed().as_secs_f64(), cpu_seconds() - c0)

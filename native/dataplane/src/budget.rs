@@ -372,7 +372,23 @@ impl StreamMeter {
 
     /// Waits while the node is over budget and this stream's connection is one of the heavy holders.
     pub async fn admit(&self) {
-        let (b, c) = (&self.conn.budget, &self.conn);
+        if let Some(wait) = self.held_back() {
+            wait.await
+        }
+    }
+
+    /// None when the stream may read now; else the wait until it may (owning what it needs, so a poll-based loop can
+    /// keep it only while it waits).
+    pub fn held_back(&self) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        if !(self.conn.budget.spent() && self.conn.buffered() >= HEAVY) {
+            return None;
+        }
+        let c = self.conn.clone();
+        Some(async move { Self::wait_relief(&c).await })
+    }
+
+    async fn wait_relief(c: &ConnBuffers) {
+        let b = &c.budget;
         let held_back = || b.spent() && c.buffered() >= HEAVY;
         if !held_back() {
             return;

@@ -12,9 +12,10 @@
 //! - TCP → HTTP/2 counts what it reads against the node's buffer budget until the connection writes it
 //!   (`budget.rs`), and stops reading while the node is over budget and its connection is a heavy holder.
 
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{ready, Context, Poll};
 
 /// Counts one direction's bytes twice: for this connection (the access log) and for its metrics bucket (visible to
 /// scrapes while the connection is still open). Two relaxed adds per chunk.
@@ -85,84 +86,6 @@ where
     }
 }
 
-/// TCP → HTTP/2: read from the socket and send DATA frames, respecting the peer's flow control.
-pub async fn tcp_to_h2(
-    mut r: tokio::net::tcp::OwnedReadHalf,
-    mut send: SendStream<Bytes>,
-    counter: &Tally<'_>,
-    meter: Option<crate::budget::StreamMeter>,
-) -> io::Result<u64> {
-    use futures_util::FutureExt;
-    let mut moved = 0u64;
-    let mut buf = BytesMut::new();
-    loop {
-        // Readiness is polled on the stream itself: `readable()`'s future would add 168 bytes to every
-        // connection's task for as long as it waits.
-        let ready = |cx: &mut std::task::Context<'_>| AsRef::<tokio::net::TcpStream>::as_ref(&r).poll_read_ready(cx);
-        if poll_fn(ready).now_or_never().is_none() {
-            // About to wait for the peer: wait without a buffer (the last one's unused tail is still tied to the
-            // allocation h2 may be holding).
-            buf = BytesMut::new();
-            poll_fn(ready).await?;
-        }
-        if let Some(m) = &meter {
-            m.admit().await;
-        }
-        buf.reserve(buffer_size(moved));
-        let n = r.read_buf(&mut buf).await?;
-        if n == 0 {
-            send.send_data(Bytes::new(), true).map_err(h2_io)?;
-            return Ok(moved);
-        }
-        // Counted before h2 has it: the connection may write it (and take it off) as soon as it is handed over.
-        if let Some(m) = &meter {
-            m.queued(n);
-        }
-        let mut data = buf.split().freeze();
-        while !data.is_empty() {
-            send.reserve_capacity(data.len());
-            let granted = poll_fn(|cx| send.poll_capacity(cx))
-                .await
-                .ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "HTTP/2 stream closed"))?
-                .map_err(h2_io)?;
-            if granted == 0 {
-                continue;
-            }
-            let chunk = data.split_to(granted.min(data.len()));
-            send.send_data(chunk, false).map_err(h2_io)?;
-        }
-        moved += n as u64;
-        counter.add(n as u64);
-    }
-}
-
-/// HTTP/2 → TCP: write DATA frames to the socket, releasing flow-control capacity only once written (so a slow
-/// reader pushes back on the sender). END_STREAM → shutdown(write).
-pub async fn h2_to_tcp<W>(
-    mut recv: RecvStream,
-    mut w: W,
-    counter: &Tally<'_>,
-    meter: Option<crate::budget::RecvMeter>,
-) -> io::Result<u64>
-where
-    W: AsyncWrite + Unpin,
-{
-    let mut moved = 0u64;
-    while let Some(chunk) = recv.data().await {
-        let chunk = chunk.map_err(h2_io)?;
-        let n = chunk.len();
-        w.write_all(&chunk).await?;
-        recv.flow_control().release_capacity(n).map_err(h2_io)?;
-        if let Some(m) = &meter {
-            m.delivered(n);
-        }
-        moved += n as u64;
-        counter.add(n as u64);
-    }
-    w.shutdown().await?;
-    Ok(moved)
-}
-
 pub fn h2_io(e: h2::Error) -> io::Error {
     if e.is_io() {
         e.into_io().unwrap_or_else(|| io::Error::other("HTTP/2 I/O error"))
@@ -173,22 +96,191 @@ pub fn h2_io(e: h2::Error) -> io::Error {
 
 /// Copy both directions between a TCP stream and an HTTP/2 stream until both are done or one fails. `buffers`: the
 /// HTTP/2 connection's share of the buffer budget, when its writer is `Metered` (not for a double-HBONE inner
-/// stream, whose connection is itself carried by a stream).
-/// (A plain function returning the join, not an `async fn`: that would keep its arguments beside the join in every
-/// idle connection's task.)
-pub fn tcp_h2_bidirectional<'a>(
+/// stream, whose connection is itself carried by a stream). Resolves to the bytes moved (TCP → HTTP/2, HTTP/2 → TCP).
+pub fn tcp_h2_bidirectional<'a, 't>(
     tcp: tokio::net::TcpStream,
     send: SendStream<Bytes>,
     recv: RecvStream,
-    to_h2: &'a Tally<'_>,
-    from_h2: &'a Tally<'_>,
+    to_h2: &'a Tally<'t>,
+    from_h2: &'a Tally<'t>,
     buffers: Option<std::sync::Arc<crate::budget::ConnBuffers>>,
-) -> impl Future<Output = io::Result<(u64, u64)>> + 'a {
-    let (r, w) = tcp.into_split();
+) -> H2Relay<'a, 't> {
     // Counted from before any of the stream's data moves either way.
     let meter = buffers.map(|b| b.stream(u32::from(send.stream_id())));
     let receiver = meter.as_ref().map(|m| m.receiver());
-    futures_util::future::try_join(tcp_to_h2(r, send, to_h2, meter), h2_to_tcp(recv, w, from_h2, receiver))
+    H2Relay {
+        tcp,
+        send,
+        recv,
+        to_h2,
+        from_h2,
+        meter,
+        receiver,
+        admit: None,
+        buf: BytesMut::new(),
+        out: Bytes::new(),
+        out_len: 0,
+        up_moved: 0,
+        up_done: false,
+        down: None,
+        down_moved: 0,
+        down_state: Down::Data,
+    }
+}
+
+/// Where the HTTP/2 → TCP direction is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Down {
+    /// Reading DATA (or writing one chunk: `H2Relay::down`).
+    Data,
+    /// END_STREAM seen: shutting down the socket's write side.
+    Shutdown,
+    Done,
+}
+
+/// Both directions of a TCP ⇄ HTTP/2 stream relay as one poll-based state machine: what an idle tunneled connection
+/// holds is these fields (a few hundred bytes), not two async state machines and a split socket's shared half.
+///
+/// TCP → HTTP/2: waits for the socket's readiness without a buffer, reads into one that grows with the bytes moved
+/// (`buffer_size`), hands the data to h2 as `Bytes` (no copy) as the peer's flow control grants capacity, and sends
+/// END_STREAM at EOF; while the node is over its buffer budget and this stream's connection is a heavy holder it
+/// does not read (`StreamMeter::held_back`). HTTP/2 → TCP: writes each DATA chunk to the socket and releases its
+/// flow-control capacity only once written (so a slow reader pushes back on the sender); END_STREAM → shutdown(write).
+/// An error either way ends both.
+pub struct H2Relay<'a, 't> {
+    tcp: tokio::net::TcpStream,
+    send: SendStream<Bytes>,
+    recv: RecvStream,
+    to_h2: &'a Tally<'t>,
+    from_h2: &'a Tally<'t>,
+    meter: Option<crate::budget::StreamMeter>,
+    receiver: Option<crate::budget::RecvMeter>,
+    /// The budget's wait, only while held back.
+    admit: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// TCP → HTTP/2: the read buffer (empty while the socket has nothing to read), the chunk h2 has not taken yet
+    /// and its size when read (counted once all of it is handed over).
+    buf: BytesMut,
+    out: Bytes,
+    out_len: usize,
+    up_moved: u64,
+    up_done: bool,
+    /// HTTP/2 → TCP: the chunk being written (and how much of it is written).
+    down: Option<(Bytes, usize)>,
+    down_moved: u64,
+    down_state: Down,
+}
+
+impl H2Relay<'_, '_> {
+    fn poll_up(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if !self.out.is_empty() {
+                self.send.reserve_capacity(self.out.len());
+                let granted = match self.send.poll_capacity(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(None) => {
+                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "HTTP/2 stream closed")))
+                    }
+                    Poll::Ready(Some(r)) => r.map_err(h2_io)?,
+                };
+                if granted == 0 {
+                    continue;
+                }
+                let chunk = self.out.split_to(granted.min(self.out.len()));
+                self.send.send_data(chunk, false).map_err(h2_io)?;
+                if self.out.is_empty() {
+                    self.up_moved += self.out_len as u64;
+                    self.to_h2.add(self.out_len as u64);
+                }
+                continue;
+            }
+            if self.up_done {
+                return Poll::Ready(Ok(()));
+            }
+            // Readiness is polled on the socket itself; about to wait for the peer, wait without a buffer (the last
+            // one's unused tail is still tied to the allocation h2 may be holding).
+            if self.tcp.poll_read_ready(cx).is_pending() {
+                self.buf = BytesMut::new();
+                return Poll::Pending;
+            }
+            if let Some(m) = &self.meter {
+                if self.admit.is_none() {
+                    self.admit = m.held_back().map(|w| Box::pin(w) as _);
+                }
+                if let Some(wait) = &mut self.admit {
+                    ready!(wait.as_mut().poll(cx));
+                    self.admit = None;
+                }
+            }
+            self.buf.reserve(buffer_size(self.up_moved));
+            let n = match self.tcp.try_read_buf(&mut self.buf) {
+                Ok(n) => n,
+                // Not readable after all: poll_read_ready registers for the next readiness.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            if n == 0 {
+                self.send.send_data(Bytes::new(), true).map_err(h2_io)?;
+                self.up_done = true;
+                self.buf = BytesMut::new();
+                return Poll::Ready(Ok(()));
+            }
+            // Counted before h2 has it: the connection may write it (and take it off) as soon as it is handed over.
+            if let Some(m) = &self.meter {
+                m.queued(n);
+            }
+            self.out = self.buf.split().freeze();
+            self.out_len = n;
+        }
+    }
+
+    fn poll_down(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            match self.down_state {
+                Down::Done => return Poll::Ready(Ok(())),
+                Down::Shutdown => {
+                    ready!(std::pin::Pin::new(&mut self.tcp).poll_shutdown(cx))?;
+                    self.down_state = Down::Done;
+                }
+                Down::Data => {
+                    if let Some((chunk, written)) = &mut self.down {
+                        while *written < chunk.len() {
+                            let n = ready!(std::pin::Pin::new(&mut self.tcp).poll_write(cx, &chunk[*written..]))?;
+                            if n == 0 {
+                                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                            }
+                            *written += n;
+                        }
+                        let n = chunk.len();
+                        self.down = None;
+                        self.recv.flow_control().release_capacity(n).map_err(h2_io)?;
+                        if let Some(m) = &self.receiver {
+                            m.delivered(n);
+                        }
+                        self.down_moved += n as u64;
+                        self.from_h2.add(n as u64);
+                    }
+                    match ready!(self.recv.poll_data(cx)) {
+                        Some(chunk) => self.down = Some((chunk.map_err(h2_io)?, 0)),
+                        None => self.down_state = Down::Shutdown,
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Future for H2Relay<'_, '_> {
+    type Output = io::Result<(u64, u64)>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let me = self.get_mut();
+        let up = me.poll_up(cx)?;
+        let down = me.poll_down(cx)?;
+        if up.is_ready() && down.is_ready() {
+            return Poll::Ready(Ok((me.up_moved, me.down_moved)));
+        }
+        Poll::Pending
+    }
 }
 
 /// Copy both directions between two TCP streams.
@@ -248,6 +340,51 @@ mod tests {
         assert_eq!(r.unwrap(), (5, 13));
         assert_eq!((up, down), (5, 13));
         assert_eq!(shared.load(Ordering::Relaxed), 5);
+    }
+
+    /// app ⇄ relay ⇄ HTTP/2 stream ⇄ server: 2 MiB up (many times the 64 KiB stream window, so flow control paces
+    /// it), the app's half-close arrives as END_STREAM, and the server's reply after it comes back down, ending in
+    /// the app's EOF.
+    #[tokio::test]
+    async fn h2_relay_moves_both_ways_under_flow_control_and_half_closes() {
+        const UP: usize = 2 << 20;
+        let (mut app, proxy) = pair().await;
+        let (h2c, h2s) = pair().await;
+        let server = tokio::spawn(async move {
+            let mut conn = h2::server::handshake(h2s).await.unwrap();
+            let (req, mut respond) = conn.accept().await.unwrap().unwrap();
+            tokio::spawn(async move { while conn.accept().await.is_some() {} });
+            let mut reply = respond.send_response(http::Response::new(()), false).unwrap();
+            let mut body = req.into_body();
+            let (mut got, mut bad) = (0usize, 0usize);
+            while let Some(d) = body.data().await {
+                let d = d.unwrap();
+                bad += d.iter().enumerate().filter(|(i, b)| **b != ((got + i) % 251) as u8).count();
+                got += d.len();
+                body.flow_control().release_capacity(d.len()).unwrap();
+            }
+            reply.send_data(Bytes::from_static(b"still talking"), true).unwrap();
+            (got, bad)
+        });
+        let (mut client, conn) = h2::client::handshake(h2c).await.unwrap();
+        tokio::spawn(conn);
+        let (response, send) = client.send_request(http::Request::post("http://x/").body(()).unwrap(), false).unwrap();
+        let body = response.await.unwrap().into_body();
+        let relay = tokio::spawn(async move {
+            let (up, down) = (Tally::new(None), Tally::new(None));
+            let r = tcp_h2_bidirectional(proxy, send, body, &up, &down, None).await;
+            (r.unwrap(), up.get(), down.get())
+        });
+        let data: Vec<u8> = (0..UP).map(|i| (i % 251) as u8).collect();
+        app.write_all(&data).await.unwrap();
+        app.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        app.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, b"still talking");
+        assert_eq!(server.await.unwrap(), (UP, 0), "every byte arrived, in order");
+        let (moved, up, down) = relay.await.unwrap();
+        assert_eq!(moved, (UP as u64, 13));
+        assert_eq!((up, down), (UP as u64, 13));
     }
 
     #[tokio::test]

@@ -23,7 +23,7 @@ mod factory;
 pub mod netns;
 mod protocol;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 pub mod zds;
 
 use parking_lot::Mutex;

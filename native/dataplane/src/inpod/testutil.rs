@@ -68,7 +68,7 @@ pub(super) fn snapshot() -> Payload {
 }
 
 /// Inputs for a manager whose proxies are fakes: only the events and the connection tracker are used.
-pub(super) fn inputs() -> Arc<ProxyInputs> {
+pub(crate) fn inputs() -> Arc<ProxyInputs> {
     let cfg = Arc::new(Config::default());
     let certs = Arc::new(CertStore::new(crate::tls::provider()));
     let metrics = Arc::new(Metrics::default());

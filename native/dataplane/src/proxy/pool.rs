@@ -84,8 +84,9 @@ pub struct PooledConn {
     max: usize,
     /// The connection's share of the node's buffer budget.
     buffers: Arc<crate::budget::ConnBuffers>,
-    /// Cancelled when the connection has ended.
-    ended: tokio_util::sync::CancellationToken,
+    /// Ends the connection's streams: at once when it was shed or drained, CLOSED_STREAM_GRACE after it ended
+    /// otherwise (`h2::end_streams`).
+    streams_end: tokio_util::sync::CancellationToken,
 }
 
 impl PooledConn {
@@ -118,9 +119,9 @@ impl StreamLease {
         &self.conn.buffers
     }
 
-    /// Cancelled when the leased connection has ended.
-    pub fn ended(&self) -> &tokio_util::sync::CancellationToken {
-        &self.conn.ended
+    /// Cancelled when the leased connection's streams must end (`PooledConn::streams_end`).
+    pub fn streams_end(&self) -> &tokio_util::sync::CancellationToken {
+        &self.conn.streams_end
     }
 }
 
@@ -346,15 +347,15 @@ impl Pool {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let dead = Arc::new(AtomicBool::new(false));
         let ping = conn.ping_pong();
-        let ended = tokio_util::sync::CancellationToken::new();
-        let (metrics, events, force, dst, dead2, shed, ended2) = (
+        let streams_end = tokio_util::sync::CancellationToken::new();
+        let (metrics, events, force, dst, dead2, shed, streams_end2) = (
             self.metrics.clone(),
             self.events.clone(),
             self.drain.force.clone(),
             key.dst,
             dead.clone(),
             buffers.shed.clone(),
-            ended.clone(),
+            streams_end.clone(),
         );
         metrics.tunnels_opened_outbound.fetch_add(1, Ordering::Relaxed);
         metrics.tunnels_active_outbound.fetch_add(1, Ordering::Relaxed);
@@ -372,7 +373,7 @@ impl Pool {
                 _ = shed.cancelled() => Some("shed: the node's buffered stream data is over its budget".to_string()),
             };
             dead2.store(true, Ordering::Release);
-            ended2.cancel();
+            super::h2::end_streams(streams_end2, shed.is_cancelled(), force);
             metrics.tunnels_active_outbound.fetch_sub(1, Ordering::Relaxed);
             if let Some(why) = why {
                 events.log(
@@ -388,7 +389,7 @@ impl Pool {
             dead,
             max: self.cfg.pool_max_streams_per_connection as usize,
             buffers,
-            ended,
+            streams_end,
         }))
     }
 }

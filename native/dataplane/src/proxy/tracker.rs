@@ -80,6 +80,9 @@ type Shard = Mutex<HashMap<u64, Arc<Tracked>>>;
 pub struct Tracker {
     next: AtomicU64,
     shards: [Shard; SHARDS],
+    /// What outbound entries share as their `close`: they are never closed by re-evaluation, and a token of their
+    /// own would be an allocation per connection.
+    never: CancellationToken,
 }
 
 /// A registered connection; unregisters when dropped. `close` fires when a policy change denies it.
@@ -98,17 +101,16 @@ impl Drop for TrackGuard {
 impl Tracker {
     /// Register an inbound connection (authorization is then continuous).
     pub fn register(self: &Arc<Self>, local: LocalRef, conn: rbac::Connection, protocol: &'static str) -> TrackGuard {
-        self.insert(local, Kind::Inbound { conn, protocol })
+        self.insert(local, Kind::Inbound { conn, protocol }, CancellationToken::new())
     }
 
     /// Register an outbound connection: listed in config_dump, never re-evaluated (authorization is inbound only).
     pub fn register_outbound(self: &Arc<Self>, local: LocalRef, info: ConnInfo) -> TrackGuard {
-        self.insert(local, Kind::Outbound(ConnInfo { inbound: false, ..info }))
+        self.insert(local, Kind::Outbound(ConnInfo { inbound: false, ..info }), self.never.clone())
     }
 
-    fn insert(self: &Arc<Self>, local: LocalRef, kind: Kind) -> TrackGuard {
+    fn insert(self: &Arc<Self>, local: LocalRef, kind: Kind, close: CancellationToken) -> TrackGuard {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let close = CancellationToken::new();
         self.shard(id).insert(id, Arc::new(Tracked { local, close: close.clone(), kind }));
         TrackGuard { tracker: self.clone(), id, close }
     }

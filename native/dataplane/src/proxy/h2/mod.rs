@@ -26,8 +26,23 @@ pub async fn keepalive(mut ping: ::h2::PingPong) -> &'static str {
 /// read (and what h2 holds for it) forever.
 pub const CLOSED_STREAM_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Resolves CLOSED_STREAM_GRACE after `closed` is cancelled.
-pub async fn after_close(closed: &tokio_util::sync::CancellationToken) {
-    closed.cancelled().await;
-    tokio::time::sleep(CLOSED_STREAM_GRACE).await;
+/// An HTTP/2 connection has ended: end its streams with `streams_end`, at once when `now` (the connection was shed or
+/// forced), else CLOSED_STREAM_GRACE later (or when `force` fires first). One token per connection, so a stream's task
+/// waits on one thing for all three causes (each wait is a 72-byte future in every idle stream's task).
+pub fn end_streams(
+    streams_end: tokio_util::sync::CancellationToken,
+    now: bool,
+    force: tokio_util::sync::CancellationToken,
+) {
+    if now || force.is_cancelled() {
+        streams_end.cancel();
+        return;
+    }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::time::sleep(CLOSED_STREAM_GRACE) => {}
+            _ = force.cancelled() => {}
+        }
+        streams_end.cancel();
+    });
 }
