@@ -2,9 +2,10 @@
 // there is no istiod to talk to, so gRPC and the generated protobuf code stay unloaded (with XDS_ADDRESS or
 // CA_ADDRESS they load, as the xDS suites show by working). The admin's dashboard and policy preview load with their
 // first request (and then work), the other commands' modules (demo, authz) never load in the daemon, a small local
-// config is read without a worker thread, and the admin servers do not pull in undici and http2 (an ESM import of
-// node:http does on Node 22 and later). The modules are read as Node resolved them, through module hooks
-// (test/helpers/module-log), and the builtins from the daemon's process.moduleLoadList as it exits.
+// config is read without a worker thread, the admin servers do not pull in undici and http2 (an ESM import of
+// node:http does on Node 22 and later), and the metrics do not pull in https, tls and zlib (prom-client's index does).
+// The modules are read as Node resolved them, through module hooks (test/helpers/module-log), and the builtins from
+// the daemon's process.moduleLoadList as it exits.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
@@ -78,4 +79,6 @@ test('a local-mode daemon loads only what its mode needs; the lazy admin pieces 
   const builtins = readFileSync(builtinLog, 'utf8').split('\n').filter(Boolean);
   assert.ok(builtins.includes('http'), 'the builtins log is real: node:http is in it');
   assert.deepEqual(builtins.filter((b) => b.includes('undici') || b.includes('http2')), [], 'no undici, no http2');
+  // prom-client is taken by its parts (admin/metrics.ts): its Pushgateway's https, tls and zlib stay unloaded.
+  assert.deepEqual(builtins.filter((b) => ['https', 'tls', 'zlib'].includes(b)), [], 'no https, tls or zlib');
 });
