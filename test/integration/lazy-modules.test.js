@@ -13,7 +13,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { makeTempDir, startDaemon, workload } from '../helpers/daemon.js';
-import { BLOCKS, block, httpGet } from '../helpers/net.js';
+import { BLOCKS, block, httpGet, waitFor } from '../helpers/net.js';
 
 const net = block(BLOCKS['lazy-modules']);
 const REGISTER = fileURLToPath(new URL('../helpers/module-log/register.mjs', import.meta.url));
@@ -81,4 +81,27 @@ test('a local-mode daemon loads only what its mode needs; the lazy admin pieces 
   assert.deepEqual(builtins.filter((b) => b.includes('undici') || b.includes('http2')), [], 'no undici, no http2');
   // prom-client is taken by its parts (admin/metrics.ts): its Pushgateway's https, tls and zlib stay unloaded.
   assert.deepEqual(builtins.filter((b) => ['https', 'tls', 'zlib'].includes(b)), [], 'no https, tls or zlib');
+});
+
+/** RssFile of a process (kB in /proc/PID/status), in MiB. */
+function rssFileMiB(pid) {
+  const m = /^RssFile:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  assert.ok(m, 'RssFile in /proc/PID/status');
+  return Number(m[1]) / 1024;
+}
+
+test('a moment after ready, the code pages startup ran once leave the RSS; the daemon runs on (footprint.rs)', async (t) => {
+  const dir = makeTempDir('ztn-cold-');
+  const config = { workloads: [workload({ name: 'a', ip: net.workload(2), node: 'node-a' })] };
+  const d = await startDaemon({ node: 'node-a', config, caDir: join(dir, 'ca'), adminIp: net.admin(2), cleanup: t });
+  const atReady = rssFileMiB(d.child.pid);
+  // Node's binary and the native module alone keep well over 30 MiB of code resident at ready.
+  assert.ok(atReady > 30, `RssFile at ready ${atReady.toFixed(1)} MiB`);
+  let now = atReady;
+  await waitFor(() => (now = rssFileMiB(d.child.pid)) < atReady - 10, { timeoutMs: 15_000, message: `file-backed RSS ${atReady.toFixed(1)} MiB at ready, ${now.toFixed(1)} since` });
+  // What still runs faults back in: readiness, a scrape, a config dump.
+  assert.equal((await httpGet(d.readinessUrl)).status, 200);
+  assert.match((await httpGet(`${d.statsUrl}/metrics`)).body, /istio_build/);
+  assert.equal((await httpGet(`${d.adminUrl}/config_dump`)).status, 200);
+  await d.stop();
 });

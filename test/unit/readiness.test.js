@@ -28,6 +28,21 @@ test('a task name stays pending until every registration of it is done; done() i
   assert.equal(r.isReady(), true);
 });
 
+test('whenReady resolves once the last pending task is done (at once when nothing is pending)', async () => {
+  const r = new Readiness();
+  await r.whenReady();
+  const a = r.register('a');
+  const b = r.register('b');
+  let ready = false;
+  const waiting = r.whenReady().then(() => (ready = true));
+  a.done();
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(ready, false, 'b is still pending');
+  b.done();
+  await waiting;
+  assert.equal(ready, true);
+});
+
 test('the readiness server answers GET /healthz/ready; other methods 405; other paths 404', async (t) => {
   const r = new Readiness();
   const task = r.register('proxy');

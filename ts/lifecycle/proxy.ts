@@ -40,7 +40,7 @@ import { CertificateManager } from '../ca/manager.js';
 import { ConfigError, LocalConfigError, ZtunnelError } from '../errors.js';
 import type { Logs } from '../log/logger.js';
 import type { Logger } from 'pino';
-import { Dataplane, nativeVersion } from '../native/index.js';
+import { Dataplane, nativeVersion, releaseColdCode } from '../native/index.js';
 import type { AppliedOut, DataplaneConfig, InPodWorkload, NativeVersion } from '../native/types.js';
 import { StateStore, type AppliedChange, type StateChange } from '../state/store.js';
 import type { XdsClient } from '../xds/client.js';
@@ -209,6 +209,9 @@ class DropCounter {
   }
 }
 
+/** How long after readiness the code pages startup ran once are released. */
+export const COLD_CODE_RELEASE_MS = 3_000;
+
 export async function runProxy(config: Config, logs: Logs, options: ProxyOptions = {}): Promise<ProxyHandle> {
   const deps: ProxyDeps = { ...NATIVE_DEPS, ...options.deps };
   const log = logs.root;
@@ -233,6 +236,18 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const certTask = readiness.register('certificates');
   const proxyTask = readiness.register('proxy');
   const drain = new Drain(config.terminationDeadlineMs, log);
+  // Ready, and a moment on: the code pages startup ran once (Node's bootstrap and loader, V8's compilers, the config's
+  // validation) leave the RSS; what runs again faults back in from the page cache (native footprint.rs).
+  readiness.whenReady().then(() => {
+    setTimeout(() => {
+      try {
+        const r = releaseColdCode();
+        log.debug({ mappings: r.mappings, skipped: r.skipped, releasedMiB: Math.round(r.residentBytes / 2 ** 17) / 8 }, 'cold code pages released');
+      } catch (err) {
+        log.debug({ err: (err as Error).message }, 'releasing cold code pages failed');
+      }
+    }, COLD_CODE_RELEASE_MS).unref();
+  }, () => undefined);
   const store = new StateStore(config.nodeName);
   const xdsMetrics = new XdsMetrics();
   const loggers = { access: logs.forTarget('access'), dataplane: logs.forTarget('dataplane'), dns: logs.forTarget('dns') };

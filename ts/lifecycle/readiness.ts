@@ -10,6 +10,7 @@ export interface PendingTask {
 export class Readiness {
   // A name may be registered more than once (e.g. one task per identity); it stays pending until all are done.
   private readonly pendingCounts = new Map<string, number>();
+  private readonly waiters: (() => void)[] = [];
 
   register(name: string): PendingTask {
     this.pendingCounts.set(name, (this.pendingCounts.get(name) ?? 0) + 1);
@@ -22,6 +23,7 @@ export class Readiness {
         const left = (this.pendingCounts.get(name) ?? 1) - 1;
         if (left <= 0) this.pendingCounts.delete(name);
         else this.pendingCounts.set(name, left);
+        if (this.pendingCounts.size === 0) for (const wake of this.waiters.splice(0)) wake();
       },
     };
   }
@@ -33,6 +35,12 @@ export class Readiness {
 
   isReady(): boolean {
     return this.pendingCounts.size === 0;
+  }
+
+  /** Resolves once nothing is pending (at once if nothing is). */
+  whenReady(): Promise<void> {
+    if (this.isReady()) return Promise.resolve();
+    return new Promise((resolve) => this.waiters.push(resolve));
   }
 }
 

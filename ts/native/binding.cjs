@@ -841,6 +841,7 @@ module.exports.decodeAddress = nativeBinding.decodeAddress
 module.exports.localDiscard = nativeBinding.localDiscard
 module.exports.localPrepare = nativeBinding.localPrepare
 module.exports.localPrepareRecords = nativeBinding.localPrepareRecords
+module.exports.releaseColdCode = nativeBinding.releaseColdCode
 module.exports.releaseFreeHeap = nativeBinding.releaseFreeHeap
 module.exports.version = nativeBinding.version
 module.exports.yamlToJson = nativeBinding.yamlToJson

@@ -136,6 +136,12 @@ export declare function localPrepare(text: Uint8Array): string
 export declare function localPrepareRecords(json: Uint8Array): number
 
 /**
+ * Releases the resident pages of the process's executable file mappings that hold only the file's bytes (native
+ * footprint.rs): what startup ran once leaves the RSS, what runs again faults back in. JSON `ColdCodeReleased`.
+ */
+export declare function releaseColdCode(): string
+
+/**
  * Gives the allocator's free heap back to the kernel (malloc_trim). The control side calls it after collecting the
  * garbage of a large batch: the batch's answer, its JSON and the JS buffers are freed only after the dataplane has
  * returned, so the trim the dataplane does at the end of a batch cannot reach them (33 MiB resident at 100k).

@@ -22,6 +22,7 @@ import type {
   Service,
   Workload,
   AuthorizeRequest,
+  ColdCodeReleased,
   DataplaneConfig,
   InstalledCertificate,
   BoundListeners,
@@ -178,6 +179,14 @@ export function localDiscard(ticket: number): void {
 /** Returns the process's free malloc heap to the kernel (after a large batch's garbage is collected). */
 export function releaseFreeHeap(): void {
   call(() => load().releaseFreeHeap());
+}
+
+/**
+ * Releases the resident pages of the executables' code (Node's binary, this module, the libraries) that hold only
+ * their file's bytes: what startup ran once leaves the RSS, what runs again faults back in (native footprint.rs).
+ */
+export function releaseColdCode(): ColdCodeReleased {
+  return JSON.parse(call(() => load().releaseColdCode())) as ColdCodeReleased;
 }
 
 /** Up to this many resources, an Address response is applied on the JS thread (well under a millisecond each). */

@@ -5,6 +5,7 @@
 // The dataplane's configuration: generated from the Rust types (native/dataplane/src/config.rs, ts-rs, written by
 // `cargo test`; CI fails when the committed files differ). Every field is required: the daemon sends them all, so
 // the defaults that apply are ts/config/defaults.ts's (Rust's `Default` serves its own tests and examples).
+export type { ColdCodeReleased } from './generated/ColdCodeReleased.js';
 export type { DataplaneConfig } from './generated/DataplaneConfig.js';
 export type { DnsConfig } from './generated/DnsConfig.js';
 export type { Http2Config } from './generated/Http2Config.js';

@@ -362,6 +362,14 @@ pub fn release_free_heap() {
     dataplane::alloc::release_free_heap();
 }
 
+/// Releases the resident pages of the process's executable file mappings that hold only the file's bytes (native
+/// footprint.rs): what startup ran once leaves the RSS, what runs again faults back in. JSON `ColdCodeReleased`.
+#[napi]
+pub fn release_cold_code() -> Result<String> {
+    let released = dataplane::footprint::release_cold_code().map_err(err)?;
+    serde_json::to_string(&released).map_err(err)
+}
+
 /// JSON `{ version, cryptoProvider, buildProfile }` of the native build.
 #[napi]
 pub fn version() -> String {

@@ -12,6 +12,7 @@ pub mod copy;
 pub mod dns;
 pub mod drain;
 pub mod events;
+pub mod footprint;
 pub mod heap_profile;
 pub mod identity;
 pub mod inpod;

@@ -7,8 +7,8 @@
 //! opening) is then a local queue push, never a cross-thread wake of another worker (a futex, a context switch), which
 //! is what a multi-threaded runtime paid per request on each node. Envoy's workers are silos in the same sense.
 //!
-//! Every listener is served by every silo: each silo registers its own duplicate of the listening socket in its own
-//! reactor and accepts from it; the kernel wakes the silos waiting on the socket and the first to call accept() takes
+//! Every listener is served by every silo: each silo registers its own descriptor of the listening socket (the
+//! last silo the original, the others a duplicate: one descriptor per silo) in its own reactor and accepts from it; the kernel wakes the silos waiting on the socket and the first to call accept() takes
 //! the connection (the others find nothing and wait again). A busy silo reaches accept() later, so new connections go
 //! to the idle one. (SO_REUSEPORT groups would spread connections by hash instead, but would need a socket per silo
 //! created in each pod's namespace, and a hash sends connections to a busy silo as readily as to an idle one.)
@@ -106,9 +106,9 @@ impl Silos {
     }
 
     /// Run `make(i)` on every silo i; resolves when all have ended (at once with no silos, running it inline).
-    pub async fn on_each<F, Fut>(&self, make: F)
+    pub async fn on_each<F, Fut>(&self, mut make: F)
     where
-        F: Fn(usize) -> Fut,
+        F: FnMut(usize) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         if self.handles.is_empty() {

@@ -83,14 +83,21 @@ pub async fn accept_until_drained<F, Fut>(
     if pi.silos.handles().is_empty() {
         return accept_loop(listener, metrics, events, drain.clone(), handle).await;
     }
-    let listener = match listener.into_std() {
-        Ok(l) => l,
+    let mut listener = match listener.into_std() {
+        Ok(l) => Some(l),
         Err(e) => return log_listener_error(&events, "leaving the control runtime", &e),
     };
+    // One descriptor per silo: the others get duplicates, the last the original (a listener costs as many
+    // descriptors as there are silos, not one more).
+    let last = pi.silos.handles().len();
     pi.silos
-        .on_each(|_| {
-            let (copy, metrics, events, drain, handle) =
-                (listener.try_clone(), metrics.clone(), events.clone(), drain.clone(), handle.clone());
+        .on_each(|i| {
+            let copy = match (i == last, listener.as_ref()) {
+                (true, _) => listener.take().ok_or_else(|| std::io::Error::other("the listener was handed out")),
+                (false, Some(l)) => l.try_clone(),
+                (false, None) => Err(std::io::Error::other("the listener was handed out")),
+            };
+            let (metrics, events, drain, handle) = (metrics.clone(), events.clone(), drain.clone(), handle.clone());
             async move {
                 // Registers the duplicate with this silo's reactor (it must run on the silo).
                 match copy.and_then(tokio::net::TcpListener::from_std) {
