@@ -92,10 +92,9 @@ pub async fn accept_until_drained<F, Fut>(
     let last = pi.silos.handles().len();
     pi.silos
         .on_each(|i| {
-            let copy = match (i == last, listener.as_ref()) {
-                (true, _) => listener.take().ok_or_else(|| std::io::Error::other("the listener was handed out")),
-                (false, Some(l)) => l.try_clone(),
-                (false, None) => Err(std::io::Error::other("the listener was handed out")),
+            let copy = match listener.as_ref() {
+                Some(l) if i < last => l.try_clone(),
+                _ => listener.take().ok_or_else(|| std::io::Error::other("the listener was handed out")),
             };
             let (metrics, events, drain, handle) = (metrics.clone(), events.clone(), drain.clone(), handle.clone());
             async move {
