@@ -100,6 +100,21 @@ export declare class Dataplane {
   drainEvents(): string
   certificates(): string
   listeners(): string
+  /**
+   * Predecessor: serve hand-overs on the Unix socket at `path` (0600; a stale one is replaced, a served one is
+   * refused unless `replace`: the daemon this one just took over from is leaving). A successor that speaks this version makes the daemon stop accepting and takes what it can.
+   */
+  handoverListen(path: string, replace: boolean): void
+  /**
+   * Predecessor: resolves with the next hand-over this daemon gave (`HandoverReport` JSON), `null` when it does
+   * not listen.
+   */
+  nextHandover(): Promise<string | null>
+  /**
+   * Successor: take the connections of the daemon serving `path` and carry them on (`HandoverReport` JSON;
+   * `found: false` when nobody serves it).
+   */
+  handoverTake(path: string): Promise<string>
   /** Graceful drain. Resolves true if every connection finished before the deadline. */
   drain(deadlineMs: number): Promise<boolean>
   /** Stop and join the runtime. Call after `drain`; the object is unusable afterwards. */

@@ -265,6 +265,32 @@ impl Dataplane {
         serde_json::to_string(&self.inner.listeners()).map_err(err)
     }
 
+    /// Predecessor: serve hand-overs on the Unix socket at `path` (0600; a stale one is replaced, a served one is
+    /// refused unless `replace`: the daemon this one just took over from is leaving). A successor that speaks this version makes the daemon stop accepting and takes what it can.
+    #[napi]
+    pub fn handover_listen(&self, path: String, replace: bool) -> Result<()> {
+        self.inner.handover_listen(&path, replace).map_err(err)
+    }
+
+    /// Predecessor: resolves with the next hand-over this daemon gave (`HandoverReport` JSON), `null` when it does
+    /// not listen.
+    #[napi]
+    pub async fn next_handover(&self) -> Result<Option<String>> {
+        let inner = self.inner.clone();
+        let report = inner.handle().clone().spawn(async move { inner.next_handover().await }).await.map_err(err)?;
+        report.map(|r| serde_json::to_string(&r).map_err(err)).transpose()
+    }
+
+    /// Successor: take the connections of the daemon serving `path` and carry them on (`HandoverReport` JSON;
+    /// `found: false` when nobody serves it).
+    #[napi]
+    pub async fn handover_take(&self, path: String) -> Result<String> {
+        let inner = self.inner.clone();
+        let report =
+            inner.handle().clone().spawn(async move { inner.handover_take(&path).await }).await.map_err(err)?;
+        serde_json::to_string(&report).map_err(err)
+    }
+
     /// Graceful drain. Resolves true if every connection finished before the deadline.
     #[napi]
     pub async fn drain(&self, deadline_ms: u32) -> Result<bool> {

@@ -5,8 +5,10 @@
 //!   on HTTP/2) and the other direction keeps going; an error in either direction ends both.
 //! - Buffers start small and grow with the bytes moved (1 KiB → 16 KiB after 128 KiB → 256 KiB after 10 MiB), so
 //!   idle connections cost little and bulk transfers make few syscalls (ztunnel #1024, #1169).
-//! - TCP → HTTP/2 holds no buffer while its socket has nothing to read: an idle tunneled connection costs no copy
-//!   buffer at all (the buffer is allocated once the socket is readable).
+//! - Neither relay holds a buffer while its socket has nothing to read: an idle connection costs no copy buffer at
+//!   all (the buffer is allocated once the socket is readable).
+//! - Between two polls a relay's whole state is its fields: the TCP ⇄ TCP relay can be paused, handed to a successor
+//!   daemon and resumed there (`TcpRelay::into_parts`/`resume`, `handover`).
 //! - Data read from TCP is handed to h2 as `Bytes` without another copy.
 //! - Every chunk moved is added to the connection's byte counters.
 //! - TCP → HTTP/2 counts what it reads against the node's buffer budget until the connection writes it
@@ -43,7 +45,7 @@ impl<'a> Tally<'a> {
 
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWrite;
 
 const SMALL: usize = 1024;
 const MEDIUM: usize = 16 * 1024 - 64;
@@ -59,30 +61,6 @@ pub fn buffer_size(moved: u64) -> usize {
         MEDIUM
     } else {
         SMALL
-    }
-}
-
-/// Copy one direction between two byte streams; on EOF shut down the writer. Returns the bytes copied.
-pub async fn copy_one_way<R, W>(mut r: R, mut w: W, counter: &Tally<'_>) -> io::Result<u64>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut moved = 0u64;
-    let mut buf = vec![0u8; SMALL];
-    loop {
-        let want = buffer_size(moved);
-        if buf.len() < want {
-            buf.resize(want, 0);
-        }
-        let n = r.read(&mut buf).await?;
-        if n == 0 {
-            w.shutdown().await?;
-            return Ok(moved);
-        }
-        w.write_all(&buf[..n]).await?;
-        moved += n as u64;
-        counter.add(n as u64);
     }
 }
 
@@ -283,21 +261,175 @@ impl Future for H2Relay<'_, '_> {
     }
 }
 
-/// Copy both directions between two TCP streams.
+/// Copy both directions between two TCP streams (a `TcpRelay`, which can be paused and handed to a successor).
 pub fn tcp_bidirectional<'a>(
     a: tokio::net::TcpStream,
     b: tokio::net::TcpStream,
     a_to_b: &'a Tally<'_>,
     b_to_a: &'a Tally<'_>,
-) -> impl Future<Output = io::Result<(u64, u64)>> + 'a {
-    let (ar, aw) = a.into_split();
-    let (br, bw) = b.into_split();
-    futures_util::future::try_join(copy_one_way(ar, bw, a_to_b), copy_one_way(br, aw, b_to_a))
+) -> TcpRelay<'a> {
+    TcpRelay::resume(a, b, [LegState::default(), LegState::default()], [a_to_b, b_to_a])
+}
+
+/// Where one direction of a TCP ⇄ TCP relay is: what it read and has not written yet, how much it moved, and whether
+/// it has seen its source's EOF. This is the whole state of a direction between two polls, which is what makes a
+/// relay exact to pause, hand over (`handover`) and resume: no byte is in flight anywhere else.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LegState {
+    /// Read from the source, not yet written to the destination.
+    pub pending: Vec<u8>,
+    /// Bytes written to the destination so far (in this process and the ones before it).
+    pub moved: u64,
+    pub end: LegEnd,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LegEnd {
+    /// Still reading.
+    #[default]
+    Open,
+    /// The source's EOF was read: what is pending is written, then the destination's write side is shut down.
+    Eof,
+    /// Shut down: this direction is over.
+    Done,
+}
+
+/// One direction: the buffer is `buf[off..len]`, empty (and freed) while the source has nothing to read.
+struct Leg {
+    buf: Vec<u8>,
+    off: usize,
+    len: usize,
+    moved: u64,
+    end: LegEnd,
+}
+
+impl Leg {
+    fn from_state(s: LegState) -> Leg {
+        let len = s.pending.len();
+        Leg { buf: s.pending, off: 0, len, moved: s.moved, end: s.end }
+    }
+
+    fn state(&self) -> LegState {
+        LegState { pending: self.buf[self.off..self.len].to_vec(), moved: self.moved, end: self.end }
+    }
+
+    fn poll(
+        &mut self,
+        from: &tokio::net::TcpStream,
+        to: &mut tokio::net::TcpStream,
+        tally: &Tally<'_>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        use std::pin::Pin;
+        loop {
+            while self.off < self.len {
+                let n = ready!(Pin::new(&mut *to).poll_write(cx, &self.buf[self.off..self.len]))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.off += n;
+                self.moved += n as u64;
+                tally.add(n as u64);
+            }
+            match self.end {
+                LegEnd::Done => return Poll::Ready(Ok(())),
+                LegEnd::Eof => {
+                    ready!(Pin::new(&mut *to).poll_shutdown(cx))?;
+                    self.end = LegEnd::Done;
+                    self.buf = Vec::new();
+                    return Poll::Ready(Ok(()));
+                }
+                LegEnd::Open => {}
+            }
+            // Idle: wait for the source without holding a buffer.
+            if from.poll_read_ready(cx).is_pending() {
+                self.buf = Vec::new();
+                (self.off, self.len) = (0, 0);
+                return Poll::Pending;
+            }
+            let want = buffer_size(self.moved);
+            if self.buf.len() < want {
+                self.buf.resize(want, 0);
+            }
+            match from.try_read(&mut self.buf) {
+                Ok(0) => self.end = LegEnd::Eof,
+                Ok(n) => (self.off, self.len) = (0, n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+/// Both directions of a TCP ⇄ TCP relay as one poll-based state machine: reads grow their buffer with the bytes moved
+/// (`buffer_size`), an EOF becomes shutdown(write) on the other socket once what was read is written, the other
+/// direction keeps going, and an error either way ends both. Resolves to the bytes moved (a → b, b → a).
+///
+/// Between two polls its state is exactly its fields, so `into_parts` (pause) and `resume` (on a successor) lose,
+/// duplicate and reorder nothing.
+pub struct TcpRelay<'a> {
+    a: tokio::net::TcpStream,
+    b: tokio::net::TcpStream,
+    ab: Leg,
+    ba: Leg,
+    tallies: [&'a Tally<'a>; 2],
+}
+
+impl<'a> TcpRelay<'a> {
+    /// A relay that carries on from `legs` (a → b, b → a): pending bytes are written first.
+    pub fn resume(
+        a: tokio::net::TcpStream,
+        b: tokio::net::TcpStream,
+        legs: [LegState; 2],
+        tallies: [&'a Tally<'_>; 2],
+    ) -> TcpRelay<'a> {
+        let [ab, ba] = legs;
+        // Tally's lifetime parameter only names what its shared counter borrows; shortening it is sound.
+        let tallies: [&'a Tally<'a>; 2] = tallies;
+        TcpRelay { a, b, ab: Leg::from_state(ab), ba: Leg::from_state(ba), tallies }
+    }
+
+    /// The sockets and each direction's state (a → b, b → a), to resume here or elsewhere.
+    pub fn into_parts(self) -> (tokio::net::TcpStream, tokio::net::TcpStream, [LegState; 2]) {
+        let legs = [self.ab.state(), self.ba.state()];
+        (self.a, self.b, legs)
+    }
+
+    /// The sockets, borrowed (their descriptors go to a successor while the relay is paused).
+    pub fn sockets(&self) -> [&tokio::net::TcpStream; 2] {
+        [&self.a, &self.b]
+    }
+
+    /// Each direction's state now (a → b, b → a), the relay left as it is.
+    pub fn legs(&self) -> [LegState; 2] {
+        [self.ab.state(), self.ba.state()]
+    }
+
+    /// The bytes written so far each way (a → b, b → a), in this process and the ones before it.
+    pub fn moved(&self) -> (u64, u64) {
+        (self.ab.moved, self.ba.moved)
+    }
+}
+
+impl Future for TcpRelay<'_> {
+    type Output = io::Result<(u64, u64)>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let me = self.get_mut();
+        let ab = me.ab.poll(&me.a, &mut me.b, me.tallies[0], cx)?;
+        let ba = me.ba.poll(&me.b, &mut me.a, me.tallies[1], cx)?;
+        if ab.is_ready() && ba.is_ready() {
+            return Poll::Ready(Ok((me.ab.moved, me.ba.moved)));
+        }
+        Poll::Pending
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
     #[test]

@@ -13,6 +13,7 @@ pub mod dns;
 pub mod drain;
 pub mod events;
 pub mod footprint;
+pub mod handover;
 pub mod heap_profile;
 pub mod identity;
 pub mod inpod;
@@ -231,6 +232,10 @@ pub struct Dataplane {
     local: Mutex<HashMap<String, LocalWorkload>>,
     inpod: Mutex<Option<Arc<inpod::WorkloadManager>>>,
     reevaluator: Arc<proxy::reevaluation::Reevaluator>,
+    /// Connections a predecessor handed over whose workload has no drain of its own here (`handover_take`).
+    adopted: Drain,
+    /// What each hand-over this daemon gave ended as (`handover_listen`, read by `next_handover`).
+    handovers: tokio::sync::Mutex<Option<tokio::sync::mpsc::Receiver<handover::HandoverReport>>>,
 }
 
 impl Dataplane {
@@ -266,6 +271,7 @@ impl Dataplane {
             sockets: Arc::new(socket::DefaultSockets),
             preserve_source: false,
             silos,
+            handover: Arc::default(),
         });
         let reevaluator = Arc::new(proxy::reevaluation::Reevaluator::default());
         handle.spawn(reevaluator.clone().run(pi.clone(), drain.force.clone()));
@@ -273,10 +279,12 @@ impl Dataplane {
             rt: Mutex::new(Some(rt)),
             handle,
             pi,
-            drain,
             local: Mutex::new(HashMap::new()),
             inpod: Mutex::new(None),
             reevaluator,
+            adopted: drain.child(),
+            handovers: tokio::sync::Mutex::new(None),
+            drain,
         })
     }
 
@@ -530,7 +538,7 @@ impl Dataplane {
             let started = dns::Server::new(self.pi.clone(), LocalRef::Uid(uid.clone()), sockets.clone(), false)
                 .and_then(|s| {
                     let _rt = self.handle.enter();
-                    s.start(&*sockets, &[addr], socket::ListenOptions::default(), &drain)
+                    s.start(&*sockets, &[addr], socket::ListenOptions { reuse_port: true, transparent: false }, &drain)
                 });
             match started {
                 Ok(b) => bound.dns_addr = b.first().copied(),
@@ -699,9 +707,96 @@ impl Dataplane {
         serde_json::to_string(&certs).unwrap_or_else(|_| "[]".into())
     }
 
+    /// Predecessor: serve hand-overs on the Unix socket `path` (`handover`); `replace` takes the name from a daemon
+    /// that is leaving (see `handover::listen`). Each successor that connects gets one
+    /// exchange on a blocking thread; the daemon stops accepting (its graceful drain) as soon as the successor
+    /// speaks its version. What each ended as is read with `next_handover`.
+    pub fn handover_listen(&self, path: &str, replace: bool) -> Result<(), DataplaneError> {
+        let bad = |e: std::io::Error| DataplaneError::Spec(format!("HANDOVER_SOCKET {path}: {e}"));
+        let std_listener = handover::listen(std::path::Path::new(path), replace).map_err(bad)?;
+        std_listener.set_nonblocking(true).map_err(bad)?;
+        let listener = {
+            let _rt = self.handle.enter();
+            tokio::net::UnixListener::from_std(std_listener).map_err(bad)?
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        if let Ok(mut slot) = self.handovers.try_lock() {
+            *slot = Some(rx);
+        }
+        let (hub, drain, events) = (self.pi.handover.clone(), self.drain.clone(), self.pi.events.clone());
+        let node = self.pi.cfg.node_name.clone();
+        self.handle.spawn(async move {
+            loop {
+                let sock = match listener.accept().await {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        let f = fields! {"error" => e.to_string()};
+                        events.log(events::Level::Warn, "hand-over socket accept failed", f);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let sock = match sock.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s)) {
+                    Ok(s) => s,
+                    Err(_) => continue,
+                };
+                let (hub, drain, node) = (hub.clone(), drain.clone(), node.clone());
+                let give = tokio::task::spawn_blocking(move || hub.give(sock, &node, || drain.graceful.cancel()));
+                if let Ok(report) = give.await {
+                    if tx.send(report).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Predecessor: how the next hand-over this daemon gave ended (`None` when not listening).
+    pub async fn next_handover(&self) -> Option<handover::HandoverReport> {
+        let mut slot = self.handovers.lock().await;
+        slot.as_mut()?.recv().await
+    }
+
+    /// Successor: take every connection the daemon serving `path` hands over, and carry each on from where it
+    /// stopped, spread over the silos. Call once this daemon serves the same workloads (its listeners bound), before
+    /// it reports ready. Nobody on `path` is not an error (`found: false`).
+    pub async fn handover_take(&self, path: &str) -> handover::HandoverReport {
+        let (p, node) = (std::path::PathBuf::from(path), self.pi.cfg.node_name.clone());
+        let (report, received) = match tokio::task::spawn_blocking(move || handover::take(&p, &node)).await {
+            Ok(r) => r,
+            Err(e) => {
+                let report =
+                    handover::HandoverReport { role: "take".into(), error: Some(e.to_string()), ..Default::default() };
+                return report;
+            }
+        };
+        let handles = self.pi.silos.handles().to_vec();
+        for (i, r) in received.into_iter().enumerate() {
+            let drain = match &r.meta.local {
+                handover::LocalJson::Uid { uid } => self.local.lock().get(uid).map(|w| w.drain.clone()),
+                handover::LocalJson::Pod { .. } => None,
+            }
+            .unwrap_or_else(|| self.adopted.clone());
+            let task = handover::carry::resume(self.pi.clone(), drain.force.clone(), r);
+            match handles.get(i % handles.len().max(1)) {
+                // The sockets register with the reactor of the silo the task runs on.
+                Some(h) => {
+                    let _rt = h.enter();
+                    drain.tasks.spawn(task);
+                }
+                None => {
+                    drain.tasks.spawn(task);
+                }
+            }
+        }
+        report
+    }
+
     /// Graceful drain of everything: listeners stop, HBONE servers send GOAWAY, connections get until the deadline.
     pub async fn drain(&self, deadline: Duration) -> bool {
-        let locals: Vec<Drain> = self.local.lock().values().map(|w| w.drain.clone()).collect();
+        let mut locals: Vec<Drain> = self.local.lock().values().map(|w| w.drain.clone()).collect();
+        locals.push(self.adopted.clone());
         let inpod = self.inpod.lock().clone();
         self.drain.graceful.cancel();
         let pods = async {

@@ -21,7 +21,7 @@ pub enum Reporter {
 }
 
 /// Istio's `CommonTrafficLabels`, in order. Empty strings render as "unknown" on the TS side.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, serde::Deserialize, Default)]
 #[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub struct TrafficLabels {
     pub reporter: String,
@@ -408,6 +408,15 @@ impl Metrics {
         ConnectionGuard { metrics: self.clone(), labels, counters, failure: None, reporter_dest }
     }
 
+    /// A connection another process opened and handed over: live here, not counted opened again (summed over both
+    /// processes, opened and closed still pair up).
+    pub fn adopt(self: &Arc<Self>, labels: TrafficLabels) -> ConnectionGuard {
+        let reporter_dest = labels.reporter == "destination";
+        let (labels, counters) = self.bucket(labels);
+        self.sockets(reporter_dest).fetch_add(1, Ordering::Relaxed);
+        ConnectionGuard { metrics: self.clone(), labels, counters, failure: None, reporter_dest }
+    }
+
     fn sockets(&self, destination: bool) -> &AtomicI64 {
         if destination {
             &self.sockets_open_destination
@@ -521,6 +530,10 @@ pub struct ConnectionGuard {
 }
 
 impl ConnectionGuard {
+    pub fn labels(&self) -> &TrafficLabels {
+        &self.labels
+    }
+
     /// Mark the connection failed with an Istio response flag (`CONNECT`, `DENY`, `TLS_FAILURE`, ...).
     pub fn fail(&mut self, flag: &'static str) {
         self.failure = Some(flag);

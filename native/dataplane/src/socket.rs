@@ -75,8 +75,10 @@ pub fn bind_udp(f: &dyn SocketFactory, addr: SocketAddr, opts: ListenOptions) ->
     tokio::net::UdpSocket::from_std(sock.into())
 }
 
+/// A local-mode workload's listener: SO_REUSEPORT, so a successor daemon of the same node binds beside this one and
+/// takes its connections over (`handover`), as in-pod listeners do.
 pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
-    listen_with(&DefaultSockets, addr, ListenOptions::default())
+    listen_with(&DefaultSockets, addr, ListenOptions { reuse_port: true, transparent: false })
 }
 
 /// Best effort: IP_TRANSPARENT needs CAP_NET_ADMIN. Returns whether it took.

@@ -86,6 +86,7 @@ impl InPodProxies {
             sockets: sockets.clone(),
             preserve_source: transparent,
             silos: base.silos.clone(),
+            handover: base.handover.clone(),
         });
         let local = LocalRef::Pod {
             namespace: Arc::from(info.namespace.as_str()),

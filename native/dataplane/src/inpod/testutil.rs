@@ -86,6 +86,7 @@ pub(crate) fn inputs() -> Arc<ProxyInputs> {
         sockets: Arc::new(crate::socket::DefaultSockets),
         preserve_source: false,
         silos: crate::silo::Silos::inline(),
+        handover: Arc::default(),
     })
 }
 

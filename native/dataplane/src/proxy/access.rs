@@ -56,12 +56,34 @@ impl ConnectionResult {
         self.guard.fail(flag);
     }
 
+    /// A connection handed over by a predecessor (`handover`): counted open here (the predecessor counted it
+    /// opened), closed and failed as any other; `age` is how long ago the predecessor accepted it.
+    pub fn adopt(pi: &ProxyInputs, labels: TrafficLabels, age: std::time::Duration) -> ConnectionResult {
+        let now = Instant::now();
+        ConnectionResult { guard: pi.metrics.adopt(labels), started: now.checked_sub(age).unwrap_or(now) }
+    }
+
     /// The connection ended: `error`, with its response flag (`CONNECT`, `DENY`), marks it failed; the record says
     /// the bytes each way from this side's view (sent = toward the client).
     pub fn finish(
-        mut self,
+        self,
         pi: &ProxyInputs,
         record: &AccessRecord<'_>,
+        sent: u64,
+        received: u64,
+        error: Option<(&'static str, String)>,
+    ) {
+        let level = if error.is_some() { Level::Error } else { Level::Info };
+        let fields = if pi.events.enabled("access", level) { record_fields(record) } else { Default::default() };
+        self.finish_with(pi, fields, sent, received, error)
+    }
+
+    /// `finish` with the record's identity fields already rendered (a connection a predecessor handed over, whose
+    /// workloads this process may not hold).
+    pub fn finish_with(
+        mut self,
+        pi: &ProxyInputs,
+        mut f: serde_json::Map<String, serde_json::Value>,
         sent: u64,
         received: u64,
         error: Option<(&'static str, String)>,
@@ -73,42 +95,56 @@ impl ConnectionResult {
         if !pi.events.enabled("access", level) {
             return;
         }
-        let mut f = crate::fields! {
-            "src.addr" => record.src_addr.to_string(),
-            "dst.addr" => record.dst_addr.to_string(),
-            "direction" => record.direction,
-            "bytes_sent" => sent,
-            "bytes_recv" => received,
-            "duration" => format!("{}ms", self.started.elapsed().as_millis()),
-        };
-        let mut put = |k: &str, v: String| {
-            f.insert(k.into(), v.into());
-        };
-        if let Some(w) = record.src_workload {
-            put("src.workload", w.name.to_string());
-            put("src.namespace", w.namespace.to_string());
-        }
-        if let Some(id) = record.src_identity {
-            put("src.identity", id.to_string());
-        }
-        if let Some(a) = record.dst_hbone_addr {
-            put("dst.hbone_addr", a.to_string());
-        }
-        if let Some(s) = record.dst_service {
-            put("dst.service", s.to_string());
-        }
-        if let Some(w) = record.dst_workload {
-            put("dst.workload", w.name.to_string());
-            put("dst.namespace", w.namespace.to_string());
-        }
-        if let Some(w) = record.dst_identity_of {
-            put("dst.identity", w.identity().to_string());
-        }
+        f.insert("bytes_sent".into(), sent.into());
+        f.insert("bytes_recv".into(), received.into());
+        f.insert("duration".into(), format!("{}ms", self.started.elapsed().as_millis()).into());
         if let Some((_, e)) = error {
-            put("error", e);
+            f.insert("error".into(), e.into());
         }
         pi.events.push(Event { kind: "access", level, message: "connection complete".into(), fields: f });
     }
+
+    /// How long ago the connection was accepted.
+    pub fn age(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    pub fn labels(&self) -> &TrafficLabels {
+        self.guard.labels()
+    }
+}
+
+/// The access record's fields that name who and what (all but the bytes, the duration and the error).
+pub fn record_fields(record: &AccessRecord<'_>) -> serde_json::Map<String, serde_json::Value> {
+    let mut f = crate::fields! {
+        "src.addr" => record.src_addr.to_string(),
+        "dst.addr" => record.dst_addr.to_string(),
+        "direction" => record.direction,
+    };
+    let mut put = |k: &str, v: String| {
+        f.insert(k.into(), v.into());
+    };
+    if let Some(w) = record.src_workload {
+        put("src.workload", w.name.to_string());
+        put("src.namespace", w.namespace.to_string());
+    }
+    if let Some(id) = record.src_identity {
+        put("src.identity", id.to_string());
+    }
+    if let Some(a) = record.dst_hbone_addr {
+        put("dst.hbone_addr", a.to_string());
+    }
+    if let Some(s) = record.dst_service {
+        put("dst.service", s.to_string());
+    }
+    if let Some(w) = record.dst_workload {
+        put("dst.workload", w.name.to_string());
+        put("dst.namespace", w.namespace.to_string());
+    }
+    if let Some(w) = record.dst_identity_of {
+        put("dst.identity", w.identity().to_string());
+    }
+    f
 }
 
 #[cfg(test)]

@@ -55,12 +55,6 @@ async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
     let pi = &l.pi;
     let counters = result.counters();
     let (rx, tx) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));
-    let copied = tokio::select! {
-        r = crate::copy::tcp_bidirectional(client, upstream, &rx, &tx) => r.map(|_| ()),
-        _ = l.force.cancelled() => Err(std::io::Error::other("drained")),
-        _ = track.close.cancelled() => Err(std::io::Error::other("connection closed due to policy change")),
-    };
-    let flag = if track.close.is_cancelled() { "DENY" } else { "CONNECT" };
     let record = super::access::AccessRecord {
         direction: "inbound",
         src_addr: peer,
@@ -72,7 +66,21 @@ async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
         dst_workload: Some(&local),
         dst_identity_of: None,
     };
-    result.finish(pi, &record, tx.get(), rx.get(), copied.err().map(|e| (flag, e.to_string())));
+    // A TCP ⇄ TCP relay can be handed to a successor daemon (`handover`).
+    let relay = crate::copy::tcp_bidirectional(client, upstream, &rx, &tx);
+    let ends = crate::handover::carry::Ends { force: &l.force, close: &track.close };
+    let describe = || {
+        let fields = super::access::record_fields(&record);
+        let kind = crate::handover::ConnKind::InboundPlaintext;
+        crate::handover::carry::meta(kind, &l.local, &result, fields, (peer, dst, dst))
+    };
+    let (outcome, (to_app, to_client)) = match crate::handover::carry::carry(&pi.handover, relay, ends, describe).await
+    {
+        crate::handover::carry::Carried::HandedOver => return,
+        crate::handover::carry::Carried::Ended(r, moved) => (r, moved),
+    };
+    let flag = if track.close.is_cancelled() { "DENY" } else { "CONNECT" };
+    result.finish(pi, &record, to_client, to_app, outcome.err().map(|e| (flag, e.to_string())));
 }
 
 fn refused(pi: &ProxyInputs, peer: SocketAddr, dst: Option<SocketAddr>, error: String) {

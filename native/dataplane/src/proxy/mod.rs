@@ -166,4 +166,6 @@ pub struct ProxyInputs {
     pub preserve_source: bool,
     /// The connection workers every listener is served on.
     pub silos: Arc<crate::silo::Silos>,
+    /// Where live connections meet a successor daemon (one per process).
+    pub handover: Arc<crate::handover::Hub>,
 }

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures_util::future::Either;
 use h2::{RecvStream, SendStream};
 
 use super::h2::client::{connect_request, new_traceparent, ConnectHeaders};
@@ -814,15 +813,29 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
         (crate::copy::Tally::new(Some(&counters.received)), crate::copy::Tally::new(Some(&counters.sent)));
     // The stream's lease on its HBONE connection is held until the copy ends.
     let (copy, _lease) = match upstream {
-        Upstream::Tcp(up) => (Either::Left(crate::copy::tcp_bidirectional(client, up, &sent, &recv)), None),
+        Upstream::Tcp(up) => {
+            // A TCP ⇄ TCP relay can be handed to a successor daemon (`handover`).
+            let relay = crate::copy::tcp_bidirectional(client, up, &sent, &recv);
+            let ends = crate::handover::carry::Ends { force, close: &_listed.close };
+            let describe = || {
+                let record = super::access::record_fields(&access_record(client_addr, &routed));
+                let addrs = (client_addr, original_dst, routed.request.upstream);
+                crate::handover::carry::meta(crate::handover::ConnKind::OutboundTcp, local, &result, record, addrs)
+            };
+            // Boxed: a TCP relay's phase is larger than an HBONE stream's, and the task is sized for its largest.
+            let (outcome, (up_bytes, down_bytes)) =
+                match Box::pin(crate::handover::carry::carry(&pi.handover, relay, ends, describe)).await {
+                    crate::handover::carry::Carried::HandedOver => return,
+                    crate::handover::carry::Carried::Ended(r, moved) => (r, moved),
+                };
+            let error = outcome.err().map(|e| ("CONNECT", e.to_string()));
+            return result.finish(pi, &access_record(client_addr, &routed), up_bytes, down_bytes, error);
+        }
         Upstream::Hbone { send, recv: body, _lease, _inner } => {
             // A double-HBONE inner stream's connection is itself carried by a stream: only a pooled connection's
             // writer is metered.
             let buffers = if _inner.is_none() { Some(_lease.buffers().clone()) } else { None };
-            (
-                Either::Right(crate::copy::tcp_h2_bidirectional(client, send, body, &sent, &recv, buffers)),
-                Some((_lease, _inner)),
-            )
+            (crate::copy::tcp_h2_bidirectional(client, send, body, &sent, &recv, buffers), Some((_lease, _inner)))
         }
     };
     // A pooled connection shed for the buffer budget ends its streams at once: one blocked writing to a client that

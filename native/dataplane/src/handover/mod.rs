@@ -1,0 +1,540 @@
+//! Hand-over: a daemon started beside another on the same node takes its established connections, byte-exact, so a
+//! restart or an upgrade cuts none of them.
+//!
+//! The serving daemon listens on `HANDOVER_SOCKET` (a Unix socket, 0600, the peer's uid checked). A successor
+//! connects once it is ready, and the two run one exchange (`wire`):
+//!
+//! ```text
+//! successor                       predecessor
+//!   Hello {version}  ───────────▶  same uid? same version? else Refuse (and it drains as it would have)
+//!                    ◀───────────  Hello; stops accepting; pauses every connection it can hand over
+//!                    ◀───────────  Conn × n (the sockets as SCM_RIGHTS, metadata, the bytes read and not written)
+//!                    ◀───────────  Offered {n}
+//!   Ready {n}        ───────────▶  (all taken in, none started)
+//!                    ◀───────────  Commit
+//!   Committed        ───────────▶  (sent before the successor starts any): the predecessor lets them go
+//! ```
+//!
+//! One process owns a connection at every moment: the predecessor's paused tasks keep their sockets (the successor
+//! holds only more references to them) until `Committed` arrives; anything else (a refusal, a bad frame, the successor
+//! dying or closing at any step before it) resumes every paused connection where it stopped, and the predecessor
+//! drains as it does today. The successor starts nothing before it has sent `Committed`, and the predecessor waits for
+//! that answer or the end of the stream, with no timeout (a stream ends only when the successor closes it or dies):
+//! there is no moment when both, or neither, would copy. Dropping a handed-over socket in the predecessor sends
+//! nothing on the wire: the socket lives on in the successor.
+//!
+//! A connection is handed over while it is copying (`carry`): between two polls a relay's whole state is its fields
+//! (`copy::TcpRelay`), so nothing is lost, duplicated or reordered. TCP ⇄ TCP relays are handed over (outbound
+//! passthrough, SOCKS5 or captured, to a non-HBONE destination; inbound plaintext); a connection carried by an HBONE
+//! stream stays with its daemon and drains as today.
+
+pub mod carry;
+pub mod wire;
+
+use std::io;
+use std::os::fd::{OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::copy::{LegEnd, LegState};
+use wire::Kind;
+
+/// The protocol's version: a successor speaking another is refused, and the predecessor drains as today.
+pub const VERSION: u32 = 1;
+/// How long the predecessor waits for its connections to pause (each does at its next poll; they are all idle or
+/// copying, so this bounds a silo that is stuck, not the usual case).
+const PAUSE_WAIT: Duration = Duration::from_secs(2);
+/// How long either side waits for the other's next frame, but for the predecessor's wait for `Committed`.
+const STEP_WAIT: Duration = Duration::from_secs(30);
+
+/// Where the connections of this process meet a hand-over.
+pub struct Hub {
+    /// The current round's pause: cancelled when a successor asks; replaced by a fresh one when a round gives up,
+    /// before its paused connections resume.
+    round: Mutex<CancellationToken>,
+    offers_tx: mpsc::Sender<Offer>,
+    offers_rx: Mutex<mpsc::Receiver<Offer>>,
+    /// Connections that can be handed over, live now.
+    live: AtomicUsize,
+    /// One hand-over at a time.
+    busy: Mutex<()>,
+}
+
+impl Default for Hub {
+    fn default() -> Hub {
+        let (offers_tx, offers_rx) = mpsc::channel();
+        Hub {
+            round: Mutex::new(CancellationToken::new()),
+            offers_tx,
+            offers_rx: Mutex::new(offers_rx),
+            live: AtomicUsize::new(0),
+            busy: Mutex::new(()),
+        }
+    }
+}
+
+/// What became of a paused connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The successor has it: end without a word (no access record: the successor writes it).
+    Gone,
+    /// Carry on where it stopped.
+    Keep,
+}
+
+/// A connection's registration with the hub, for as long as it can be handed over.
+pub struct Ticket {
+    hub: std::sync::Arc<Hub>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.hub.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Ticket {
+    /// Cancelled when a hand-over asks this connection to pause.
+    pub fn pause(&self) -> CancellationToken {
+        self.hub.round.lock().clone()
+    }
+
+    /// Hand the paused connection's state to the hub and wait for the verdict. The descriptors stay valid (their
+    /// sockets owned by the caller) until it returns.
+    pub async fn offer(&self, parcel: Parcel) -> Verdict {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.hub.offers_tx.send(Offer { parcel, verdict: tx }).is_err() {
+            return Verdict::Keep;
+        }
+        rx.await.unwrap_or(Verdict::Keep)
+    }
+}
+
+struct Offer {
+    parcel: Parcel,
+    verdict: tokio::sync::oneshot::Sender<Verdict>,
+}
+
+/// One paused connection, as it crosses.
+pub struct Parcel {
+    /// Borrowed: the offering task keeps the sockets until its verdict.
+    pub fds: Vec<RawFd>,
+    pub meta: ConnMeta,
+    pub legs: [LegState; 2],
+}
+
+/// Which proxy a connection belongs to, and so how the successor carries it on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ConnKind {
+    /// An outbound connection to a plain TCP upstream (SOCKS5 or captured): client → upstream is leg 0.
+    OutboundTcp,
+    /// Inbound plaintext (15006): client → application is leg 0; continuously authorized.
+    InboundPlaintext,
+}
+
+/// The local workload a connection is served for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "by")]
+pub enum LocalJson {
+    Uid { uid: String },
+    Pod { namespace: String, name: String, service_account: String, node: String },
+}
+
+impl From<&crate::proxy::LocalRef> for LocalJson {
+    fn from(l: &crate::proxy::LocalRef) -> LocalJson {
+        use crate::proxy::LocalRef;
+        match l {
+            LocalRef::Uid(u) => LocalJson::Uid { uid: u.to_string() },
+            LocalRef::Pod { namespace, name, service_account, node } => LocalJson::Pod {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                service_account: service_account.to_string(),
+                node: node.to_string(),
+            },
+        }
+    }
+}
+
+impl From<&LocalJson> for crate::proxy::LocalRef {
+    fn from(l: &LocalJson) -> crate::proxy::LocalRef {
+        use crate::proxy::LocalRef;
+        match l {
+            LocalJson::Uid { uid } => LocalRef::Uid(uid.as_str().into()),
+            LocalJson::Pod { namespace, name, service_account, node } => LocalRef::Pod {
+                namespace: namespace.as_str().into(),
+                name: name.as_str().into(),
+                service_account: service_account.as_str().into(),
+                node: node.as_str().into(),
+            },
+        }
+    }
+}
+
+/// A connection's description: enough for the successor to count it, list it, authorize it and write its record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnMeta {
+    pub kind: ConnKind,
+    pub local: LocalJson,
+    /// The metrics bucket it counts into.
+    pub labels: crate::metrics::TrafficLabels,
+    /// Its access record's fields but the bytes, the duration and the error (rendered by the proxy that opened it).
+    pub record: serde_json::Map<String, serde_json::Value>,
+    /// How long ago it was accepted (the record's duration goes on from there).
+    pub age_ms: u64,
+    pub src: std::net::SocketAddr,
+    pub original_dst: std::net::SocketAddr,
+    pub actual_dst: std::net::SocketAddr,
+    /// Each leg's bytes moved and end; the pending bytes follow the metadata in the frame.
+    pub legs: [LegMeta; 2],
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LegMeta {
+    pub moved: u64,
+    pub end: LegEnd,
+    pub pending: usize,
+}
+
+/// A connection the successor has taken in and not started.
+pub struct Received {
+    pub fds: Vec<OwnedFd>,
+    pub meta: ConnMeta,
+    pub legs: [LegState; 2],
+}
+
+/// How one hand-over went, from the side that reports it.
+#[derive(Debug, Clone, Default, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[serde(rename_all = "camelCase")]
+pub struct HandoverReport {
+    /// The predecessor (`give`) or the successor (`take`).
+    pub role: String,
+    /// Take: a predecessor was found on the socket.
+    pub found: bool,
+    /// The connections that changed hands.
+    pub connections: u32,
+    /// Give: the connections paused and then kept because the hand-over did not complete.
+    pub kept: u32,
+    /// From the first frame to the last.
+    pub duration_ms: f64,
+    /// The longest a connection was paused (give: from the pause to the verdict).
+    pub pause_ms: f64,
+    /// Why it did not complete.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The other process's pid, as the kernel reported it (0 when in another pid namespace).
+    pub peer_pid: i32,
+    /// The other side's protocol version.
+    pub peer_version: u32,
+    /// The node the other side serves.
+    pub peer_node: String,
+    /// Give: the peer serves another node; this daemon carries on as if it had not come.
+    pub other_node: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Hello {
+    version: u32,
+    pid: u32,
+    /// The node the daemon serves: a daemon of another node is refused, and the predecessor carries on (a socket
+    /// path shared by mistake must not end an unrelated daemon).
+    #[serde(default)]
+    node: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Count {
+    count: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Reason {
+    reason: String,
+    /// A refusal names the node its sender serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
+}
+
+fn protocol(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+fn json<T: serde::de::DeserializeOwned>(f: &wire::Frame) -> io::Result<T> {
+    serde_json::from_slice(&f.payload).map_err(|e| protocol(format!("bad {:?} frame: {e}", f.kind)))
+}
+
+fn expect(sock: &UnixStream, kind: Kind) -> io::Result<wire::Frame> {
+    match wire::recv(sock)? {
+        Some(f) if f.kind == kind => Ok(f),
+        Some(f) if f.kind == Kind::Abort || f.kind == Kind::Refuse => {
+            let r: Reason = json(&f).unwrap_or(Reason { reason: "no reason given".into(), node: None });
+            Err(protocol(format!("the other side gave up: {}", r.reason)))
+        }
+        Some(f) => Err(protocol(format!("expected {kind:?}, got {:?}", f.kind))),
+        None => Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("the other side closed before {kind:?}"))),
+    }
+}
+
+fn send_json(sock: &UnixStream, kind: Kind, v: &impl Serialize) -> io::Result<()> {
+    wire::send(sock, kind, &[], &serde_json::to_vec(v).map_err(io::Error::other)?)
+}
+
+/// The peer must run as this process's user (or root).
+fn check_peer(sock: &UnixStream) -> io::Result<i32> {
+    let (uid, pid) = wire::peer(sock)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { nix::libc::geteuid() };
+    if uid != me && uid != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("hand-over peer runs as uid {uid}, this daemon as {me}"),
+        ));
+    }
+    Ok(pid)
+}
+
+impl Hub {
+    /// Register a connection that can be handed over.
+    pub fn ticket(self: &std::sync::Arc<Self>) -> Ticket {
+        self.live.fetch_add(1, Ordering::AcqRel);
+        Ticket { hub: self.clone() }
+    }
+
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Predecessor: one hand-over with the successor at the other end of `sock` (blocking; run it on a blocking
+    /// thread). `stop_accepting` runs once the successor is known to speak this version, before the pause.
+    pub fn give(&self, sock: UnixStream, node: &str, stop_accepting: impl FnOnce()) -> HandoverReport {
+        let _one = self.busy.lock();
+        let started = Instant::now();
+        let mut report = HandoverReport { role: "give".into(), ..Default::default() };
+        let mut paused: Vec<Offer> = Vec::new();
+        let mut paused_at = None;
+        let outcome = (|| -> io::Result<()> {
+            sock.set_read_timeout(Some(STEP_WAIT))?;
+            report.peer_pid = check_peer(&sock)?;
+            let hello: Hello = json(&expect(&sock, Kind::Hello)?)?;
+            report.peer_version = hello.version;
+            report.peer_node = hello.node.clone();
+            let refusal = if hello.node != node {
+                report.other_node = true;
+                Some(format!("this daemon serves node {node:?}, the successor {:?}", hello.node))
+            } else if hello.version != VERSION {
+                Some(format!("protocol version {} is not this daemon's {VERSION}", hello.version))
+            } else {
+                None
+            };
+            if let Some(reason) = refusal {
+                let _ = send_json(&sock, Kind::Refuse, &Reason { reason: reason.clone(), node: Some(node.into()) });
+                return Err(protocol(reason));
+            }
+            send_json(&sock, Kind::Hello, &Hello { version: VERSION, pid: std::process::id(), node: node.into() })?;
+            stop_accepting();
+            paused_at = Some(Instant::now());
+            self.pause_all(&mut paused);
+            for o in &paused {
+                send_parcel(&sock, &o.parcel)?;
+            }
+            send_json(&sock, Kind::Offered, &Count { count: paused.len() as u32 })?;
+            let ready: Count = json(&expect(&sock, Kind::Ready)?)?;
+            if ready.count as usize != paused.len() {
+                return Err(protocol(format!("the successor took {} of {}", ready.count, paused.len())));
+            }
+            wire::send(&sock, Kind::Commit, &[], b"")?;
+            // The one wait without a timeout: the answer, or the end of the stream (the successor closed or died).
+            sock.set_read_timeout(None)?;
+            expect(&sock, Kind::Committed)?;
+            Ok(())
+        })();
+        let verdict = match &outcome {
+            Ok(()) => Verdict::Gone,
+            Err(e) => {
+                report.error = Some(e.to_string());
+                // The next round's pause is a fresh one, set before anything resumes.
+                *self.round.lock() = CancellationToken::new();
+                if !paused.is_empty() {
+                    let _ = send_json(&sock, Kind::Abort, &Reason { reason: e.to_string(), node: None });
+                }
+                Verdict::Keep
+            }
+        };
+        let n = paused.len() as u32;
+        for o in paused {
+            let _ = o.verdict.send(verdict);
+        }
+        if verdict == Verdict::Gone {
+            report.connections = n;
+        } else {
+            report.kept = n;
+        }
+        report.pause_ms = paused_at.map(|t| t.elapsed().as_secs_f64() * 1000.0).unwrap_or(0.0);
+        report.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        report
+    }
+
+    /// Ask every connection to pause and collect their parcels: all that are live, or what came within the wait.
+    fn pause_all(&self, into: &mut Vec<Offer>) {
+        self.round.lock().cancel();
+        let rx = self.offers_rx.lock();
+        let deadline = Instant::now() + PAUSE_WAIT;
+        while into.len() < self.live() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match rx.recv_timeout(left.min(Duration::from_millis(20))) {
+                Ok(o) => into.push(o),
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        // Offers of connections that ended meanwhile do not come; late ones are answered by the next round's reset.
+        while let Ok(o) = rx.try_recv() {
+            into.push(o);
+        }
+    }
+}
+
+fn send_parcel(sock: &UnixStream, p: &Parcel) -> io::Result<()> {
+    let meta = serde_json::to_vec(&p.meta).map_err(io::Error::other)?;
+    let mut payload = Vec::with_capacity(4 + meta.len() + p.legs[0].pending.len() + p.legs[1].pending.len());
+    payload.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    payload.extend_from_slice(&meta);
+    for leg in &p.legs {
+        payload.extend_from_slice(&leg.pending);
+    }
+    wire::send(sock, Kind::Conn, &p.fds, &payload)
+}
+
+fn parse_parcel(f: wire::Frame) -> io::Result<Received> {
+    let p = &f.payload;
+    if p.len() < 4 {
+        return Err(protocol("connection frame without metadata"));
+    }
+    let meta_len = u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize;
+    let meta_end = 4usize.checked_add(meta_len).filter(|e| *e <= p.len()).ok_or_else(|| protocol("short metadata"))?;
+    let meta: ConnMeta =
+        serde_json::from_slice(&p[4..meta_end]).map_err(|e| protocol(format!("bad connection metadata: {e}")))?;
+    let (a, b) = (meta.legs[0].pending, meta.legs[1].pending);
+    if meta_end.checked_add(a).and_then(|x| x.checked_add(b)) != Some(p.len()) {
+        return Err(protocol("the pending bytes do not match the metadata"));
+    }
+    if f.fds.len() != 2 {
+        return Err(protocol(format!("a TCP connection has 2 sockets, this one {}", f.fds.len())));
+    }
+    let leg =
+        |i: usize, bytes: &[u8]| LegState { pending: bytes.to_vec(), moved: meta.legs[i].moved, end: meta.legs[i].end };
+    let legs = [leg(0, &p[meta_end..meta_end + a]), leg(1, &p[meta_end + a..])];
+    Ok(Received { fds: f.fds, meta, legs })
+}
+
+/// Successor: take every connection the daemon listening on `path` hands over (blocking). `Ok(None)` when nobody
+/// listens there. On `Ok`, `Committed` is sent: the connections are this process's to start, and only then.
+pub fn take(path: &std::path::Path, node: &str) -> (HandoverReport, Vec<Received>) {
+    match UnixStream::connect(path) {
+        Ok(s) => take_on(s, node),
+        Err(e) => {
+            let mut report = HandoverReport { role: "take".into(), ..Default::default() };
+            if !matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused) {
+                report.error = Some(format!("connecting to {}: {e}", path.display()));
+            }
+            (report, Vec::new())
+        }
+    }
+}
+
+/// `take` over a connected socket.
+pub fn take_on(sock: UnixStream, node: &str) -> (HandoverReport, Vec<Received>) {
+    let started = Instant::now();
+    let mut report = HandoverReport { role: "take".into(), found: true, ..Default::default() };
+    let mut got = Vec::new();
+    let outcome = (|| -> io::Result<()> {
+        sock.set_read_timeout(Some(STEP_WAIT))?;
+        report.peer_pid = check_peer(&sock)?;
+        send_json(&sock, Kind::Hello, &Hello { version: VERSION, pid: std::process::id(), node: node.into() })?;
+        let first = wire::recv(&sock)?.ok_or_else(|| protocol("the predecessor closed before its Hello"))?;
+        if first.kind == Kind::Refuse {
+            let r: Reason = json(&first)?;
+            report.peer_node = r.node.unwrap_or_default();
+            return Err(protocol(format!("refused: {}", r.reason)));
+        }
+        if first.kind != Kind::Hello {
+            return Err(protocol(format!("expected Hello, got {:?}", first.kind)));
+        }
+        let hello: Hello = json(&first)?;
+        report.peer_version = hello.version;
+        report.peer_node = hello.node;
+        loop {
+            let f = wire::recv(&sock)?.ok_or_else(|| protocol("the predecessor closed mid-way"))?;
+            match f.kind {
+                Kind::Conn => got.push(parse_parcel(f)?),
+                Kind::Offered => {
+                    let c: Count = json(&f)?;
+                    if c.count as usize != got.len() {
+                        return Err(protocol(format!("offered {} but sent {}", c.count, got.len())));
+                    }
+                    break;
+                }
+                k => return Err(protocol(format!("unexpected {k:?} frame"))),
+            }
+        }
+        send_json(&sock, Kind::Ready, &Count { count: got.len() as u32 })?;
+        expect(&sock, Kind::Commit)?;
+        wire::send(&sock, Kind::Committed, &[], b"")
+    })();
+    if let Err(e) = outcome {
+        report.error = Some(e.to_string());
+        // Our references to its sockets close; the predecessor keeps them (nothing crosses the wire).
+        got.clear();
+    }
+    report.connections = got.len() as u32;
+    report.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+    (report, got)
+}
+
+/// Predecessor: listen on `path` (0600, replacing a stale socket nobody listens on); the successor finds it there.
+/// A socket a daemon serves is refused, unless `replace`: that daemon is leaving (this one just tried to take its
+/// connections over), and from the rename on it is out of reach of later successors.
+pub fn listen(path: &std::path::Path, replace: bool) -> io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() && !replace {
+        match UnixStream::connect(path) {
+            // Someone serves it: taking the name now would hide it from its successor.
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is served by a running daemon", path.display()),
+                ))
+            }
+            Err(_) => std::fs::remove_file(path)?,
+        }
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    // Bound under a private name, made 0600, then renamed into place: never reachable with wider permissions.
+    let tmp = path.with_file_name(format!(
+        ".{}.{}",
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let l = std::os::unix::net::UnixListener::bind(&tmp)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::rename(&tmp, path)?;
+    Ok(l)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,288 @@
+//! The hand-over within one process: a predecessor's relay and a successor's resume over a socket pair, with the
+//! same descriptors and the same exchange as between two daemons.
+
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use super::carry::{carry, resume, Carried, Ends};
+use super::wire::{self, Kind};
+use super::*;
+use crate::copy::{tcp_bidirectional, Tally};
+use crate::proxy::LocalRef;
+
+const UP: usize = 3 << 20;
+const DOWN: usize = 2 << 20;
+
+fn pattern(seed: usize, at: usize, len: usize) -> Vec<u8> {
+    (at..at + len).map(|i| ((i * 7 + seed) % 251) as u8).collect()
+}
+
+async fn pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (s, _) = l.accept().await.unwrap();
+    (c, s)
+}
+
+/// Writes `len` bytes of a pattern in small paced chunks, then half-closes.
+async fn send_paced(mut s: tokio::net::tcp::OwnedWriteHalf, seed: usize, len: usize) {
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(8 * 1024);
+        s.write_all(&pattern(seed, at, n)).await.unwrap();
+        at += n;
+        if at % (256 * 1024) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    s.shutdown().await.unwrap();
+}
+
+/// Reads to EOF; the count of bytes and of bytes that differ from the pattern (0: nothing lost, duplicated or
+/// reordered).
+async fn receive(mut s: tokio::net::tcp::OwnedReadHalf, seed: usize) -> (usize, usize) {
+    let (mut got, mut bad) = (0usize, 0usize);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = s.read(&mut buf).await.unwrap();
+        if n == 0 {
+            return (got, bad);
+        }
+        let want = pattern(seed, got, n);
+        bad += buf[..n].iter().zip(&want).filter(|(a, b)| a != b).count();
+        got += n;
+    }
+}
+
+fn describe() -> ConnMeta {
+    let pi = crate::inpod::testutil::inputs();
+    let labels = crate::metrics::TrafficLabels { reporter: "source".into(), ..Default::default() };
+    let result = crate::proxy::access::ConnectionResult::open(&pi, labels, std::time::Instant::now());
+    let addr = "127.0.0.1:1".parse().unwrap();
+    let record = crate::fields! {"src.addr" => "127.0.0.1:1", "direction" => "outbound"};
+    carry::meta(ConnKind::OutboundTcp, &LocalRef::Uid("u".into()), &result, record, (addr, addr, addr))
+}
+
+struct Flow {
+    relay: tokio::task::JoinHandle<&'static str>,
+    client: tokio::task::JoinHandle<(usize, usize)>,
+    server: tokio::task::JoinHandle<(usize, usize)>,
+    force: CancellationToken,
+}
+
+/// client ⇄ [relay] ⇄ server, both ways at once, the relay registered with `hub`.
+async fn flow(hub: Arc<Hub>) -> Flow {
+    let (client, relay_a) = pair().await;
+    let (relay_b, server) = pair().await;
+    let force = CancellationToken::new();
+    let f = force.clone();
+    let relay = tokio::spawn(async move {
+        let (t0, t1) = (Tally::new(None), Tally::new(None));
+        let never = CancellationToken::new();
+        let r = tcp_bidirectional(relay_a, relay_b, &t0, &t1);
+        match carry(&hub, r, Ends { force: &f, close: &never }, describe).await {
+            Carried::HandedOver => "handed over",
+            Carried::Ended(Ok(()), _) => "ended",
+            Carried::Ended(Err(_), _) => "failed",
+        }
+    });
+    let (cr, cw) = client.into_split();
+    let (sr, sw) = server.into_split();
+    tokio::spawn(send_paced(cw, 1, UP));
+    tokio::spawn(send_paced(sw, 2, DOWN));
+    let client = tokio::spawn(receive(cr, 2));
+    let server = tokio::spawn(receive(sr, 1));
+    Flow { relay, client, server, force }
+}
+
+async fn wait_live(hub: &Hub, n: usize) {
+    for _ in 0..200 {
+        if hub.live() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{n} connections never registered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copying_relay_is_handed_over_byte_exact_and_the_successor_finishes_it() {
+    let old = Arc::new(Hub::default());
+    let flows = [flow(old.clone()).await, flow(old.clone()).await];
+    wait_live(&old, 2).await;
+    tokio::time::sleep(Duration::from_millis(30)).await; // mid-transfer
+    let (p, s) = UnixStream::pair().unwrap();
+    let stopped = Arc::new(AtomicBool::new(false));
+    let st = stopped.clone();
+    let hub = old.clone();
+    let give = tokio::task::spawn_blocking(move || hub.give(p, "node-a", || st.store(true, Ordering::SeqCst)));
+    let (taken, received) = tokio::task::spawn_blocking(move || take_on(s, "node-a")).await.unwrap();
+    let given = give.await.unwrap();
+    assert_eq!(given.error, None);
+    assert_eq!((given.connections, given.kept, taken.connections), (2, 0, 2), "{given:?} {taken:?}");
+    assert!(stopped.load(Ordering::SeqCst), "the predecessor stopped accepting");
+    assert_eq!(taken.peer_version, VERSION);
+    for r in &received {
+        let (up, down) = (r.legs[0].moved, r.legs[1].moved);
+        assert!(up > 0 && up < UP as u64 && down < DOWN as u64, "handed over mid-transfer: {up} up, {down} down");
+    }
+    // The successor's side: its own inputs and hub, as a new daemon has.
+    let pi = crate::inpod::testutil::inputs();
+    let resumed: Vec<_> =
+        received.into_iter().map(|r| tokio::spawn(resume(pi.clone(), CancellationToken::new(), r))).collect();
+    for f in flows {
+        assert_eq!(f.relay.await.unwrap(), "handed over", "the predecessor's task let it go");
+        assert_eq!(f.server.await.unwrap(), (UP, 0), "every byte up, in order, once");
+        assert_eq!(f.client.await.unwrap(), (DOWN, 0), "every byte down, in order, once");
+        drop(f.force);
+    }
+    for r in resumed {
+        tokio::time::timeout(Duration::from_secs(5), r).await.unwrap().unwrap();
+    }
+    // One record per connection, written by the successor, with the bytes of both processes.
+    let events: Vec<serde_json::Value> = serde_json::from_str(&pi.events.drain_json()).unwrap();
+    let done: Vec<_> = events.iter().filter(|e| e["message"] == "connection complete").collect();
+    assert_eq!(done.len(), 2, "{events:?}");
+    for e in done {
+        assert_eq!(e["fields"]["bytes_sent"], UP as u64);
+        assert_eq!(e["fields"]["bytes_recv"], DOWN as u64);
+        assert_eq!(e["fields"]["direction"], "outbound");
+    }
+    assert_eq!(old.live(), 0);
+}
+
+/// The successor fails at each step before `Committed`: the predecessor keeps every connection, which finishes
+/// intact, and a later hand-over can still pause them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_that_fails_before_committing_leaves_everything_with_the_predecessor() {
+    for step in ["hello-only", "after-offers", "after-commit", "other-version", "other-node"] {
+        let hub = Arc::new(Hub::default());
+        let f = flow(hub.clone()).await;
+        wait_live(&hub, 1).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (p, s) = UnixStream::pair().unwrap();
+        let h = hub.clone();
+        let give = tokio::task::spawn_blocking(move || h.give(p, "node-a", || ()));
+        let successor = tokio::task::spawn_blocking(move || {
+            let version = if step == "other-version" { VERSION + 1 } else { VERSION };
+            let node = if step == "other-node" { "node-b" } else { "node-a" };
+            send_json(&s, Kind::Hello, &Hello { version, pid: 0, node: node.into() }).unwrap();
+            if step == "hello-only" {
+                let _ = wire::recv(&s);
+                return; // dies after the hello
+            }
+            let mut n = 0;
+            while let Ok(Some(f)) = wire::recv(&s) {
+                match f.kind {
+                    Kind::Conn => n += 1,
+                    Kind::Offered if step == "after-offers" => return, // dies holding the descriptors
+                    Kind::Offered => send_json(&s, Kind::Ready, &Count { count: n }).unwrap(),
+                    Kind::Commit => return, // dies before answering
+                    _ => return,
+                }
+            }
+        });
+        successor.await.unwrap();
+        let report = give.await.unwrap();
+        assert!(report.error.is_some(), "{step}: {report:?}");
+        assert_eq!(report.connections, 0, "{step}");
+        let refused = step == "other-version" || step == "other-node";
+        assert_eq!(report.kept, if refused { 0 } else { 1 }, "{step}: {report:?}");
+        assert_eq!(report.other_node, step == "other-node", "{step}");
+        assert_eq!(f.relay.await.unwrap(), "ended", "{step}: the predecessor carried it to its end");
+        assert_eq!(f.server.await.unwrap(), (UP, 0), "{step}");
+        assert_eq!(f.client.await.unwrap(), (DOWN, 0), "{step}");
+        drop(f.force);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_connection_pauses_again_for_the_next_successor() {
+    let hub = Arc::new(Hub::default());
+    let f = flow(hub.clone()).await;
+    wait_live(&hub, 1).await;
+    // A first successor that dies after the offers.
+    let (p, s) = UnixStream::pair().unwrap();
+    let h = hub.clone();
+    let give = tokio::task::spawn_blocking(move || h.give(p, "node-a", || ()));
+    send_json(&s, Kind::Hello, &Hello { version: VERSION, pid: 0, node: "node-a".into() }).unwrap();
+    let s = tokio::task::spawn_blocking(move || {
+        while let Ok(Some(f)) = wire::recv(&s) {
+            if f.kind == Kind::Offered {
+                break;
+            }
+        }
+    });
+    s.await.unwrap();
+    assert_eq!(give.await.unwrap().kept, 1);
+    // The second one takes it.
+    let (p, s) = UnixStream::pair().unwrap();
+    let h = hub.clone();
+    let give = tokio::task::spawn_blocking(move || h.give(p, "node-a", || ()));
+    let (taken, received) = tokio::task::spawn_blocking(move || take_on(s, "node-a")).await.unwrap();
+    assert_eq!((give.await.unwrap().connections, taken.connections), (1, 1));
+    let pi = crate::inpod::testutil::inputs();
+    for r in received {
+        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r));
+    }
+    assert_eq!(f.relay.await.unwrap(), "handed over");
+    assert_eq!(f.server.await.unwrap(), (UP, 0));
+    assert_eq!(f.client.await.unwrap(), (DOWN, 0));
+}
+
+#[test]
+fn the_socket_is_private_and_a_live_one_is_not_taken_over() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("ztn-handover-{}", std::process::id()));
+    let path = dir.join("handover.sock");
+    let l = listen(&path, false).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    let err = listen(&path, false).unwrap_err();
+    // A leaving daemon's name is taken over when asked.
+    drop(listen(&path, true).unwrap());
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+    drop(l);
+    // A stale socket (its daemon gone) is replaced.
+    let l = listen(&path, false).unwrap();
+    drop(l);
+    let (report, got) = take(&dir.join("nobody.sock"), "node-a");
+    assert!(!report.found && report.error.is_none() && got.is_empty(), "{report:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_connection_frame_that_does_not_add_up_is_refused() {
+    let meta = serde_json::to_vec(&describe()).unwrap();
+    let mut payload = (meta.len() as u32).to_le_bytes().to_vec();
+    payload.extend_from_slice(&meta);
+    payload.extend_from_slice(b"extra");
+    let frame = wire::Frame { kind: Kind::Conn, fds: Vec::new(), payload };
+    let err = parse_parcel(frame).err().unwrap();
+    assert!(err.to_string().contains("pending bytes"), "{err}");
+    let frame = wire::Frame { kind: Kind::Conn, fds: Vec::new(), payload: vec![255, 255, 255, 255] };
+    assert!(parse_parcel(frame).is_err());
+}
+
+/// What a TCP ⇄ TCP relay's copy phase holds while idle (the outbound task boxes it): 744 bytes, and no buffer (the two
+/// copy loops it replaced held 1 KiB each while idle).
+#[test]
+fn the_copy_phase_is_small() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let (a, _x) = pair().await;
+        let (b, _y) = pair().await;
+        let (t0, t1) = (Tally::new(None), Tally::new(None));
+        let (force, close) = (CancellationToken::new(), CancellationToken::new());
+        let hub = Arc::new(Hub::default());
+        let relay = tcp_bidirectional(a, b, &t0, &t1);
+        let size = std::mem::size_of_val(&carry(&hub, relay, Ends { force: &force, close: &close }, describe));
+        println!("task_sizes: TCP relay phase {size} bytes");
+        assert!(size <= 800, "the TCP copy phase's future is {size} bytes");
+    });
+}
