@@ -62,7 +62,7 @@ services:
 );
 const daemon = spawn(process.execPath, [...DAEMON_NODE_FLAGS, join(root, 'bin', 'ztunnel-node.js'), 'proxy'], {
   env: {
-    PATH: process.env.PATH, PROXY_MODE: 'local', NODE_NAME: 'node-a', LOCAL_XDS_PATH: join(dir, 'mesh.yaml'),
+    PATH: process.env.PATH, PROXY_MODE: 'local', NODE_NAME: 'node-a', LOCAL_XDS_PATH: join(dir, 'mesh.yaml'), HANDOVER_ENABLED: 'false',
     LOCAL_CA_DIR: join(dir, 'ca'), DNS_RESOLV_CONF: join(dir, 'resolv.conf'), ADMIN_ADDR: `${ADMIN}:15000`,
     STATS_ADDR: `${ADMIN}:15020`, READINESS_ADDR: `${ADMIN}:15021`, RUST_LOG: 'warn',
   },

@@ -157,6 +157,8 @@ async function measure(node, root, flags) {
       NODE_NAME: 'local',
       LOCAL_XDS_PATH: join(repo, 'examples', 'localhost.yaml'),
       LOCAL_CA_DIR: join(tmp, 'ca'),
+      // Its own: the daemons of other Node lines must not take this one over.
+      HANDOVER_SOCKET: join(tmp, 'handover.sock'),
       ADMIN_ADDR: `${ADMIN_IP}:15000`,
       STATS_ADDR: `${ADMIN_IP}:15020`,
       READINESS_ADDR: `${ADMIN_IP}:15021`,

@@ -168,7 +168,7 @@ async function main() {
     const port = 15_121 + Math.floor(Math.random() * 1000);
     const config = loadConfig({
       env: {
-        PROXY_MODE: 'local', NODE_NAME: 'bench-node', LOCAL_CA_DIR: mkdtempSync(join(tmp, 'ca-')),
+        PROXY_MODE: 'local', NODE_NAME: 'bench-node', HANDOVER_ENABLED: 'false', LOCAL_CA_DIR: mkdtempSync(join(tmp, 'ca-')),
         ADMIN_ADDR: '127.0.0.1:0', STATS_ADDR: '127.0.0.1:0', READINESS_ADDR: `127.0.0.1:${port}`, CONNECTION_TERMINATION_DEADLINE: '1s',
         ...env,
       },

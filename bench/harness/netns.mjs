@@ -117,7 +117,7 @@ export async function startNetns({ root, tmp, loadgen, workers, envoy, want, chi
       const env = {
         PATH: process.env.PATH, HOME: process.env.HOME ?? '/tmp',
         PROXY_MODE: 'shared', NODE_NAME: `node-${node}`, LOCAL_XDS_PATH: cfg, LOCAL_CA_DIR: caDir,
-        XDS_ADDRESS: '', CA_ADDRESS: '', INPOD_UDS: sock,
+        XDS_ADDRESS: '', CA_ADDRESS: '', INPOD_UDS: sock, HANDOVER_SOCKET: join(tmp, `handover-${node}-${line.line}.sock`),
         ADMIN_ADDR: `${adminIp}:15000`, STATS_ADDR: `${adminIp}:15020`, READINESS_ADDR: `${adminIp}:15021`,
         RUST_LOG: 'warn', ZTUNNEL_WORKER_THREADS: String(workers),
       };

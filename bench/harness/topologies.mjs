@@ -102,6 +102,9 @@ function localEnv({ node, cfg, caDir, ip, workers, daemonEnv }) {
     PROXY_MODE: 'local', NODE_NAME: node, LOCAL_XDS_PATH: cfg, LOCAL_CA_DIR: caDir,
     ADMIN_ADDR: `${ip}:15000`, STATS_ADDR: `${ip}:15020`, READINESS_ADDR: `${ip}:15021`,
     RUST_LOG: 'warn', ZTUNNEL_WORKER_THREADS: String(workers), XDS_ADDRESS: '', CA_ADDRESS: '',
+    // Beside its config: daemons of one node name on other Node lines run at the same time and must not take each
+    // other over.
+    HANDOVER_SOCKET: `${cfg}.${node}.handover.sock`,
     ...daemonEnv,
   };
 }

@@ -127,6 +127,9 @@ export async function startDaemon({ node, config, caDir, adminIp, env = {}, clea
     LOG_FORMAT: 'json',
     RUST_LOG: 'info',
     CONNECTION_TERMINATION_DEADLINE: TEST_TERMINATION_DEADLINE,
+    // Each daemon its own hand-over socket: two tests' daemons of one node name must not take each other over
+    // (the hand-over suite gives two daemons one socket).
+    HANDOVER_SOCKET: join(dir, 'handover.sock'),
     ...env,
   });
   const child = spawn(process.execPath, [BIN, 'proxy'], { env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] });

@@ -69,6 +69,7 @@ export const BLOCKS = Object.freeze({
   'lazy-modules': 72,
   dashboard: 73,
   'authz-preview': 74,
+  handover: 75,
 });
 
 /** Addresses of one file's block. */

@@ -47,6 +47,9 @@ function startDaemon(node, cfgPath, sock, extraEnv = {}) {
     XDS_ADDRESS: '',
     CA_ADDRESS: '',
     INPOD_UDS: sock,
+    // The nodes' CNI sockets share one directory here (each node has its own in a cluster): so must not their
+    // hand-over sockets' default, handover.sock beside it.
+    HANDOVER_SOCKET: join(tmp, `handover-${node}.sock`),
     DNS_RESOLV_CONF: resolvConf,
     LOG_FORMAT: 'json',
     RUST_LOG: 'info',

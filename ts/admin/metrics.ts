@@ -120,6 +120,20 @@ export interface MetricsOptions {
   httpDropped?: () => Record<string, number>;
   /** Dataplane log lines suppressed by its per-cause rate limit, by cause. */
   suppressedLogs?: () => ReadonlyMap<string, number>;
+  /** Hand-overs to and from other daemons of this node (ts/lifecycle/handover.ts). */
+  handover?: () => HandoverTotals;
+}
+
+/** What the hand-over metrics read: every hand-over this daemon took part in, by role (`take`, `give`). */
+export interface HandoverTotals {
+  /** Hand-overs by role and result (`done`, `failed`). */
+  readonly exchanges: ReadonlyMap<string, number>;
+  /** Connections by what became of them: `taken` (here from a predecessor), `given` (to a successor), `kept`
+   * (paused for a successor that did not take them; they drain here). */
+  readonly connections: ReadonlyMap<string, number>;
+  /** The last hand-over's duration by role, seconds; and the longest pause one of its connections saw. */
+  readonly lastDurationSeconds: ReadonlyMap<string, number>;
+  readonly lastPauseSeconds: number | null;
 }
 
 type ContentType = RegistryContentType;
@@ -340,6 +354,8 @@ export class Metrics {
         this.inc({ reason: 'peer_limit' }, tunnels().inboundRefusedPeerLimit);
       },
     });
+    const handover = this.opts.handover;
+    if (handover !== undefined) registerHandoverMetrics(reg, handover);
     registerRuntimeMetrics(reg, () => current().runtime ?? null);
     const buffers = (): Partial<NonNullable<MetricsSnapshot['buffers']>> => current().buffers ?? {};
     new Gauge({
@@ -458,4 +474,50 @@ export class Metrics {
     this.registries.set(type, reg);
     return reg;
   }
+}
+
+function registerHandoverMetrics(reg: Registry<ContentType>, totals: () => HandoverTotals): void {
+  new Counter({
+    name: 'ztunnel_node_handovers_total',
+    help: 'Hand-overs between two daemons of this node this daemon took part in, by role (take: as the successor, give: as the predecessor) and result',
+    labelNames: ['role', 'result'],
+    registers: [reg],
+    collect() {
+      this.reset();
+      for (const [key, n] of totals().exchanges) {
+        const [role, result] = key.split('/');
+        this.inc({ role, result }, n);
+      }
+    },
+  });
+  new Counter({
+    name: 'ztunnel_node_handover_connections_total',
+    help: 'Established connections by hand-over outcome (taken: from a predecessor; given: to a successor; kept: paused for a successor that did not take them)',
+    labelNames: ['outcome'],
+    registers: [reg],
+    collect() {
+      this.reset();
+      for (const [outcome, n] of totals().connections) this.inc({ outcome }, n);
+    },
+  });
+  new Gauge({
+    name: 'ztunnel_node_handover_duration_seconds',
+    help: "The last hand-over's duration, from the first frame to the last, by role",
+    labelNames: ['role'],
+    registers: [reg],
+    collect() {
+      this.reset();
+      for (const [role, s] of totals().lastDurationSeconds) this.set({ role }, s);
+    },
+  });
+  new Gauge({
+    name: 'ztunnel_node_handover_pause_seconds',
+    help: 'The longest a connection was paused in the last hand-over this daemon gave',
+    registers: [reg],
+    collect() {
+      this.reset();
+      const p = totals().lastPauseSeconds;
+      if (p !== null) this.set(p);
+    },
+  });
 }

@@ -3,6 +3,8 @@
 //
 // The dataplane's settings take their defaults from the dataplane itself (DATAPLANE_DEFAULTS, generated from the Rust
 // `Default` of native/dataplane/src/config.rs): one table, with the reasons written here.
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
 import { DATAPLANE_DEFAULTS as DP } from '../native/generated/dataplaneDefaults.js';
 import type { SocketAddress } from './address.js';
 
@@ -111,5 +113,17 @@ export const CERT_MIN_REFRESH_DELAY_MS = 1_000;
 
 /** Where istio-cni's node agent listens for ZDS (its default `ztunnel-uds-address`). */
 export const DEFAULT_INPOD_UDS = '/var/run/ztunnel/ztunnel.sock';
+
+/**
+ * Where a daemon meets its successor (HANDOVER_SOCKET). Shared mode: beside INPOD_UDS, a directory both pods of a
+ * surge rollout mount. Local and dedicated: one per node name (its unsafe characters replaced) and user, under
+ * XDG_RUNTIME_DIR or the temp directory, so two daemons of one node find each other and other nodes do not.
+ */
+export function defaultHandoverSocket(mode: string, inpodUds: string, nodeName: string | null, runtimeDir: string | undefined): string {
+  if (mode === 'shared') return join(dirname(inpodUds), 'handover.sock');
+  const uid = typeof process.getuid === 'function' ? process.getuid() : 0;
+  const node = (nodeName ?? 'node').replace(/[^A-Za-z0-9._-]/g, '_');
+  return join(runtimeDir !== undefined && runtimeDir !== '' ? runtimeDir : tmpdir(), `ztunnel-node-${uid}`, `handover-${node}.sock`);
+}
 /** istio-cni's InpodMark: its iptables rules let packets carrying it through uncaptured. */
 export const DEFAULT_PACKET_MARK = 1337;

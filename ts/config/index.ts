@@ -72,6 +72,8 @@ export interface Config {
   };
   /** CRL_PATH: revocation lists (PEM) the handshakes check peers against; null: none. */
   readonly crlPath: string | null;
+  /** Hand-over to a successor daemon (HANDOVER_ENABLED, HANDOVER_SOCKET). */
+  readonly handover: { readonly enabled: boolean; readonly socket: string };
   /** Shared (in-pod) mode: the istio-cni ZDS socket, the in-pod mark, SO_REUSEPORT, original source. */
   readonly inpod: {
     readonly uds: string;
@@ -141,7 +143,7 @@ export function loadConfig(input: ConfigInput): Config {
     const lines = prefixed.error.issues.map((i) => `${String(i.path[0])}${String(i.path[1] ?? '')}: ${i.message}`);
     throw new ConfigError(`invalid configuration: ${lines.join('; ')}`);
   }
-  const config = resolve(parsed.data, fromFlag, input.cpuCount ?? availableParallelism(), input.allArgs ?? args);
+  const config = resolve(parsed.data, fromFlag, input.cpuCount ?? availableParallelism(), input.allArgs ?? args, input.env.XDG_RUNTIME_DIR);
   return deepFreeze({ ...config, ...resolvePrefixed(prefixed.data) });
 }
 
@@ -176,6 +178,8 @@ function resolve(
   fromFlag: Set<ConfigKey>,
   cpuCount: number,
   allArgs: readonly string[],
+  /** XDG_RUNTIME_DIR, where the default hand-over socket of local and dedicated mode goes (else the temp dir). */
+  runtimeDir: string | undefined,
 ): Omit<Config, 'xdsHeaders' | 'caHeaders' | 'proxyMetadata'> {
   const proxyMode = raw.PROXY_MODE ?? D.DEFAULT_PROXY_MODE;
   // Local mode is loopback-only: no istiod unless asked for explicitly.
@@ -232,6 +236,12 @@ function resolve(
       ipv6Enabled: raw.IPV6_ENABLED ?? true,
       preferedServiceNamespace: raw.PREFERED_SERVICE_NAMESPACE ?? null,
       resolvConf: raw.DNS_RESOLV_CONF ?? D.DEFAULT_RESOLV_CONF,
+    },
+    handover: {
+      enabled: raw.HANDOVER_ENABLED ?? true,
+      socket:
+        raw.HANDOVER_SOCKET ??
+        D.defaultHandoverSocket(proxyMode, raw.INPOD_UDS ?? D.DEFAULT_INPOD_UDS, raw.NODE_NAME ?? null, runtimeDir),
     },
     inpod: {
       uds: raw.INPOD_UDS ?? D.DEFAULT_INPOD_UDS,

@@ -173,6 +173,8 @@ const fields = {
   RUST_BACKTRACE: text().optional().describe("backtrace on a panic in the native core, read by Rust's runtime itself (Istio's chart sets 1)"),
   INPOD_UDS: nonEmpty().optional().describe('ZDS socket of the istio-cni node agent (/var/run/ztunnel/ztunnel.sock; shared mode)'),
   PACKET_MARK: nonNegativeInt(0xffffffff).optional().describe('SO_MARK on every socket in a pod netns (1337 = 0x539)'),
+  HANDOVER_ENABLED: bool().optional().describe("ztunnel-node's own: a new daemon takes the established connections of the one it replaces (true)"),
+  HANDOVER_SOCKET: nonEmpty().optional().describe("ztunnel-node's own: the hand-over Unix socket (handover.sock beside INPOD_UDS; local and dedicated: per NODE_NAME in the runtime or temp directory)"),
   INPOD_PORT_REUSE: bool().optional().describe('SO_REUSEPORT on in-pod listeners, so a new daemon binds beside a draining one (true)'),
   LOCALHOST_APP_TUNNEL: bool().optional().describe('reach PROXY application tunnels on loopback, from loopback (true)'),
   ENABLE_RESPONSE_BAGGAGE: bool().optional().describe("the inbound CONNECT's 200 carries the destination's baggage (true)"),

@@ -55,6 +55,7 @@ import { Drain, type DrainMode } from './drain.js';
 import { collectAfterBatch } from '../heap.js';
 import { logNativeEvent, type SuppressedCounts } from './events.js';
 import { Readiness } from './readiness.js';
+import { HandoverTally, takeOverThenServe } from './handover.js';
 
 /** How often native events are drained into the logs: frequent enough to read as live, cheap (one JSON call). */
 export const EVENT_PUMP_INTERVAL_MS = 250;
@@ -86,6 +87,9 @@ export type DataplanePort = Pick<
   | 'inpodState'
   | 'drainEvents'
   | 'setEventLevels'
+  | 'handoverTake'
+  | 'handoverListen'
+  | 'nextHandover'
   | 'drain'
   | 'shutdown'
 >;
@@ -250,6 +254,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   }, () => undefined);
   const store = new StateStore(config.nodeName);
   const xdsMetrics = new XdsMetrics();
+  const handovers = new HandoverTally();
   const loggers = { access: logs.forTarget('access'), dataplane: logs.forTarget('dataplane'), dns: logs.forTarget('dns') };
   const suppressedLogs: SuppressedCounts = new Map();
 
@@ -474,6 +479,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       istioVersion: config.istioVersion,
       xds: () => xdsMetrics.snapshot(),
       missingPolicies: () => store.missingReferences,
+      handover: () => handovers,
       ...(config.proxyMode === 'local' ? {} : { workloadManager: () => capture?.counters() ?? null }),
     });
     const admin = createAdminServer({
@@ -730,14 +736,36 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     xds.start();
   }
 
+  /**
+   * Hand-over (HANDOVER_ENABLED): take the connections of the daemon this one replaces, then serve the socket for the
+   * next one; a successor that speaks to this daemon drains it. A failure here is logged: the daemon serves anyway.
+   */
+  const takeOver = async (): Promise<void> => {
+    if (!config.handover.enabled || dp === null || drain.signal.aborted) return;
+    try {
+      await takeOverThenServe({
+        dp,
+        socket: config.handover.socket,
+        nodeName: config.nodeName ?? '',
+        log,
+        counts: handovers,
+        signal: drain.signal,
+        onSuccessor: () => shutdownSoon('graceful', 'a successor took over'),
+      });
+    } catch (err) {
+      log.error({ err: err instanceof Error ? err.message : String(err), socket: config.handover.socket }, 'hand-over socket not served: an upgrade of this daemon will drain its connections');
+    }
+  };
+
   // Readiness: the state first, then the local workloads that state places on this node.
   const gatesReadiness = localWorkloads !== null && config.proxyMode === 'local';
   if (!gatesReadiness) {
     // No local-mode listeners: nothing for "certificates"/"proxy" to wait for (prefetch does not gate readiness;
-    // in-pod has its own task).
+    // in-pod has its own task). The hand-over follows readiness here (in-pod connections are not handed over yet).
     certTask.done();
     proxyTask.done();
     proxyReady = true;
+    readiness.whenReady().then(takeOver, () => undefined);
   }
   stateReady
     .then(async () => {
@@ -750,6 +778,9 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       const nodeName = config.nodeName as string;
       if (store.workloadsOnNode(nodeName).length === 0) log.warn({ node: nodeName }, 'no workload in the state runs on this node (yet)');
       await localWorkloads.settled();
+      if (drain.signal.aborted || exitCode !== 0) return;
+      // The predecessor's connections are carried on here before this daemon reports ready.
+      await takeOver();
       if (drain.signal.aborted || exitCode !== 0) return;
       certTask.done();
       proxyTask.done();

@@ -10,6 +10,7 @@ import { fromNativeError, ZtunnelError } from '../errors.js';
 import type { LogLevel } from '../log/filter.js';
 import type {
   DedicatedSpec,
+  HandoverReport,
   InPodConfig,
   InPodState,
   InPodWorkload,
@@ -382,6 +383,28 @@ export class Dataplane {
 
   listeners(): BoundListeners[] {
     return JSON.parse(call(() => this.inner.listeners())) as BoundListeners[];
+  }
+
+  /**
+   * Predecessor: serve hand-overs on the Unix socket `path` (0600). `replace`: take the name from a daemon that is
+   * leaving (one this daemon just tried to take over from); otherwise a socket someone serves is refused.
+   */
+  handoverListen(path: string, replace: boolean): void {
+    call(() => this.inner.handoverListen(path, replace));
+  }
+
+  /** Predecessor: the next hand-over this daemon gave (or refused); null once it no longer listens. */
+  async nextHandover(): Promise<HandoverReport | null> {
+    const json = await callAsync(() => this.inner.nextHandover());
+    return json === null || json === undefined ? null : (JSON.parse(json) as HandoverReport);
+  }
+
+  /**
+   * Successor: take the established connections of the daemon serving `path` and carry them on. Call once this
+   * daemon serves the same workloads, before it is ready. `found: false` when nobody serves `path`.
+   */
+  async handoverTake(path: string): Promise<HandoverReport> {
+    return JSON.parse(await callAsync(() => this.inner.handoverTake(path))) as HandoverReport;
   }
 
   /**

@@ -91,3 +91,4 @@ export type { InPodWorkloadInfo } from './generated/InPodWorkloadInfo.js';
 export type { InPodConnections } from './generated/InPodConnections.js';
 export type { ConnectionInfo } from './generated/ConnectionInfo.js';
 export type { PodPhase } from './generated/PodPhase.js';
+export type { HandoverReport } from './generated/HandoverReport.js';

@@ -1,0 +1,254 @@
+// Hand-over between two daemons of one node (local mode): a second node-a daemon started on the first one's
+// HANDOVER_SOCKET takes its established connections, and the first exits 0. The connections are long-lived streams
+// of random bytes both ways, each direction's sha256 and length checked after the restart and at the end: nothing
+// lost, duplicated or reordered, no reset. What is asserted is what an operator sees: the bytes, exit codes, the log
+// lines and the metrics.
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { createHash, randomBytes } from 'node:crypto';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
+import { sumSamples } from '../../dist/cli/prom-text.js';
+import { makeTempDir, startDaemon, workload } from '../helpers/daemon.js';
+import { BLOCKS, block, socks5Request, waitFor } from '../helpers/net.js';
+
+const net = block(BLOCKS.handover);
+const SLEEP_IP = net.workload(1);
+const SOCKS = { host: SLEEP_IP, port: 15080 };
+// Outside the mesh: the connection is passthrough TCP from node-a (a TCP ⇄ TCP relay).
+const SERVER = { host: net.workload(9), port: 9000 };
+const CONFIG = { workloads: [workload({ name: 'sleep', ip: SLEEP_IP, node: 'node-a' })] };
+
+const cleanups = [];
+after(async () => {
+  for (const c of cleanups.reverse()) await c();
+});
+
+/** One direction of a stream: what was written (or read) so far, and its running sha256. */
+class Tally {
+  constructor() {
+    this.bytes = 0;
+    this.hash = createHash('sha256');
+  }
+  add(buf) {
+    this.bytes += buf.length;
+    this.hash.update(buf);
+  }
+  digest() {
+    return this.hash.copy().digest('hex');
+  }
+}
+
+/** A server that, per connection, tallies what it receives and streams random bytes back until told to stop. */
+function startServer() {
+  const conns = [];
+  // Half-open allowed: a client's half-close must not end the server's direction.
+  const server = createServer({ allowHalfOpen: true }, (socket) => {
+    const c = { socket, received: new Tally(), sent: new Tally(), ended: false, errors: [] };
+    conns.push(c);
+    socket.on('data', (b) => c.received.add(b));
+    socket.on('end', () => (c.ended = true));
+    socket.on('error', (e) => c.errors.push(e.code ?? e.message));
+  });
+  return new Promise((resolve) =>
+    server.listen(SERVER.port, SERVER.host, () =>
+      resolve({
+        conns,
+        close: () => {
+          for (const c of conns) c.socket.destroy();
+          return new Promise((r) => server.close(() => r()));
+        },
+      }),
+    ),
+  );
+}
+
+/** Writes `chunk`-byte random blocks every `everyMs` on `socket`, tallying them, until `stop()`. */
+function pump(socket, tally, { chunk = 8 * 1024, everyMs = 5 } = {}) {
+  let timer = setInterval(() => {
+    const b = randomBytes(chunk);
+    tally.add(b);
+    socket.write(b);
+  }, everyMs);
+  timer.unref();
+  return () => {
+    clearInterval(timer);
+    timer = null;
+  };
+}
+
+/** A client connection through node-a's SOCKS5 entry, both directions streaming. */
+async function openStream(srv) {
+  const before = srv.conns.length;
+  const { code, socket } = await socks5Request({ socks: SOCKS, dest: SERVER });
+  assert.equal(code, 0, 'SOCKS5 CONNECT succeeded');
+  const s = { socket, local: `${socket.localAddress}:${socket.localPort}`, sent: new Tally(), received: new Tally(), errors: [], closed: false };
+  socket.on('data', (b) => s.received.add(b));
+  socket.on('error', (e) => s.errors.push(e.code ?? e.message));
+  socket.on('close', () => (s.closed = true));
+  socket.resume();
+  await waitFor(() => srv.conns.length > before, { message: 'the server accepted' });
+  s.server = srv.conns[srv.conns.length - 1];
+  s.stopUp = pump(socket, s.sent);
+  s.stopDown = pump(s.server.socket, s.server.sent);
+  return s;
+}
+
+/** Both directions stop writing; once each receiver has every byte, the digests must match. */
+async function checkpoint(s, what) {
+  s.stopUp();
+  s.stopDown();
+  await waitFor(() => s.server.received.bytes === s.sent.bytes && s.received.bytes === s.server.sent.bytes, {
+    timeoutMs: 15_000,
+    message: `${what}: every byte arrived (up ${s.server.received.bytes}/${s.sent.bytes}, down ${s.received.bytes}/${s.server.sent.bytes})`,
+  });
+  assert.equal(s.server.received.digest(), s.sent.digest(), `${what}: client → server sha256`);
+  assert.equal(s.received.digest(), s.server.sent.digest(), `${what}: server → client sha256`);
+  assert.deepEqual([s.errors, s.server.errors, s.closed], [[], [], false], `${what}: no reset, no close`);
+}
+
+test('a restart of the node hands its established connections to the new daemon, byte-exact, and the old one exits 0', async (t) => {
+  const caDir = makeTempDir('ztn-handover-ca-');
+  const socketDir = makeTempDir('ztn-handover-');
+  const env = { HANDOVER_SOCKET: join(socketDir, 'handover.sock') };
+  const srv = await startServer();
+  cleanups.push(() => srv.close());
+
+  const first = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(1), env, cleanup: t });
+  const streams = [await openStream(srv), await openStream(srv), await openStream(srv)];
+  // One stream is half-closed by the client before the restart: the other direction must still flow after it.
+  const half = streams[2];
+  half.stopUp();
+  half.socket.end();
+  await waitFor(() => half.server.ended, { message: 'the half-close reached the server' });
+  await new Promise((r) => setTimeout(r, 300)); // traffic in flight both ways
+
+  const second = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(2), env, cleanup: t });
+  const exit = await Promise.race([first.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  assert.deepEqual(exit && { code: exit.code, signal: exit.signal }, { code: 0, signal: null }, 'the predecessor exits 0 by itself');
+  const given = first.logs.find((l) => l.message === 'hand-over given');
+  assert.ok(given, `the predecessor logged the hand-over: ${first.tail()}`);
+  assert.equal(given.connections, 3);
+  assert.equal(given.kept, 0);
+  const taken = second.logs.find((l) => l.message === 'hand-over taken');
+  assert.ok(taken, 'the successor logged it');
+  assert.equal(taken.connections, 3);
+  assert.ok(!first.logs.some((l) => l.message === 'connection complete'), 'the predecessor wrote no record for them');
+
+  // The streams go on through the successor alone.
+  await new Promise((r) => setTimeout(r, 300));
+  for (const s of streams.slice(0, 2)) await checkpoint(s, 'after the restart');
+  // The half-closed one: the server's direction flowed on after the hand-over.
+  half.stopDown();
+  await waitFor(() => half.received.bytes === half.server.sent.bytes, { message: 'the half-closed stream delivered' });
+  assert.equal(half.received.digest(), half.server.sent.digest());
+  assert.equal(half.server.received.digest(), half.sent.digest());
+
+  // A new connection works on the successor.
+  const fresh = await openStream(srv);
+  await new Promise((r) => setTimeout(r, 100));
+  await checkpoint(fresh, 'a new connection');
+
+  // A second restart: the successor hands over in turn (the third daemon takes the socket over).
+  for (const s of streams.slice(0, 2)) {
+    s.stopUp = pump(s.socket, s.sent);
+    s.stopDown = pump(s.server.socket, s.server.sent);
+  }
+  const third = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(3), env, cleanup: t });
+  const exit2 = await Promise.race([second.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  assert.equal(exit2?.code, 0, 'the second daemon exits 0 after handing over');
+  assert.equal(third.logs.find((l) => l.message === 'hand-over taken')?.connections, 4, 'two streams, the half-closed one and the new one');
+  for (const s of streams.slice(0, 2)) await checkpoint(s, 'after the second restart');
+
+  // The end: each connection's record is written once, by the daemon that saw it end, with every byte.
+  streams[0].socket.end();
+  streams[0].server.socket.end();
+  await waitFor(() => streams[0].closed, { message: 'the stream closed' });
+  const record = await third.waitForLog((l) => l.message === 'connection complete' && l['src.addr'] === streams[0].local);
+  assert.equal(record.bytes_sent, streams[0].sent.bytes, 'bytes toward the server, over three daemons');
+  assert.equal(record.bytes_recv, streams[0].server.sent.bytes, 'bytes from the server, over three daemons');
+  assert.equal(record.direction, 'outbound');
+  const s = await third.metrics();
+  assert.equal(sumSamples(s, 'ztunnel_node_handover_connections_total', { outcome: 'taken' }), 4);
+  assert.equal(sumSamples(s, 'ztunnel_node_handovers_total', { role: 'take', result: 'done' }), 1);
+  for (const x of [streams[1], half, fresh]) {
+    x.socket.destroy();
+    x.server.socket.destroy();
+  }
+  await third.stop();
+});
+
+test('with HANDOVER_ENABLED=false a second daemon takes nothing and the first keeps serving', async (t) => {
+  const caDir = makeTempDir('ztn-handover-ca-');
+  const socketDir = makeTempDir('ztn-handover-');
+  const env = { HANDOVER_SOCKET: join(socketDir, 'handover.sock') };
+  const first = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(4), env, cleanup: t });
+  const second = await startDaemon({
+    node: 'node-a',
+    config: CONFIG,
+    caDir,
+    adminIp: net.admin(5),
+    env: { ...env, HANDOVER_ENABLED: 'false' },
+    cleanup: t,
+  });
+  await new Promise((r) => setTimeout(r, 500));
+  assert.equal(first.exit, null, 'the first daemon still runs');
+  assert.ok(!second.logs.some((l) => /hand-over/.test(l.message ?? '')), 'nothing was handed over');
+  await second.stop();
+  await first.stop();
+});
+
+test('1,000 connections at once: every one is handed over and echoes intact afterwards', async (t) => {
+  const caDir = makeTempDir('ztn-handover-ca-');
+  const socketDir = makeTempDir('ztn-handover-');
+  const env = { HANDOVER_SOCKET: join(socketDir, 'handover.sock') };
+  const ECHO = { host: SERVER.host, port: SERVER.port + 1 };
+  const echo = createServer({ allowHalfOpen: true }, (s) => {
+    s.on('error', () => undefined);
+    s.pipe(s);
+  });
+  await new Promise((r) => echo.listen(ECHO.port, ECHO.host, r));
+  const sockets = [];
+  cleanups.push(() => {
+    for (const s of sockets) s.destroy();
+    return new Promise((r) => echo.close(() => r()));
+  });
+  const first = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(6), env, cleanup: t });
+  const N = 1000;
+  for (let i = 0; i < N; i += 100) {
+    const batch = await Promise.all(Array.from({ length: 100 }, () => socks5Request({ socks: SOCKS, dest: ECHO })));
+    for (const { code, socket } of batch) {
+      assert.equal(code, 0);
+      socket.on('error', () => undefined);
+      sockets.push(socket);
+    }
+  }
+  // Each one has carried a message before the restart.
+  const roundTrip = (s, tag) =>
+    new Promise((resolve) => {
+      const msg = Buffer.from(tag.padEnd(24, '.'));
+      let got = Buffer.alloc(0);
+      const onData = (d) => {
+        got = Buffer.concat([got, d]);
+        if (got.length >= msg.length) {
+          s.off('data', onData);
+          s.pause();
+          resolve(got.equals(msg));
+        }
+      };
+      s.on('data', onData);
+      s.resume();
+      s.write(msg);
+    });
+  assert.deepEqual(new Set(await Promise.all(sockets.map((s, i) => roundTrip(s, `before-${i}`)))), new Set([true]));
+  const second = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(7), env, cleanup: t });
+  const exit = await Promise.race([first.exited, new Promise((r) => setTimeout(() => r(null), 15_000))]);
+  assert.equal(exit?.code, 0);
+  const given = first.logs.find((l) => l.message === 'hand-over given');
+  assert.equal(given?.connections, N, `every connection was handed over: ${JSON.stringify(given)}`);
+  t.diagnostic(`1,000 connections: given in ${given.durationMs} ms, paused at most ${given.pauseMs} ms`);
+  const after = await Promise.all(sockets.map((s, i) => roundTrip(s, `after-${i}`)));
+  assert.equal(after.filter((ok) => !ok).length, 0, 'none lost or garbled');
+  assert.equal(sockets.filter((s) => s.destroyed).length, 0, 'none closed');
+  await second.stop();
+});
