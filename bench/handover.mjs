@@ -99,6 +99,7 @@ async function main() {
       giveMs: given?.durationMs ?? null,
       takeMs: taken?.durationMs ?? null,
       pauseMs: given?.pauseMs ?? null,
+      phasesMs: given?.phasesMs ?? null,
       probeGapP50Ms: round1(gaps[Math.floor(gaps.length * 0.5)]),
       probeGapP99Ms: round1(gaps[Math.min(gaps.length - 1, Math.floor(gaps.length * 0.99))]),
       probeGapMaxMs: round1(gaps[gaps.length - 1]),

@@ -63,6 +63,7 @@ function fields(r: HandoverReport): Record<string, unknown> {
   if (r.role === 'give') {
     out.kept = r.kept;
     out.pauseMs = Math.round(r.pauseMs * 10) / 10;
+    out.phasesMs = r.phasesMs.map((x) => Math.round(x * 10) / 10);
   }
   if (r.error !== undefined) out.error = r.error;
   return out;

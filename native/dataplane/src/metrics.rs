@@ -530,7 +530,7 @@ pub struct ConnectionGuard {
 }
 
 impl ConnectionGuard {
-    pub fn labels(&self) -> &TrafficLabels {
+    pub fn labels(&self) -> &Arc<TrafficLabels> {
         &self.labels
     }
 

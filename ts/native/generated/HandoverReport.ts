@@ -37,6 +37,10 @@ error: string | null,
  */
 peerPid: number, 
 /**
+ * Give: where the pause went (ms): collecting every connection's state, sending them, the successor's answer.
+ */
+phasesMs: [number, number, number], 
+/**
  * The other side's protocol version.
  */
 peerVersion: number, 

@@ -36,23 +36,28 @@ pub async fn carry(
     describe: impl Fn() -> ConnMeta,
 ) -> Carried {
     let ticket = hub.ticket();
+    let mut described = false;
     loop {
-        let pause = ticket.pause();
+        let (pause, describe_now) = (ticket.pause(), ticket.describe());
         tokio::select! {
             r = &mut relay => return Carried::Ended(r.map(|_| ()), relay.moved()),
             _ = ends.force.cancelled() => return Carried::Ended(Err(io::Error::other("drained")), relay.moved()),
             _ = ends.close.cancelled() => {
                 return Carried::Ended(Err(io::Error::other("connection closed due to policy change")), relay.moved())
             }
+            _ = describe_now.cancelled(), if !described => {
+                described = true;
+                ticket.described(describe());
+            }
             _ = pause.cancelled() => {
                 let legs = relay.legs();
-                let mut meta = describe();
-                meta.legs = legs.each_ref().map(|l| LegMeta { moved: l.moved, end: l.end, pending: l.pending.len() });
+                let meta = (!described).then(&describe);
                 let fds = relay.sockets().map(|s| s.as_raw_fd()).to_vec();
-                // Boxed: the parcel is large and exists only while paused; the relay's future stays small.
-                match Box::pin(ticket.offer(Parcel { fds, meta, legs })).await {
+                // Boxed: the parcel exists only while paused; the relay's future stays small.
+                match Box::pin(ticket.offer(Parcel { id: ticket.id, fds, meta, legs })).await {
                     Verdict::Gone => return Carried::HandedOver,
-                    Verdict::Keep => continue,
+                    // The next hand-over asks for the description again.
+                    Verdict::Keep => described = false,
                 }
             }
         }
@@ -72,6 +77,7 @@ pub fn meta(
         kind,
         local: local.into(),
         labels: result.labels().clone(),
+        label: 0,
         record,
         age_ms: result.age().as_millis() as u64,
         src,
@@ -104,7 +110,7 @@ pub async fn resume(pi: Arc<ProxyInputs>, force: CancellationToken, r: Received)
     let (Some(b), Some(a)) = (socks.pop(), socks.pop()) else { return };
     let local: LocalRef = (&meta.local).into();
     let result =
-        crate::proxy::access::ConnectionResult::adopt(&pi, meta.labels.clone(), Duration::from_millis(meta.age_ms));
+        crate::proxy::access::ConnectionResult::adopt(&pi, (*meta.labels).clone(), Duration::from_millis(meta.age_ms));
     let track = match meta.kind {
         ConnKind::OutboundTcp => pi.tracker.register_outbound(
             local.clone(),

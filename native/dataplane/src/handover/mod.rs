@@ -58,8 +58,14 @@ pub struct Hub {
     /// The current round's pause: cancelled when a successor asks; replaced by a fresh one when a round gives up,
     /// before its paused connections resume.
     round: Mutex<CancellationToken>,
+    /// Cancelled first: every connection describes itself (and goes on copying), so the metadata crosses before the
+    /// pause and the pause carries only what moves.
+    describe: Mutex<CancellationToken>,
     offers_tx: mpsc::Sender<Offer>,
     offers_rx: Mutex<mpsc::Receiver<Offer>>,
+    descs_tx: mpsc::Sender<(u64, ConnMeta)>,
+    descs_rx: Mutex<mpsc::Receiver<(u64, ConnMeta)>>,
+    next_id: std::sync::atomic::AtomicU64,
     /// Connections that can be handed over, live now.
     live: AtomicUsize,
     /// One hand-over at a time.
@@ -69,10 +75,15 @@ pub struct Hub {
 impl Default for Hub {
     fn default() -> Hub {
         let (offers_tx, offers_rx) = mpsc::channel();
+        let (descs_tx, descs_rx) = mpsc::channel();
         Hub {
             round: Mutex::new(CancellationToken::new()),
+            describe: Mutex::new(CancellationToken::new()),
             offers_tx,
             offers_rx: Mutex::new(offers_rx),
+            descs_tx,
+            descs_rx: Mutex::new(descs_rx),
+            next_id: std::sync::atomic::AtomicU64::new(1),
             live: AtomicUsize::new(0),
             busy: Mutex::new(()),
         }
@@ -91,6 +102,7 @@ pub enum Verdict {
 /// A connection's registration with the hub, for as long as it can be handed over.
 pub struct Ticket {
     hub: std::sync::Arc<Hub>,
+    pub id: u64,
 }
 
 impl Drop for Ticket {
@@ -103,6 +115,15 @@ impl Ticket {
     /// Cancelled when a hand-over asks this connection to pause.
     pub fn pause(&self) -> CancellationToken {
         self.hub.round.lock().clone()
+    }
+
+    /// Cancelled when a hand-over asks this connection to describe itself (it goes on copying).
+    pub fn describe(&self) -> CancellationToken {
+        self.hub.describe.lock().clone()
+    }
+
+    pub fn described(&self, meta: ConnMeta) {
+        let _ = self.hub.descs_tx.send((self.id, meta));
     }
 
     /// Hand the paused connection's state to the hub and wait for the verdict. The descriptors stay valid (their
@@ -123,9 +144,11 @@ struct Offer {
 
 /// One paused connection, as it crosses.
 pub struct Parcel {
+    pub id: u64,
     /// Borrowed: the offering task keeps the sockets until its verdict.
     pub fds: Vec<RawFd>,
-    pub meta: ConnMeta,
+    /// None when it was described before the pause.
+    pub meta: Option<ConnMeta>,
     pub legs: [LegState; 2],
 }
 
@@ -183,8 +206,11 @@ impl From<&LocalJson> for crate::proxy::LocalRef {
 pub struct ConnMeta {
     pub kind: ConnKind,
     pub local: LocalJson,
-    /// The metrics bucket it counts into.
-    pub labels: crate::metrics::TrafficLabels,
+    /// The metrics bucket it counts into (shared with the bucket; on the wire, `label` indexes its batch's table).
+    #[serde(skip)]
+    pub labels: std::sync::Arc<crate::metrics::TrafficLabels>,
+    #[serde(default)]
+    pub label: u32,
     /// Its access record's fields but the bytes, the duration and the error (rendered by the proxy that opened it).
     pub record: serde_json::Map<String, serde_json::Value>,
     /// How long ago it was accepted (the record's duration goes on from there).
@@ -233,6 +259,8 @@ pub struct HandoverReport {
     pub error: Option<String>,
     /// The other process's pid, as the kernel reported it (0 when in another pid namespace).
     pub peer_pid: i32,
+    /// Give: where the pause went (ms): collecting every connection's state, sending them, the successor's answer.
+    pub phases_ms: [f64; 3],
     /// The other side's protocol version.
     pub peer_version: u32,
     /// The node the other side serves.
@@ -306,7 +334,7 @@ impl Hub {
     /// Register a connection that can be handed over.
     pub fn ticket(self: &std::sync::Arc<Self>) -> Ticket {
         self.live.fetch_add(1, Ordering::AcqRel);
-        Ticket { hub: self.clone() }
+        Ticket { hub: self.clone(), id: self.next_id.fetch_add(1, Ordering::Relaxed) }
     }
 
     pub fn live(&self) -> usize {
@@ -341,13 +369,30 @@ impl Hub {
             }
             send_json(&sock, Kind::Hello, &Hello { version: VERSION, pid: std::process::id(), node: node.into() })?;
             stop_accepting();
-            paused_at = Some(Instant::now());
+            // Before the pause: the metadata, while the connections go on copying.
+            let described = self.describe_all();
+            for chunk in described.chunks(META_BATCH) {
+                send_meta(&sock, chunk)?;
+            }
+            let t0 = Instant::now();
+            paused_at = Some(t0);
             self.pause_all(&mut paused);
-            for o in &paused {
-                send_parcel(&sock, &o.parcel)?;
+            // Connections that described themselves after the first collection (set up meanwhile) did so before
+            // they paused: their descriptions are queued by now.
+            let late: Vec<(u64, ConnMeta)> = std::iter::from_fn(|| self.descs_rx.lock().try_recv().ok()).collect();
+            for chunk in late.chunks(META_BATCH) {
+                send_meta(&sock, chunk)?;
+            }
+            let t1 = Instant::now();
+            for chunk in paused.chunks_mut(BATCH) {
+                let mut parcels: Vec<&mut Parcel> = chunk.iter_mut().map(|o| &mut o.parcel).collect();
+                send_batch(&sock, &mut parcels)?;
             }
             send_json(&sock, Kind::Offered, &Count { count: paused.len() as u32 })?;
+            let t2 = Instant::now();
             let ready: Count = json(&expect(&sock, Kind::Ready)?)?;
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            report.phases_ms = [ms(t1 - t0), ms(t2 - t1), ms(t2.elapsed())];
             if ready.count as usize != paused.len() {
                 return Err(protocol(format!("the successor took {} of {}", ready.count, paused.len())));
             }
@@ -363,6 +408,7 @@ impl Hub {
                 report.error = Some(e.to_string());
                 // The next round's pause is a fresh one, set before anything resumes.
                 *self.round.lock() = CancellationToken::new();
+                *self.describe.lock() = CancellationToken::new();
                 if !paused.is_empty() {
                     let _ = send_json(&sock, Kind::Abort, &Reason { reason: e.to_string(), node: None });
                 }
@@ -381,6 +427,29 @@ impl Hub {
         report.pause_ms = paused_at.map(|t| t.elapsed().as_secs_f64() * 1000.0).unwrap_or(0.0);
         report.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
         report
+    }
+
+    /// Ask every connection to describe itself and collect the descriptions: all that are live, or what came within
+    /// the wait.
+    fn describe_all(&self) -> Vec<(u64, ConnMeta)> {
+        let rx = self.descs_rx.lock();
+        // Descriptions left from a round that gave up are stale (dropped before asking for new ones).
+        while rx.try_recv().is_ok() {}
+        self.describe.lock().cancel();
+        let mut out = Vec::new();
+        let deadline = Instant::now() + PAUSE_WAIT;
+        while out.len() < self.live() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match rx.recv_timeout(left.min(Duration::from_millis(20))) {
+                Ok(d) => out.push(d),
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        out
     }
 
     /// Ask every connection to pause and collect their parcels: all that are live, or what came within the wait.
@@ -406,37 +475,166 @@ impl Hub {
     }
 }
 
-fn send_parcel(sock: &UnixStream, p: &Parcel) -> io::Result<()> {
-    let meta = serde_json::to_vec(&p.meta).map_err(io::Error::other)?;
-    let mut payload = Vec::with_capacity(4 + meta.len() + p.legs[0].pending.len() + p.legs[1].pending.len());
-    payload.extend_from_slice(&(meta.len() as u32).to_le_bytes());
-    payload.extend_from_slice(&meta);
-    for leg in &p.legs {
-        payload.extend_from_slice(&leg.pending);
+/// How many paused connections go in one frame: two descriptors each, within `wire::MAX_FDS`.
+const BATCH: usize = wire::MAX_FDS / 2;
+/// How many descriptions go in one frame.
+const META_BATCH: usize = 512;
+
+type Labels = std::sync::Arc<crate::metrics::TrafficLabels>;
+
+/// Each distinct label set once per frame (connections of one bucket share it): sets `label` on each.
+fn label_table<'a>(metas: impl Iterator<Item = &'a mut ConnMeta>) -> Vec<Labels> {
+    let mut labels: Vec<Labels> = Vec::new();
+    for m in metas {
+        let at = match labels.iter().position(|l| std::sync::Arc::ptr_eq(l, &m.labels)) {
+            Some(i) => i,
+            None => {
+                labels.push(m.labels.clone());
+                labels.len() - 1
+            }
+        };
+        m.label = at as u32;
     }
-    wire::send(sock, Kind::Conn, &p.fds, &payload)
+    labels
 }
 
-fn parse_parcel(f: wire::Frame) -> io::Result<Received> {
+fn resolve_labels(meta: &mut ConnMeta, labels: &[Labels]) -> io::Result<()> {
+    meta.labels = labels.get(meta.label as usize).cloned().ok_or_else(|| protocol("a label set out of range"))?;
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct MetaOut<'a> {
+    labels: Vec<&'a crate::metrics::TrafficLabels>,
+    conns: Vec<(u64, &'a ConnMeta)>,
+}
+
+#[derive(Deserialize)]
+struct MetaIn {
+    labels: Vec<crate::metrics::TrafficLabels>,
+    conns: Vec<(u64, ConnMeta)>,
+}
+
+#[derive(Serialize)]
+struct StateOut<'a> {
+    labels: Vec<&'a crate::metrics::TrafficLabels>,
+    conns: Vec<StateRef<'a>>,
+}
+
+#[derive(Serialize)]
+struct StateRef<'a> {
+    id: u64,
+    legs: [LegMeta; 2],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    meta: Option<&'a ConnMeta>,
+}
+
+#[derive(Deserialize)]
+struct StateIn {
+    labels: Vec<crate::metrics::TrafficLabels>,
+    conns: Vec<StateEntry>,
+}
+
+#[derive(Deserialize)]
+struct StateEntry {
+    id: u64,
+    legs: [LegMeta; 2],
+    #[serde(default)]
+    meta: Option<ConnMeta>,
+}
+
+fn send_meta(sock: &UnixStream, described: &[(u64, ConnMeta)]) -> io::Result<()> {
+    let mut metas: Vec<(u64, ConnMeta)> = described.to_vec();
+    let labels = label_table(metas.iter_mut().map(|(_, m)| m));
+    let out = MetaOut {
+        labels: labels.iter().map(|l| &**l).collect(),
+        conns: metas.iter().map(|(id, m)| (*id, m)).collect(),
+    };
+    wire::send(sock, Kind::Meta, &[], &serde_json::to_vec(&out).map_err(io::Error::other)?)
+}
+
+fn parse_meta(f: &wire::Frame, into: &mut std::collections::HashMap<u64, ConnMeta>) -> io::Result<()> {
+    let batch: MetaIn = json(f)?;
+    let labels: Vec<Labels> = batch.labels.into_iter().map(std::sync::Arc::new).collect();
+    for (id, mut meta) in batch.conns {
+        resolve_labels(&mut meta, &labels)?;
+        into.insert(id, meta);
+    }
+    Ok(())
+}
+
+/// Up to `BATCH` paused connections in one frame: where each leg is, the metadata of those not described before,
+/// the descriptors in order, and the pending bytes after the JSON.
+fn send_batch(sock: &UnixStream, parcels: &mut [&mut Parcel]) -> io::Result<()> {
+    let labels = label_table(parcels.iter_mut().filter_map(|p| p.meta.as_mut()));
+    let conns = parcels
+        .iter()
+        .map(|p| StateRef {
+            id: p.id,
+            legs: p.legs.each_ref().map(|l| LegMeta { moved: l.moved, end: l.end, pending: l.pending.len() }),
+            meta: p.meta.as_ref(),
+        })
+        .collect();
+    let out = StateOut { labels: labels.iter().map(|l| &**l).collect(), conns };
+    let json = serde_json::to_vec(&out).map_err(io::Error::other)?;
+    let pending: usize = parcels.iter().map(|p| p.legs[0].pending.len() + p.legs[1].pending.len()).sum();
+    let mut payload = Vec::with_capacity(4 + json.len() + pending);
+    payload.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    payload.extend_from_slice(&json);
+    let mut fds = Vec::with_capacity(parcels.len() * 2);
+    for p in parcels.iter() {
+        payload.extend_from_slice(&p.legs[0].pending);
+        payload.extend_from_slice(&p.legs[1].pending);
+        fds.extend_from_slice(&p.fds);
+    }
+    wire::send(sock, Kind::Conn, &fds, &payload)
+}
+
+fn parse_batch(
+    f: wire::Frame,
+    described: &mut std::collections::HashMap<u64, ConnMeta>,
+    into: &mut Vec<Received>,
+) -> io::Result<()> {
     let p = &f.payload;
     if p.len() < 4 {
         return Err(protocol("connection frame without metadata"));
     }
     let meta_len = u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize;
     let meta_end = 4usize.checked_add(meta_len).filter(|e| *e <= p.len()).ok_or_else(|| protocol("short metadata"))?;
-    let meta: ConnMeta =
+    let batch: StateIn =
         serde_json::from_slice(&p[4..meta_end]).map_err(|e| protocol(format!("bad connection metadata: {e}")))?;
-    let (a, b) = (meta.legs[0].pending, meta.legs[1].pending);
-    if meta_end.checked_add(a).and_then(|x| x.checked_add(b)) != Some(p.len()) {
+    if f.fds.len() != batch.conns.len() * 2 {
+        return Err(protocol(format!("{} connections came with {} sockets", batch.conns.len(), f.fds.len())));
+    }
+    let pending: Option<usize> =
+        batch.conns.iter().try_fold(0usize, |n, c| n.checked_add(c.legs[0].pending)?.checked_add(c.legs[1].pending));
+    if pending.and_then(|n| meta_end.checked_add(n)) != Some(p.len()) {
         return Err(protocol("the pending bytes do not match the metadata"));
     }
-    if f.fds.len() != 2 {
-        return Err(protocol(format!("a TCP connection has 2 sockets, this one {}", f.fds.len())));
+    let labels: Vec<Labels> = batch.labels.into_iter().map(std::sync::Arc::new).collect();
+    let (mut at, mut fds) = (meta_end, f.fds.into_iter());
+    for entry in batch.conns {
+        let mut meta = match entry.meta {
+            Some(mut m) => {
+                resolve_labels(&mut m, &labels)?;
+                m
+            }
+            None => described
+                .remove(&entry.id)
+                .ok_or_else(|| protocol(format!("connection {} was not described", entry.id)))?,
+        };
+        meta.legs = entry.legs;
+        let mut leg = |i: usize| {
+            let n = entry.legs[i].pending;
+            let bytes = p[at..at + n].to_vec();
+            at += n;
+            LegState { pending: bytes, moved: entry.legs[i].moved, end: entry.legs[i].end }
+        };
+        let legs = [leg(0), leg(1)];
+        let (Some(a), Some(b)) = (fds.next(), fds.next()) else { return Err(protocol("missing sockets")) };
+        into.push(Received { fds: vec![a, b], meta, legs });
     }
-    let leg =
-        |i: usize, bytes: &[u8]| LegState { pending: bytes.to_vec(), moved: meta.legs[i].moved, end: meta.legs[i].end };
-    let legs = [leg(0, &p[meta_end..meta_end + a]), leg(1, &p[meta_end + a..])];
-    Ok(Received { fds: f.fds, meta, legs })
+    Ok(())
 }
 
 /// Successor: take every connection the daemon listening on `path` hands over (blocking). `Ok(None)` when nobody
@@ -475,10 +673,12 @@ pub fn take_on(sock: UnixStream, node: &str) -> (HandoverReport, Vec<Received>) 
         let hello: Hello = json(&first)?;
         report.peer_version = hello.version;
         report.peer_node = hello.node;
+        let mut described = std::collections::HashMap::new();
         loop {
             let f = wire::recv(&sock)?.ok_or_else(|| protocol("the predecessor closed mid-way"))?;
             match f.kind {
-                Kind::Conn => got.push(parse_parcel(f)?),
+                Kind::Meta => parse_meta(&f, &mut described)?,
+                Kind::Conn => parse_batch(f, &mut described, &mut got)?,
                 Kind::Offered => {
                     let c: Count = json(&f)?;
                     if c.count as usize != got.len() {

@@ -180,6 +180,7 @@ async fn a_successor_that_fails_before_committing_leaves_everything_with_the_pre
             let mut n = 0;
             while let Ok(Some(f)) = wire::recv(&s) {
                 match f.kind {
+                    Kind::Hello | Kind::Meta => continue,
                     Kind::Conn => n += 1,
                     Kind::Offered if step == "after-offers" => return, // dies holding the descriptors
                     Kind::Offered => send_json(&s, Kind::Ready, &Count { count: n }).unwrap(),
@@ -192,8 +193,9 @@ async fn a_successor_that_fails_before_committing_leaves_everything_with_the_pre
         let report = give.await.unwrap();
         assert!(report.error.is_some(), "{step}: {report:?}");
         assert_eq!(report.connections, 0, "{step}");
-        let refused = step == "other-version" || step == "other-node";
-        assert_eq!(report.kept, if refused { 0 } else { 1 }, "{step}: {report:?}");
+        // Refused, or gone while the metadata crossed (before the pause): nothing was paused.
+        let paused = step == "after-offers" || step == "after-commit";
+        assert_eq!(report.kept, if paused { 1 } else { 0 }, "{step}: {report:?}");
         assert_eq!(report.other_node, step == "other-node", "{step}");
         assert_eq!(f.relay.await.unwrap(), "ended", "{step}: the predecessor carried it to its end");
         assert_eq!(f.server.await.unwrap(), (UP, 0), "{step}");
@@ -258,18 +260,30 @@ fn the_socket_is_private_and_a_live_one_is_not_taken_over() {
 
 #[test]
 fn a_connection_frame_that_does_not_add_up_is_refused() {
-    let meta = serde_json::to_vec(&describe()).unwrap();
-    let mut payload = (meta.len() as u32).to_le_bytes().to_vec();
-    payload.extend_from_slice(&meta);
-    payload.extend_from_slice(b"extra");
-    let frame = wire::Frame { kind: Kind::Conn, fds: Vec::new(), payload };
-    let err = parse_parcel(frame).err().unwrap();
+    let meta = describe();
+    let leg = LegMeta { moved: 0, end: Default::default(), pending: 0 };
+    let entry = StateRef { id: 7, legs: [leg, leg], meta: Some(&meta) };
+    let json = serde_json::to_vec(&StateOut { labels: vec![&*meta.labels], conns: vec![entry] }).unwrap();
+    let frame = |extra: &[u8], sockets: usize| {
+        let mut payload = (json.len() as u32).to_le_bytes().to_vec();
+        payload.extend_from_slice(&json);
+        payload.extend_from_slice(extra);
+        let fds = (0..sockets).map(|_| std::os::fd::OwnedFd::from(UnixStream::pair().unwrap().0)).collect();
+        wire::Frame { kind: Kind::Conn, fds, payload }
+    };
+    let mut got = Vec::new();
+    parse_batch(frame(b"", 2), &mut Default::default(), &mut got).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].meta.labels.reporter, "source", "the label set comes from the batch's table");
+    let err = parse_batch(frame(b"extra", 2), &mut Default::default(), &mut got).err().unwrap();
     assert!(err.to_string().contains("pending bytes"), "{err}");
-    let frame = wire::Frame { kind: Kind::Conn, fds: Vec::new(), payload: vec![255, 255, 255, 255] };
-    assert!(parse_parcel(frame).is_err());
+    let err = parse_batch(frame(b"", 1), &mut Default::default(), &mut got).err().unwrap();
+    assert!(err.to_string().contains("sockets"), "{err}");
+    let garbage = wire::Frame { kind: Kind::Conn, fds: Vec::new(), payload: vec![255, 255, 255, 255] };
+    assert!(parse_batch(garbage, &mut Default::default(), &mut got).is_err());
 }
 
-/// What a TCP ⇄ TCP relay's copy phase holds while idle (the outbound task boxes it): 744 bytes, and no buffer (the two
+/// What a TCP ⇄ TCP relay's copy phase holds while idle (the outbound task boxes it): 832 bytes, and no buffer (the two
 /// copy loops it replaced held 1 KiB each while idle).
 #[test]
 fn the_copy_phase_is_small() {
@@ -283,6 +297,6 @@ fn the_copy_phase_is_small() {
         let relay = tcp_bidirectional(a, b, &t0, &t1);
         let size = std::mem::size_of_val(&carry(&hub, relay, Ends { force: &force, close: &close }, describe));
         println!("task_sizes: TCP relay phase {size} bytes");
-        assert!(size <= 800, "the TCP copy phase's future is {size} bytes");
+        assert!(size <= 880, "the TCP copy phase's future is {size} bytes");
     });
 }

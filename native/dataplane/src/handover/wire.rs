@@ -13,10 +13,12 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 
 const MAGIC: &[u8; 4] = b"ZTHO";
 const HEADER: usize = 12;
-/// At most this many descriptors per frame (a connection carries two).
-pub const MAX_FDS: usize = 4;
-/// A payload larger than this is a protocol error (a connection's is its metadata and at most two read buffers).
-pub const MAX_PAYLOAD: usize = 16 << 20;
+/// At most this many descriptors per frame: the kernel's limit per message is 253 (SCM_MAX_FD), and a connection
+/// carries two.
+pub const MAX_FDS: usize = 252;
+/// A payload larger than this is a protocol error (a batch's is its connections' metadata and at most two read
+/// buffers each).
+pub const MAX_PAYLOAD: usize = 256 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -25,7 +27,8 @@ pub enum Kind {
     Hello = 1,
     /// The predecessor will not hand over: `{reason}`.
     Refuse = 2,
-    /// One connection: its descriptors, metadata and pending bytes.
+    /// Paused connections: their descriptors (two each), where each leg is and its pending bytes (and the metadata
+    /// of those not described before).
     Conn = 3,
     /// Predecessor: that was all, `{count}`.
     Offered = 4,
@@ -37,12 +40,14 @@ pub enum Kind {
     Committed = 7,
     /// Either side gives up: `{reason}`.
     Abort = 8,
+    /// Connections described before the pause: their metadata by id, no descriptors.
+    Meta = 9,
 }
 
 impl Kind {
     fn from_u8(b: u8) -> Option<Kind> {
         use Kind::*;
-        [Hello, Refuse, Conn, Offered, Ready, Commit, Committed, Abort].into_iter().find(|k| *k as u8 == b)
+        [Hello, Refuse, Conn, Offered, Ready, Commit, Committed, Abort, Meta].into_iter().find(|k| *k as u8 == b)
     }
 }
 

@@ -109,7 +109,7 @@ impl ConnectionResult {
         self.started.elapsed()
     }
 
-    pub fn labels(&self) -> &TrafficLabels {
+    pub fn labels(&self) -> &Arc<TrafficLabels> {
         self.guard.labels()
     }
 }
