@@ -6,6 +6,10 @@
 //                                     prints {"ok":true,"sent":N,"received":N,"same":bool,"ms":T} or {"ok":false,...}
 //   hold <host> <port>                connect and keep sending a byte every 50 ms; prints {"event":"open"} and
 //                                     {"event":"closed","error":...} when the connection ends
+//   stream <host> <port>              connect, send pseudo-random bytes paced (8 KiB every 10 ms) and read the echo
+//                                     until SIGUSR2, then half-close and read to EOF; prints {"event":"open"}, then
+//                                     {"ok":true,"sent":N,"received":N,"same":bool} (sha256 of both ways) or
+//                                     {"ok":false,"error":...}
 //   probe <host> <port> <timeoutMs>   connect and wait for EOF/error/timeout; prints {"result":"closed"|"refused"|
 //                                     "reset"|"timeout"|"data","ms":T}
 import { createHash, randomBytes } from 'node:crypto';
@@ -55,6 +59,39 @@ if (mode === 'serve') {
   };
   s.on('close', () => closed(null));
   s.on('error', (e) => closed(e.code ?? e.message));
+} else if (mode === 'stream') {
+  const [host, port] = args;
+  const sent = createHash('sha256');
+  const received = createHash('sha256');
+  let [nSent, nReceived] = [0, 0];
+  const s = connect({ host, port: Number(port) });
+  let timer;
+  s.on('connect', () => {
+    out({ event: 'open' });
+    timer = setInterval(() => {
+      const b = randomBytes(8192);
+      sent.update(b);
+      nSent += b.length;
+      s.write(b);
+    }, 10);
+  });
+  s.on('data', (d) => {
+    received.update(d);
+    nReceived += d.length;
+  });
+  process.on('SIGUSR2', () => {
+    clearInterval(timer);
+    s.end();
+  });
+  s.on('end', () => {
+    out({ ok: true, sent: nSent, received: nReceived, same: nSent === nReceived && sent.digest('hex') === received.digest('hex') });
+    process.exit(0);
+  });
+  s.on('error', (e) => {
+    clearInterval(timer);
+    out({ ok: false, error: e.code ?? e.message });
+    process.exit(0);
+  });
 } else if (mode === 'probe') {
   const [host, port, timeoutMs] = args;
   const started = Date.now();
@@ -69,6 +106,6 @@ if (mode === 'serve') {
   s.on('end', () => done('closed'));
   s.on('error', (e) => done(e.code === 'ECONNREFUSED' ? 'refused' : e.code === 'ECONNRESET' ? 'reset' : e.code ?? 'error'));
 } else {
-  process.stderr.write('usage: netns-app.mjs serve|send|hold|probe ...\n');
+  process.stderr.write('usage: netns-app.mjs serve|send|hold|stream|probe ...\n');
   process.exit(2);
 }

@@ -445,13 +445,20 @@ test('a failed add is NACKed with the reason, keeps the node not ready, and is r
   assert.equal(JSON.parse((await http('a', '/config_dump')).body).workloadState['uid-a4'].state, 'Up');
 });
 
-test('daemon restart during a long transfer: the new daemon binds beside the old (SO_REUSEPORT), no new connection fails, the old one drains by its deadline', { skip }, async () => {
+test('daemon restart during a long transfer: the new daemon binds beside the old (SO_REUSEPORT), no new connection fails, a passthrough stream is handed over intact, the old one drains its HBONE connection by its deadline', { skip }, async () => {
   const conns = await serveIn(pods.b1, 8087);
   const hold = cluster.spawn(pods.a1.ns, process.execPath, [APP, 'hold', pods.b1.ip, '8087']);
   children.push(hold);
   const held = [];
   lines(hold, (e) => held.push(e));
   await waitForEvent(held, (e) => e.event === 'open', 'the long connection');
+  // A passthrough stream (a1 → b2, uncaptured: TCP ⇄ TCP through node a's 15001) goes on across the restart.
+  await serveIn(pods.b2, 8090);
+  const stream = cluster.spawn(pods.a1.ns, process.execPath, [APP, 'stream', pods.b2.ip, '8090']);
+  children.push(stream);
+  const streamed = [];
+  lines(stream, (e) => streamed.push(e));
+  await waitForEvent(streamed, (e) => e.event === 'open', 'the passthrough stream');
   // The new daemon: same node, same ZDS socket, its own admin ports.
   const next = startDaemon('a', cfgPath, join(tmp, 'a.sock'), { ADMIN_ADDR: '127.0.0.1:15100', STATS_ADDR: '0.0.0.0:15120', READINESS_ADDR: '0.0.0.0:15121' });
   await cni.a.next((e) => e.event === 'connected', 'hello from the new daemon');
@@ -476,6 +483,14 @@ test('daemon restart during a long transfer: the new daemon binds beside the old
   const failed = results.filter((r) => !(r.ok && r.same));
   assert.deepEqual(failed, [], 'no new connection failed during the hand-over');
   assert.equal(await oldExit, 0, 'the old daemon exits 0');
+  const taken = next.logs.find((l) => l.message === 'hand-over taken');
+  assert.ok(taken?.connections >= 1, `the new daemon took the passthrough stream: ${JSON.stringify(taken)}`);
+  // The stream outlived the old daemon: every byte came back, in order, after it is stopped.
+  stream.kill('SIGUSR2');
+  await waitForEvent(streamed, (e) => 'ok' in e, 'the stream to finish');
+  const result = streamed.find((e) => 'ok' in e);
+  assert.deepEqual([result.ok, result.same], [true, true], JSON.stringify(result));
+  assert.ok(result.sent > 100_000, JSON.stringify(result));
   // CONNECTION_TERMINATION_DEADLINE is 5 s by default: the long connection ends by then (plus slack).
   await waitForEvent(held, (e) => e.event === 'closed', 'the long connection to end at the deadline', 9_000);
   assert.ok(Date.now() - termAt < 9_000);
