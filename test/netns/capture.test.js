@@ -475,13 +475,16 @@ test('daemon restart during a long transfer: the new daemon binds beside the old
       results.push(await runIn(pods.a1.ns, [APP, 'send', pods.b1.ip, '8087', '2000']));
     }
   })();
-  await new Promise((r) => setTimeout(r, 500));
   const termAt = Date.now();
-  old.child.kill('SIGTERM');
   await loop;
   assert.ok(results.length >= 3, `only ${results.length} connections tried`);
   const failed = results.filter((r) => !(r.ok && r.same));
   assert.deepEqual(failed, [], 'no new connection failed during the hand-over');
+  // Handed over, the old daemon drains and then waits for its SIGTERM (a kubelet would restart one that exits).
+  await waitForEvent(old.logs, (l) => l.message === 'handed over and drained: exiting on SIGTERM (an orchestrator would restart a daemon that exits)', 'the old daemon drained', 10_000);
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(old.child.exitCode, null, 'still there until its SIGTERM');
+  old.child.kill('SIGTERM');
   assert.equal(await oldExit, 0, 'the old daemon exits 0');
   const taken = next.logs.find((l) => l.message === 'hand-over taken');
   assert.ok(taken?.connections >= 1, `the new daemon took the passthrough stream: ${JSON.stringify(taken)}`);

@@ -294,8 +294,19 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   let removeSignals: () => void = () => undefined;
   let resolveClosed!: (code: number) => void;
   const closed = new Promise<number>((resolve) => (resolveClosed = resolve));
-  function shutdown(mode: DrainMode = 'graceful', reason = 'requested'): Promise<void> {
-    return drain.trigger(mode, reason).then(() => {
+  // A daemon that handed over under an orchestrator (every mode but local) stays, drained, until its own SIGTERM: one
+  // that exits by itself is restarted by the kubelet (restartPolicy Always) and would take over from its successor.
+  let signalled = false;
+  let releaseHold: (() => void) | null = null;
+  function shutdown(mode: DrainMode = 'graceful', reason = 'requested', holdUntilSignal = false): Promise<void> {
+    return drain.trigger(mode, reason).then(async () => {
+      if (holdUntilSignal && options.handleSignals !== false && !signalled) {
+        log.info('handed over and drained: exiting on SIGTERM (an orchestrator would restart a daemon that exits)');
+        // Nothing else keeps the event loop alive now; a signal handler does not.
+        const alive = setInterval(() => undefined, 1 << 30);
+        await new Promise<void>((resolve) => (releaseHold = resolve));
+        clearInterval(alive);
+      }
       removeSignals();
       log.info({ exitCode }, 'shutdown complete');
       resolveClosed(exitCode);
@@ -579,6 +590,11 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
 
   function installSignals(): () => void {
     const onSignal = (signal: NodeJS.Signals) => {
+      signalled = true;
+      if (releaseHold !== null) {
+        releaseHold();
+        return;
+      }
       if (drain.mode !== null) {
         if (signal === 'SIGINT') {
           log.warn('second SIGINT: exiting immediately');
@@ -750,7 +766,13 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         log,
         counts: handovers,
         signal: drain.signal,
-        onSuccessor: () => shutdownSoon('graceful', 'a successor took over'),
+        // Local mode exits 0 once drained; under an orchestrator the daemon waits for its SIGTERM (see shutdown).
+        onSuccessor: () => {
+          shutdown('graceful', 'a successor took over', config.proxyMode !== 'local').catch((err: unknown) => {
+            log.error({ err: err instanceof Error ? err.message : String(err) }, 'shutdown failed');
+            resolveClosed(1);
+          });
+        },
       });
     } catch (err) {
       log.error({ err: err instanceof Error ? err.message : String(err), socket: config.handover.socket }, 'hand-over socket not served: an upgrade of this daemon will drain its connections');
