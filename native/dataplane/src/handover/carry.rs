@@ -1,6 +1,6 @@
 //! A TCP ⇄ TCP connection's copy phase, where a hand-over can take it: the relay runs until it ends, is forced, is
-//! closed by policy, or is asked to pause; a paused relay is offered to the hub and either leaves with the successor
-//! or carries on where it stopped. `resume` is the successor's side: the same phase, from the state that crossed.
+//! closed by policy, or is asked to pause (asked first to describe itself, it sends its metadata and goes on); a
+//! paused relay is offered to the hub and either leaves with the successor or carries on where it stopped. `resume` is the successor's side: the same phase, from the state that crossed.
 
 use std::io;
 use std::os::fd::AsRawFd;

@@ -6,9 +6,13 @@
 //!
 //! ```text
 //! successor                       predecessor
-//!   Hello {version}  ───────────▶  same uid? same version? else Refuse (and it drains as it would have)
-//!                    ◀───────────  Hello; stops accepting; pauses every connection it can hand over
-//!                    ◀───────────  Conn × n (the sockets as SCM_RIGHTS, metadata, the bytes read and not written)
+//!   Hello {version, node} ──────▶  same uid? same node? same version? else Refuse (another node: it carries on;
+//!                                  another version: it drains as it would have)
+//!                    ◀───────────  Hello; stops accepting; every connection describes itself and goes on copying
+//!                    ◀───────────  Meta × ⌈n/512⌉ (metadata by connection id)
+//!                                  then every connection pauses at its next poll
+//!                    ◀───────────  Conn × ⌈n/126⌉ (the sockets as SCM_RIGHTS, each leg's end and count, the bytes
+//!                                  read and not written)
 //!                    ◀───────────  Offered {n}
 //!   Ready {n}        ───────────▶  (all taken in, none started)
 //!                    ◀───────────  Commit
