@@ -40,7 +40,7 @@ class Tally {
 }
 
 /** A server that, per connection, tallies what it receives and streams random bytes back until told to stop. */
-function startServer() {
+function startServer(port = SERVER.port) {
   const conns = [];
   // Half-open allowed: a client's half-close must not end the server's direction.
   const server = createServer({ allowHalfOpen: true }, (socket) => {
@@ -51,7 +51,7 @@ function startServer() {
     socket.on('error', (e) => c.errors.push(e.code ?? e.message));
   });
   return new Promise((resolve) =>
-    server.listen(SERVER.port, SERVER.host, () =>
+    server.listen(port, SERVER.host, () =>
       resolve({
         conns,
         close: () => {
@@ -78,9 +78,9 @@ function pump(socket, tally, { chunk = 8 * 1024, everyMs = 5 } = {}) {
 }
 
 /** A client connection through node-a's SOCKS5 entry, both directions streaming. */
-async function openStream(srv) {
+async function openStream(srv, dest = SERVER) {
   const before = srv.conns.length;
-  const { code, socket } = await socks5Request({ socks: SOCKS, dest: SERVER });
+  const { code, socket } = await socks5Request({ socks: SOCKS, dest });
   assert.equal(code, 0, 'SOCKS5 CONNECT succeeded');
   const s = { socket, local: `${socket.localAddress}:${socket.localPort}`, sent: new Tally(), received: new Tally(), errors: [], closed: false };
   socket.on('data', (b) => s.received.add(b));
@@ -251,4 +251,73 @@ test('1,000 connections at once: every one is handed over and echoes intact afte
   assert.equal(after.filter((ok) => !ok).length, 0, 'none lost or garbled');
   assert.equal(sockets.filter((s) => s.destroyed).length, 0, 'none closed');
   await second.stop();
+});
+
+/** A successor played by the test over the predecessor's socket: Hello, then it reads frames until `kind`, and dies. */
+async function failingSuccessor(path, dieAfter) {
+  const { connect } = await import('node:net');
+  const frame = (kind, body) => {
+    const payload = Buffer.from(JSON.stringify(body));
+    const h = Buffer.alloc(12);
+    h.write('ZTHO', 0, 'latin1');
+    h[4] = kind;
+    h.writeUInt32LE(payload.length, 8);
+    return Buffer.concat([h, payload]);
+  };
+  const s = connect(path);
+  await new Promise((r, j) => s.once('connect', r).once('error', j));
+  s.write(frame(1, { version: 1, pid: process.pid, node: 'node-a' }));
+  // Reading with plain reads, the kernel closes the descriptors that come with the frames: what a successor that
+  // dies holding them leaves behind.
+  const seen = [];
+  let buf = Buffer.alloc(0);
+  await new Promise((resolve) => {
+    s.on('data', (d) => {
+      buf = Buffer.concat([buf, d]);
+      while (buf.length >= 12) {
+        const len = buf.readUInt32LE(8);
+        if (buf.length < 12 + len) break;
+        seen.push(buf[4]);
+        buf = buf.subarray(12 + len);
+        if (seen.at(-1) === dieAfter) return resolve();
+      }
+    });
+    s.on('close', resolve);
+  });
+  s.destroy();
+  return seen;
+}
+
+test('a successor that dies after the offers leaves every connection with the predecessor, intact', async (t) => {
+  const caDir = makeTempDir('ztn-handover-ca-');
+  const socketDir = makeTempDir('ztn-handover-');
+  const path = join(socketDir, 'handover.sock');
+  const dest = { host: SERVER.host, port: SERVER.port + 2 };
+  const srv = await startServer(dest.port);
+  cleanups.push(() => srv.close());
+  const first = await startDaemon({
+    node: 'node-a',
+    config: CONFIG,
+    caDir,
+    adminIp: net.admin(8),
+    env: { HANDOVER_SOCKET: path, CONNECTION_TERMINATION_DEADLINE: '10s' },
+    cleanup: t,
+  });
+  const streams = [await openStream(srv, dest), await openStream(srv, dest)];
+  await new Promise((r) => setTimeout(r, 200));
+  const OFFERED = 4;
+  const seen = await failingSuccessor(path, OFFERED);
+  assert.ok(seen.includes(3) && seen.at(-1) === OFFERED, `it got the connections and the offer: kinds ${seen}`);
+  const failed = await first.waitForLog((l) => l.message === 'hand-over failed: every connection stays here and drains');
+  assert.equal(failed.kept, 2, 'both were paused, then kept');
+  assert.equal(failed.connections, 0);
+  // They go on through the predecessor (which drains, as on SIGTERM: its stats are closed), every byte once and in
+  // order.
+  await new Promise((r) => setTimeout(r, 300));
+  for (const s of streams) await checkpoint(s, 'after the failed hand-over');
+  for (const s of streams) {
+    s.socket.destroy();
+    s.server.socket.destroy();
+  }
+  await first.stop({ timeoutMs: 15_000 });
 });
