@@ -36,29 +36,31 @@ pub async fn carry(
     describe: impl Fn() -> ConnMeta,
 ) -> Carried {
     let ticket = hub.ticket();
-    let mut described = false;
+    // The round this connection described itself in: its metadata crossed then, and need not again.
+    let mut described = None;
     loop {
-        let (pause, describe_now) = (ticket.pause(), ticket.describe());
+        let round = ticket.round();
+        let fresh = described != Some(round.generation);
         tokio::select! {
             r = &mut relay => return Carried::Ended(r.map(|_| ()), relay.moved()),
             _ = ends.force.cancelled() => return Carried::Ended(Err(io::Error::other("drained")), relay.moved()),
             _ = ends.close.cancelled() => {
                 return Carried::Ended(Err(io::Error::other("connection closed due to policy change")), relay.moved())
             }
-            _ = describe_now.cancelled(), if !described => {
-                described = true;
+            _ = round.describe.cancelled(), if fresh => {
+                described = Some(round.generation);
                 ticket.described(describe());
             }
-            _ = pause.cancelled() => {
+            _ = round.pause.cancelled() => {
                 let legs = relay.legs();
-                let meta = (!described).then(&describe);
+                let meta = fresh.then(&describe);
                 let fds = relay.sockets().map(|s| s.as_raw_fd()).to_vec();
                 // Boxed: the parcel exists only while paused; the relay's future stays small.
-                match Box::pin(ticket.offer(Parcel { id: ticket.id, fds, meta, legs })).await {
-                    Verdict::Gone => return Carried::HandedOver,
-                    // The next hand-over asks for the description again.
-                    Verdict::Keep => described = false,
+                let offer = Box::pin(ticket.offer(round.generation, Parcel { id: ticket.id, fds, meta, legs }));
+                if offer.await == Verdict::Gone {
+                    return Carried::HandedOver;
                 }
+                // Kept: a fresh round is in place by now, and the relay goes on where it stopped.
             }
         }
     }

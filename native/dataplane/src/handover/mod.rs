@@ -61,12 +61,10 @@ const STEP_WAIT: Duration = Duration::from_secs(10);
 
 /// Where the connections of this process meet a hand-over.
 pub struct Hub {
-    /// The current round's pause: cancelled when a successor asks; replaced by a fresh one when a round gives up,
-    /// before its paused connections resume.
-    round: Mutex<CancellationToken>,
-    /// Cancelled first: every connection describes itself (and goes on copying), so the metadata crosses before the
-    /// pause and the pause carries only what moves.
-    describe: Mutex<CancellationToken>,
+    /// The current round: its generation and its two tokens (describe, then pause), cancelled as a successor asks;
+    /// replaced by a fresh round when the exchange ends, either way, under this lock with the leftover offers answered
+    /// (`Hub::next_round`), so that no offer waits for a verdict that never comes.
+    round: Mutex<Round>,
     offers_tx: mpsc::Sender<Offer>,
     offers_rx: Mutex<mpsc::Receiver<Offer>>,
     descs_tx: mpsc::Sender<(u64, ConnMeta)>,
@@ -83,8 +81,7 @@ impl Default for Hub {
         let (offers_tx, offers_rx) = mpsc::channel();
         let (descs_tx, descs_rx) = mpsc::channel();
         Hub {
-            round: Mutex::new(CancellationToken::new()),
-            describe: Mutex::new(CancellationToken::new()),
+            round: Mutex::new(Round::default()),
             offers_tx,
             offers_rx: Mutex::new(offers_rx),
             descs_tx,
@@ -94,6 +91,16 @@ impl Default for Hub {
             busy: Mutex::new(()),
         }
     }
+}
+
+/// One hand-over's round, as a connection sees it.
+#[derive(Clone, Default)]
+pub struct Round {
+    pub generation: u64,
+    /// Cancelled first: describe yourself and go on copying.
+    pub describe: CancellationToken,
+    /// Cancelled next: pause and offer.
+    pub pause: CancellationToken,
 }
 
 /// What became of a paused connection.
@@ -118,14 +125,10 @@ impl Drop for Ticket {
 }
 
 impl Ticket {
-    /// Cancelled when a hand-over asks this connection to pause.
-    pub fn pause(&self) -> CancellationToken {
+    /// The current round: its tokens are cancelled when a hand-over asks this connection to describe itself, then
+    /// to pause.
+    pub fn round(&self) -> Round {
         self.hub.round.lock().clone()
-    }
-
-    /// Cancelled when a hand-over asks this connection to describe itself (it goes on copying).
-    pub fn describe(&self) -> CancellationToken {
-        self.hub.describe.lock().clone()
     }
 
     pub fn described(&self, meta: ConnMeta) {
@@ -134,10 +137,15 @@ impl Ticket {
 
     /// Hand the paused connection's state to the hub and wait for the verdict. The descriptors stay valid (their
     /// sockets owned by the caller) until it returns.
-    pub async fn offer(&self, parcel: Parcel) -> Verdict {
+    /// Offered under the round lock, and only in the round it paused for: an exchange that has ended has answered every
+    /// offer it will ever get (`Hub::next_round`), and one made for it afterwards is kept at once.
+    pub async fn offer(&self, generation: u64, parcel: Parcel) -> Verdict {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.hub.offers_tx.send(Offer { parcel, verdict: tx }).is_err() {
-            return Verdict::Keep;
+        {
+            let round = self.hub.round.lock();
+            if round.generation != generation || self.hub.offers_tx.send(Offer { parcel, verdict: tx }).is_err() {
+                return Verdict::Keep;
+            }
         }
         rx.await.unwrap_or(Verdict::Keep)
     }
@@ -412,15 +420,15 @@ impl Hub {
             Ok(()) => Verdict::Gone,
             Err(e) => {
                 report.error = Some(e.to_string());
-                // The next round's pause is a fresh one, set before anything resumes.
-                *self.round.lock() = CancellationToken::new();
-                *self.describe.lock() = CancellationToken::new();
                 if !paused.is_empty() {
                     let _ = send_json(&sock, Kind::Abort, &Reason { reason: e.to_string(), node: None });
                 }
                 Verdict::Keep
             }
         };
+        // Either way a fresh round, before anything resumes: what did not pause in this one (a connection set up
+        // meanwhile) carries on here, and a kept one does not pause again for a round that is over.
+        self.next_round();
         let n = paused.len() as u32;
         for o in paused {
             let _ = o.verdict.send(verdict);
@@ -435,50 +443,51 @@ impl Hub {
         report
     }
 
+    /// A fresh round, with every offer still queued for the one that ends answered `Keep` (under the round lock, so
+    /// none can be queued after), and the descriptions it left dropped.
+    fn next_round(&self) {
+        let mut round = self.round.lock();
+        *round = Round { generation: round.generation + 1, ..Round::default() };
+        while let Ok(o) = self.offers_rx.lock().try_recv() {
+            let _ = o.verdict.send(Verdict::Keep);
+        }
+        while self.descs_rx.lock().try_recv().is_ok() {}
+    }
+
     /// Ask every connection to describe itself and collect the descriptions: all that are live, or what came within
     /// the wait.
     fn describe_all(&self) -> Vec<(u64, ConnMeta)> {
         let rx = self.descs_rx.lock();
-        // Descriptions left from a round that gave up are stale (dropped before asking for new ones).
+        // Stale ones (sent as the last round ended) go before asking: after, they could not be told apart.
         while rx.try_recv().is_ok() {}
-        self.describe.lock().cancel();
-        let mut out = Vec::new();
-        let deadline = Instant::now() + PAUSE_WAIT;
-        while out.len() < self.live() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match rx.recv_timeout(left.min(Duration::from_millis(20))) {
-                Ok(d) => out.push(d),
-                Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        out
+        self.round.lock().describe.cancel();
+        collect(&rx, || self.live(), Vec::new())
     }
 
     /// Ask every connection to pause and collect their parcels: all that are live, or what came within the wait.
     fn pause_all(&self, into: &mut Vec<Offer>) {
-        self.round.lock().cancel();
-        let rx = self.offers_rx.lock();
-        let deadline = Instant::now() + PAUSE_WAIT;
-        while into.len() < self.live() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match rx.recv_timeout(left.min(Duration::from_millis(20))) {
-                Ok(o) => into.push(o),
-                Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
+        self.round.lock().pause.cancel();
+        *into = collect(&self.offers_rx.lock(), || self.live(), std::mem::take(into));
+    }
+}
+
+/// Receive into `out` until it holds as many as `live()` says there are, or `PAUSE_WAIT` has passed, then whatever
+/// else is queued. Those that ended meanwhile never answer; a slow one left out is kept by the round's end.
+fn collect<T>(rx: &mpsc::Receiver<T>, live: impl Fn() -> usize, mut out: Vec<T>) -> Vec<T> {
+    let deadline = Instant::now() + PAUSE_WAIT;
+    while out.len() < live() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
         }
-        // Offers of connections that ended meanwhile do not come; late ones are answered by the next round's reset.
-        while let Ok(o) = rx.try_recv() {
-            into.push(o);
+        match rx.recv_timeout(left.min(Duration::from_millis(20))) {
+            Ok(x) => out.push(x),
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
+    out.extend(std::iter::from_fn(|| rx.try_recv().ok()));
+    out
 }
 
 /// How many paused connections go in one frame: two descriptors each, within `wire::MAX_FDS`.

@@ -283,7 +283,7 @@ fn a_connection_frame_that_does_not_add_up_is_refused() {
     assert!(parse_batch(garbage, &mut Default::default(), &mut got).is_err());
 }
 
-/// What a TCP ⇄ TCP relay's copy phase holds while idle (the outbound task boxes it): 832 bytes, and no buffer (the two
+/// What a TCP ⇄ TCP relay's copy phase holds while idle (the outbound task boxes it): 856 bytes, and no buffer (the two
 /// copy loops it replaced held 1 KiB each while idle).
 #[test]
 fn the_copy_phase_is_small() {
@@ -299,4 +299,30 @@ fn the_copy_phase_is_small() {
         println!("task_sizes: TCP relay phase {size} bytes");
         assert!(size <= 880, "the TCP copy phase's future is {size} bytes");
     });
+}
+
+/// A connection set up after a hand-over has ended (one still connecting while it ran) carries on in the predecessor:
+/// it must not pause for a round that is over and wait for a verdict that never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_comes_after_the_exchange_flows_on_in_the_predecessor() {
+    let old = Arc::new(Hub::default());
+    let first = flow(old.clone()).await;
+    wait_live(&old, 1).await;
+    let (p, s) = UnixStream::pair().unwrap();
+    let hub = old.clone();
+    let give = tokio::task::spawn_blocking(move || hub.give(p, "node-a", || ()));
+    let (_taken, received) = tokio::task::spawn_blocking(move || take_on(s, "node-a")).await.unwrap();
+    assert_eq!(give.await.unwrap().connections, 1);
+    let pi = crate::inpod::testutil::inputs();
+    for r in received {
+        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r));
+    }
+    // Set up once the exchange is over, on the predecessor's hub.
+    let late = flow(old.clone()).await;
+    let ended = tokio::time::timeout(Duration::from_secs(20), late.relay).await;
+    assert_eq!(ended.expect("the late connection hung, paused").unwrap(), "ended");
+    assert_eq!(late.server.await.unwrap(), (UP, 0));
+    assert_eq!(late.client.await.unwrap(), (DOWN, 0));
+    assert_eq!(first.relay.await.unwrap(), "handed over");
+    assert_eq!(first.server.await.unwrap(), (UP, 0));
 }
