@@ -148,6 +148,60 @@ pub struct H2Relay<'a, 't> {
     down_state: Down,
 }
 
+/// A paused `H2Relay`'s state, for a hand-over: the socket, the stream's handles, the bytes read from the socket and
+/// not yet given to h2, the chunk being written to the socket and how much of it is, which ends are done, and the
+/// bytes moved (TCP → HTTP/2, HTTP/2 → TCP).
+pub struct H2Parts {
+    pub tcp: tokio::net::TcpStream,
+    pub send: SendStream<Bytes>,
+    pub recv: RecvStream,
+    pub to_h2: Bytes,
+    pub to_tcp: Option<(Bytes, usize)>,
+    pub up_done: bool,
+    /// END_STREAM was received (the socket's write side is being or was shut down), and it was.
+    pub down_ended: bool,
+    pub down_shut: bool,
+    pub moved: (u64, u64),
+}
+
+impl<'a, 't> H2Relay<'a, 't> {
+    /// Stop here: the relay's whole state (between two polls nothing else holds any of it).
+    pub fn into_parts(self) -> H2Parts {
+        // A chunk is counted once all of it is with h2; of one paused halfway, what h2 has is counted here.
+        let partly = if self.out.is_empty() { 0 } else { (self.out_len - self.out.len()) as u64 };
+        self.to_h2.add(partly);
+        H2Parts {
+            tcp: self.tcp,
+            send: self.send,
+            recv: self.recv,
+            to_h2: self.out,
+            to_tcp: self.down,
+            up_done: self.up_done,
+            down_ended: self.down_state != Down::Data,
+            down_shut: self.down_state == Down::Done,
+            moved: (self.up_moved + partly, self.down_moved),
+        }
+    }
+
+    pub fn stream_id(&self) -> u32 {
+        u32::from(self.send.stream_id())
+    }
+}
+
+/// What h2 received for a stream and has not yet handed out, taken without giving the window back (the hand-over's
+/// successor does, as it delivers the bytes): appended to `into`; true if the stream's END_STREAM came too.
+pub fn drain_received(recv: &mut RecvStream, into: &mut Vec<u8>) -> io::Result<bool> {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    loop {
+        match recv.poll_data(&mut cx) {
+            Poll::Ready(Some(Ok(chunk))) => into.extend_from_slice(&chunk),
+            Poll::Ready(Some(Err(e))) => return Err(h2_io(e)),
+            Poll::Ready(None) => return Ok(true),
+            Poll::Pending => return Ok(recv.is_end_stream()),
+        }
+    }
+}
+
 impl H2Relay<'_, '_> {
     fn poll_up(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {

@@ -33,6 +33,11 @@
 //! stream stays with its daemon and drains as today.
 
 pub mod carry;
+pub mod hbone;
+#[cfg(test)]
+mod hbone_tests;
+pub mod http2;
+pub mod tls13;
 pub mod wire;
 
 use std::io;
