@@ -778,7 +778,13 @@ impl Dataplane {
                 handover::LocalJson::Pod { .. } => None,
             }
             .unwrap_or_else(|| self.adopted.clone());
-            let task = handover::carry::resume(self.pi.clone(), drain.force.clone(), r);
+            let (pi, force) = (self.pi.clone(), drain.force.clone());
+            let task = async move {
+                match r.hbone {
+                    Some(_) => handover::hbone::resume(pi, force, r).await,
+                    None => handover::carry::resume(pi, force, r).await,
+                }
+            };
             match handles.get(i % handles.len().max(1)) {
                 // The sockets register with the reactor of the silo the task runs on.
                 Some(h) => {

@@ -56,7 +56,7 @@ pub async fn carry(
                 let meta = fresh.then(&describe);
                 let fds = relay.sockets().map(|s| s.as_raw_fd()).to_vec();
                 // Boxed: the parcel exists only while paused; the relay's future stays small.
-                let offer = Box::pin(ticket.offer(round.generation, Parcel { id: ticket.id, fds, meta, legs }));
+                let offer = Box::pin(ticket.offer(round.generation, Parcel { id: ticket.id, fds, meta, legs, hbone: None }));
                 if offer.await == Verdict::Gone {
                     return Carried::HandedOver;
                 }
@@ -93,7 +93,7 @@ pub fn meta(
 /// this thread's reactor). Counted live under its labels, listed in the tracker, authorized continuously when
 /// inbound, and its access record written once at its end, with the bytes of both processes.
 pub async fn resume(pi: Arc<ProxyInputs>, force: CancellationToken, r: Received) {
-    let Received { fds, meta, legs } = r;
+    let Received { fds, meta, legs, .. } = r;
     let mut socks = Vec::with_capacity(2);
     for fd in fds {
         let s = std::net::TcpStream::from(fd);
@@ -114,7 +114,7 @@ pub async fn resume(pi: Arc<ProxyInputs>, force: CancellationToken, r: Received)
     let result =
         crate::proxy::access::ConnectionResult::adopt(&pi, (*meta.labels).clone(), Duration::from_millis(meta.age_ms));
     let track = match meta.kind {
-        ConnKind::OutboundTcp => pi.tracker.register_outbound(
+        ConnKind::OutboundTcp | ConnKind::OutboundHbone => pi.tracker.register_outbound(
             local.clone(),
             crate::proxy::tracker::ConnInfo {
                 inbound: false,
@@ -124,7 +124,7 @@ pub async fn resume(pi: Arc<ProxyInputs>, force: CancellationToken, r: Received)
                 protocol: "TCP",
             },
         ),
-        ConnKind::InboundPlaintext => {
+        ConnKind::InboundPlaintext | ConnKind::InboundHbone => {
             let conn =
                 crate::rbac::Connection::new(None, meta.src.ip(), meta.original_dst.ip(), meta.original_dst.port());
             pi.tracker.register(local.clone(), conn, "TCP")
@@ -141,8 +141,8 @@ pub async fn resume(pi: Arc<ProxyInputs>, force: CancellationToken, r: Received)
     let error = outcome.err().map(|e| (flag, e.to_string()));
     // The record's bytes are this side's view: sent toward the upstream on outbound, toward the client on inbound.
     let (sent, received) = match meta.kind {
-        ConnKind::OutboundTcp => (m0, m1),
-        ConnKind::InboundPlaintext => (m1, m0),
+        ConnKind::OutboundTcp | ConnKind::OutboundHbone => (m0, m1),
+        ConnKind::InboundPlaintext | ConnKind::InboundHbone => (m1, m0),
     };
     drop(track);
     result.finish_with(&pi, meta.record.clone(), sent, received, error);

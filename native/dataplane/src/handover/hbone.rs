@@ -667,3 +667,76 @@ pub async fn take_session<S: Session>(
     let ciphertext = sock.take_buffered();
     Ok(Taken { tcp: sock.into_inner(), tls, h2, ciphertext, plaintext })
 }
+
+fn tokio_socket(fd: std::os::fd::OwnedFd) -> io::Result<TcpStream> {
+    let s = std::net::TcpStream::from(fd);
+    s.set_nonblocking(true)?;
+    TcpStream::from_std(s)
+}
+
+impl super::HboneReceived {
+    /// The engine for a connection taken in, its sockets registered with the calling thread's reactor, and its
+    /// streams' ids in `metas`' order.
+    pub fn into_engine(
+        self,
+        fds: Vec<std::os::fd::OwnedFd>,
+    ) -> Result<(Engine, Vec<u32>, Vec<super::ConnMeta>), String> {
+        let mut socks = fds.into_iter().map(tokio_socket).collect::<io::Result<Vec<_>>>().map_err(|e| e.to_string())?;
+        if socks.is_empty() {
+            return Err("an HBONE connection without its socket".into());
+        }
+        let tcp = socks.remove(0);
+        let ids = self.conn.streams.iter().map(|s| s.id).collect();
+        Ok((Engine::new(tcp, self.conn, socks)?, ids, self.metas))
+    }
+}
+
+/// Successor (or a predecessor whose hand-over failed after the session left h2): carry a handed-over HBONE
+/// connection on, on the calling silo, to its last stream's end. Each stream is counted live under its labels from
+/// the start and its bytes at its end, and its access record is written once, with the bytes of every process.
+pub async fn resume(
+    pi: std::sync::Arc<crate::proxy::ProxyInputs>,
+    force: tokio_util::sync::CancellationToken,
+    r: super::Received,
+) {
+    let super::Received { fds, hbone: Some(h), meta, .. } = r else { return };
+    let (engine, ids, metas) = match h.into_engine(fds) {
+        Ok(e) => e,
+        Err(e) => {
+            pi.events.log(
+                crate::events::Level::Error,
+                "handed-over HBONE connection not resumed",
+                crate::fields! {"src.addr" => meta.src.to_string(), "error" => e},
+            );
+            return;
+        }
+    };
+    let mut open: std::collections::HashMap<u32, (super::ConnMeta, crate::proxy::access::ConnectionResult)> = ids
+        .into_iter()
+        .zip(metas)
+        .map(|(id, m)| {
+            let age = std::time::Duration::from_millis(m.age_ms);
+            let result = crate::proxy::access::ConnectionResult::adopt(&pi, (*m.labels).clone(), age);
+            (id, (m, result))
+        })
+        .collect();
+    let on_end = |e: StreamEnd| {
+        let Some((m, result)) = open.remove(&e.id) else { return };
+        // Leg 0 is the application → peer direction here; the bytes moved before the hand-over were counted there.
+        let (sent, received) = e.moved;
+        let counters = result.counters();
+        counters.sent.fetch_add(sent.saturating_sub(m.legs[0].moved), std::sync::atomic::Ordering::Relaxed);
+        counters.received.fetch_add(received.saturating_sub(m.legs[1].moved), std::sync::atomic::Ordering::Relaxed);
+        let error = e.result.err().map(|err| ("CONNECT", err.to_string()));
+        result.finish_with(&pi, m.record.clone(), sent, received, error);
+    };
+    tokio::select! {
+        _ = engine.run(on_end) => {}
+        _ = force.cancelled() => {}
+    }
+    // Drained: the streams still open end here.
+    for (_, (m, result)) in open.drain() {
+        let (sent, received) = (m.legs[0].moved, m.legs[1].moved);
+        result.finish_with(&pi, m.record.clone(), sent, received, Some(("CONNECT", "drained".to_string())));
+    }
+}

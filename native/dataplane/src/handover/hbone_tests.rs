@@ -2,6 +2,7 @@
 //! h2 and rustls peer that is none the wiser: every byte of every stream, both ways, in order; the peer's new
 //! streams go elsewhere after the GOAWAY; its KeyUpdate is followed.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use super::hbone::{self, ConnParcel, Engine, StreamParcel};
+use super::hbone::{self, ConnParcel, StreamParcel};
 use super::http2::Tap;
 use super::tls13;
 use crate::copy::{self, Tally};
@@ -220,8 +221,8 @@ async fn an_hbone_connection_carries_on_after_its_session_is_taken_from_h2_and_r
     assert!(moved_before > 0, "data flowed before the hand-over");
     assert!(moved_before < STREAMS as u64 * TOTAL / 2, "most of it is left for after: {moved_before}");
     drop(conn);
-    // Across a process boundary, the parcel is bytes.
-    let parcel = ConnParcel {
+    // Across a process boundary: through the hand-over protocol, the sockets as SCM_RIGHTS.
+    let conn = ConnParcel {
         tls: taken.tls,
         h2: taken.h2,
         ciphertext: taken.ciphertext,
@@ -229,8 +230,49 @@ async fn an_hbone_connection_carries_on_after_its_session_is_taken_from_h2_and_r
         conn_window: 65_535,
         streams: streams_out,
     };
-    let parcel: ConnParcel = serde_json::from_slice(&serde_json::to_vec(&parcel).expect("ser")).expect("de");
-    let engine = Engine::new(taken.tcp, parcel, apps).expect("engine");
+    let metas: Vec<super::ConnMeta> = conn
+        .streams
+        .iter()
+        .map(|s| {
+            let mut m = super::tests::describe();
+            m.kind = super::ConnKind::InboundHbone;
+            m.legs[0].moved = s.moved.0;
+            m.legs[1].moved = s.moved.1;
+            m
+        })
+        .collect();
+    let hub = Arc::new(super::Hub::default());
+    let ticket = hub.ticket();
+    let fds: Vec<RawFd> = std::iter::once(taken.tcp.as_raw_fd()).chain(apps.iter().map(|a| a.as_raw_fd())).collect();
+    let first = metas[0].clone();
+    let parcel = super::Parcel {
+        id: ticket.id,
+        fds,
+        meta: None,
+        legs: Default::default(),
+        hbone: Some(Box::new(super::HboneOffer { conn, metas })),
+    };
+    let offered = tokio::spawn(async move {
+        let round = ticket.round();
+        round.describe.cancelled().await;
+        ticket.described(first);
+        round.pause.cancelled().await;
+        ticket.offer(round.generation, parcel).await
+    });
+    let (giver_end, taker_end) = std::os::unix::net::UnixStream::pair().expect("pair");
+    let giver = std::thread::spawn(move || hub.give(giver_end, "node", || {}));
+    let (report, mut got) = tokio::task::spawn_blocking(move || super::take_on(taker_end, "node")).await.expect("take");
+    assert_eq!(report.error, None);
+    assert_eq!(report.connections, 1);
+    assert_eq!(offered.await.expect("offer"), super::Verdict::Gone);
+    assert_eq!(giver.join().expect("give").connections, 1);
+    // The predecessor's references go; the sockets live on in the successor's.
+    drop((taken.tcp, apps));
+    let r = got.pop().expect("the connection");
+    let h = r.hbone.expect("an HBONE connection");
+    assert_eq!(h.metas.len(), STREAMS as usize);
+    let (engine, ids, _) = h.into_engine(r.fds).expect("engine");
+    assert_eq!(ids.len(), STREAMS as usize);
     let ends = Arc::new(Mutex::new(Vec::new()));
     let e2 = ends.clone();
     let carried = tokio::spawn(engine.run(move |e| e2.lock().push((e.id, e.result.is_ok(), e.moved))));

@@ -29,8 +29,15 @@
 //!
 //! A connection is handed over while it is copying (`carry`): between two polls a relay's whole state is its fields
 //! (`copy::TcpRelay`), so nothing is lost, duplicated or reordered. TCP ⇄ TCP relays are handed over (outbound
-//! passthrough, SOCKS5 or captured, to a non-HBONE destination; inbound plaintext); a connection carried by an HBONE
-//! stream stays with its daemon and drains as today.
+//! passthrough, SOCKS5 or captured, to a non-HBONE destination; inbound plaintext).
+//!
+//! HBONE connections cross whole, one `Hbone` frame each (its TCP socket and its streams' application sockets, the
+//! TLS record layer's keys, secrets and sequence numbers, the HTTP/2 state as the wire defines it, the bytes read and
+//! not processed, each stream's pending bytes and metadata), and the successor carries them on with `hbone::Engine`
+//! (`tls13`: the record layer; `http2`: the tap that learns the HTTP/2 state and stops h2 at a frame boundary). The
+//! protocol, the successor's side and the predecessor's tools (`hbone::quiesce`, `hbone::take_session`) exist and are
+//! tested against real h2 and rustls peers; the proxies do not offer their HBONE connections yet, so those still
+//! stay with their daemon and drain as today.
 
 pub mod carry;
 pub mod hbone;
@@ -169,6 +176,14 @@ pub struct Parcel {
     /// None when it was described before the pause.
     pub meta: Option<ConnMeta>,
     pub legs: [LegState; 2],
+    /// An HBONE connection (`fds`: its TCP socket, then its streams' application sockets).
+    pub hbone: Option<Box<HboneOffer>>,
+}
+
+/// A paused HBONE connection's state, and each of its streams' metadata (in `conn.streams`' order).
+pub struct HboneOffer {
+    pub conn: hbone::ConnParcel,
+    pub metas: Vec<ConnMeta>,
 }
 
 /// Which proxy a connection belongs to, and so how the successor carries it on.
@@ -179,6 +194,10 @@ pub enum ConnKind {
     OutboundTcp,
     /// Inbound plaintext (15006): client → application is leg 0; continuously authorized.
     InboundPlaintext,
+    /// A CONNECT stream of an HBONE connection: outbound (client → peer is leg 0) or inbound 15008 (peer →
+    /// application is leg 0).
+    OutboundHbone,
+    InboundHbone,
 }
 
 /// The local workload a connection is served for.
@@ -252,8 +271,16 @@ pub struct LegMeta {
 /// A connection the successor has taken in and not started.
 pub struct Received {
     pub fds: Vec<OwnedFd>,
+    /// An HBONE connection's: its first stream's (the local workload it serves).
     pub meta: ConnMeta,
     pub legs: [LegState; 2],
+    pub hbone: Option<Box<HboneReceived>>,
+}
+
+/// An HBONE connection taken in: its state and its streams' metadata (its sockets are `Received::fds`).
+pub struct HboneReceived {
+    pub conn: hbone::ConnParcel,
+    pub metas: Vec<ConnMeta>,
 }
 
 /// How one hand-over went, from the side that reports it.
@@ -403,9 +430,15 @@ impl Hub {
                 send_meta(&sock, chunk)?;
             }
             let t1 = Instant::now();
-            for chunk in paused.chunks_mut(BATCH) {
-                let mut parcels: Vec<&mut Parcel> = chunk.iter_mut().map(|o| &mut o.parcel).collect();
-                send_batch(&sock, &mut parcels)?;
+            let mut tcp: Vec<&mut Parcel> = Vec::with_capacity(paused.len());
+            for o in paused.iter_mut() {
+                match &o.parcel.hbone {
+                    Some(_) => send_hbone(&sock, &mut o.parcel)?,
+                    None => tcp.push(&mut o.parcel),
+                }
+            }
+            for chunk in tcp.chunks_mut(BATCH) {
+                send_batch(&sock, chunk)?;
             }
             send_json(&sock, Kind::Offered, &Count { count: paused.len() as u32 })?;
             let t2 = Instant::now();
@@ -652,9 +685,51 @@ fn parse_batch(
         };
         let legs = [leg(0), leg(1)];
         let (Some(a), Some(b)) = (fds.next(), fds.next()) else { return Err(protocol("missing sockets")) };
-        into.push(Received { fds: vec![a, b], meta, legs });
+        into.push(Received { fds: vec![a, b], meta, legs, hbone: None });
     }
     Ok(())
+}
+
+#[derive(Serialize)]
+struct HboneOut<'a> {
+    id: u64,
+    labels: Vec<&'a crate::metrics::TrafficLabels>,
+    metas: &'a [ConnMeta],
+    conn: &'a hbone::ConnParcel,
+}
+
+#[derive(Deserialize)]
+struct HboneIn {
+    labels: Vec<crate::metrics::TrafficLabels>,
+    metas: Vec<ConnMeta>,
+    conn: hbone::ConnParcel,
+}
+
+/// One paused HBONE connection in one frame (at most `wire::MAX_FDS` sockets: a connection carries 200 streams).
+fn send_hbone(sock: &UnixStream, parcel: &mut Parcel) -> io::Result<()> {
+    let Some(h) = parcel.hbone.as_mut() else { return Err(protocol("not an HBONE connection")) };
+    let labels = label_table(h.metas.iter_mut());
+    let out = HboneOut { id: parcel.id, labels: labels.iter().map(|l| &**l).collect(), metas: &h.metas, conn: &h.conn };
+    wire::send(sock, Kind::Hbone, &parcel.fds, &serde_json::to_vec(&out).map_err(io::Error::other)?)
+}
+
+fn parse_hbone(f: wire::Frame) -> io::Result<Received> {
+    let mut h: HboneIn = json(&f)?;
+    if h.metas.len() != h.conn.streams.len() || f.fds.len() != 1 + h.conn.streams.len() {
+        return Err(protocol(format!(
+            "an HBONE connection of {} streams came with {} descriptions and {} sockets",
+            h.conn.streams.len(),
+            h.metas.len(),
+            f.fds.len()
+        )));
+    }
+    let labels: Vec<Labels> = h.labels.into_iter().map(std::sync::Arc::new).collect();
+    for m in h.metas.iter_mut() {
+        resolve_labels(m, &labels)?;
+    }
+    let meta = h.metas.first().cloned().ok_or_else(|| protocol("an HBONE connection without streams"))?;
+    let legs = [LegState::default(), LegState::default()];
+    Ok(Received { fds: f.fds, meta, legs, hbone: Some(Box::new(HboneReceived { conn: h.conn, metas: h.metas })) })
 }
 
 /// Successor: take every connection the daemon listening on `path` hands over (blocking). `Ok(None)` when nobody
@@ -699,6 +774,7 @@ pub fn take_on(sock: UnixStream, node: &str) -> (HandoverReport, Vec<Received>) 
             match f.kind {
                 Kind::Meta => parse_meta(&f, &mut described)?,
                 Kind::Conn => parse_batch(f, &mut described, &mut got)?,
+                Kind::Hbone => got.push(parse_hbone(f)?),
                 Kind::Offered => {
                     let c: Count = json(&f)?;
                     if c.count as usize != got.len() {

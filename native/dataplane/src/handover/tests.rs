@@ -60,7 +60,7 @@ async fn receive(mut s: tokio::net::tcp::OwnedReadHalf, seed: usize) -> (usize, 
     }
 }
 
-fn describe() -> ConnMeta {
+pub(super) fn describe() -> ConnMeta {
     let pi = crate::inpod::testutil::inputs();
     let labels = crate::metrics::TrafficLabels { reporter: "source".into(), ..Default::default() };
     let result = crate::proxy::access::ConnectionResult::open(&pi, labels, std::time::Instant::now());

@@ -42,12 +42,16 @@ pub enum Kind {
     Abort = 8,
     /// Connections described before the pause: their metadata by id, no descriptors.
     Meta = 9,
+    /// One paused HBONE connection: its TCP socket and its streams' application sockets, its TLS and HTTP/2 state,
+    /// the bytes read and not processed, and each stream's metadata and pending bytes. A successor that does not
+    /// know this kind fails the exchange, and the predecessor keeps everything.
+    Hbone = 10,
 }
 
 impl Kind {
     fn from_u8(b: u8) -> Option<Kind> {
         use Kind::*;
-        [Hello, Refuse, Conn, Offered, Ready, Commit, Committed, Abort, Meta].into_iter().find(|k| *k as u8 == b)
+        [Hello, Refuse, Conn, Offered, Ready, Commit, Committed, Abort, Meta, Hbone].into_iter().find(|k| *k as u8 == b)
     }
 }
 
