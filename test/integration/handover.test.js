@@ -40,7 +40,7 @@ class Tally {
 }
 
 /** A server that, per connection, tallies what it receives and streams random bytes back until told to stop. */
-function startServer(port = SERVER.port) {
+function startServer(port = SERVER.port, host = SERVER.host) {
   const conns = [];
   // Half-open allowed: a client's half-close must not end the server's direction.
   const server = createServer({ allowHalfOpen: true }, (socket) => {
@@ -51,7 +51,7 @@ function startServer(port = SERVER.port) {
     socket.on('error', (e) => c.errors.push(e.code ?? e.message));
   });
   return new Promise((resolve) =>
-    server.listen(port, SERVER.host, () =>
+    server.listen(port, host, () =>
       resolve({
         conns,
         close: () => {
@@ -320,4 +320,79 @@ test('a successor that dies after the offers leaves every connection with the pr
     s.server.socket.destroy();
   }
   await first.stop({ timeoutMs: 15_000 });
+});
+
+// In the mesh: sleep on node-a, `store` on node-b; each stream is a CONNECT stream of an HBONE connection from
+// node-a's pool to node-b's 15008, and a restart of either node hands the whole HBONE connection over (TLS session,
+// HTTP/2 state, the streams' sockets and bytes).
+const STORE_IP = net.workload(3);
+const STORE = { host: STORE_IP, port: 9100 };
+const MESH = {
+  workloads: [
+    workload({ name: 'sleep', ip: SLEEP_IP, node: 'node-a' }),
+    workload({ name: 'store', ip: STORE_IP, node: 'node-b' }),
+  ],
+};
+
+test('HBONE streams survive a restart of the source node and then of the destination node, byte-exact', async (t) => {
+  const caDir = makeTempDir('ztn-handover-ca-');
+  const socketDir = makeTempDir('ztn-handover-');
+  const envA = { HANDOVER_SOCKET: join(socketDir, 'a.sock') };
+  const envB = { HANDOVER_SOCKET: join(socketDir, 'b.sock') };
+  const srv = await startServer(STORE.port, STORE.host);
+  cleanups.push(() => srv.close());
+  const start = (node, i, env) => startDaemon({ node, config: MESH, caDir, adminIp: net.admin(i), env, cleanup: t });
+  const [a1, b1] = await Promise.all([start('node-a', 9, envA), start('node-b', 10, envB)]);
+  const streams = [await openStream(srv, STORE), await openStream(srv, STORE)];
+  await new Promise((r) => setTimeout(r, 300));
+  const sum = (d, name, labels) => d.metrics().then((s) => sumSamples(s, name, labels));
+  assert.ok((await sum(a1, 'istio_tcp_connections_opened_total', { reporter: 'source' })) >= 2, 'they went over HBONE');
+
+  // The source node restarts: its pooled HBONE connection, with both streams, goes to the successor.
+  const a2 = await start('node-a', 11, envA);
+  const exitA = await Promise.race([a1.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  assert.equal(exitA?.code, 0, `the source node's predecessor exits 0: ${a1.tail()}`);
+  const givenA = a1.logs.find((l) => l.message === 'hand-over given');
+  assert.equal(givenA?.connections, 2, `both streams were handed over: ${a1.tail()}`);
+  assert.equal(a2.logs.find((l) => l.message === 'hand-over taken')?.connections, 2);
+  assert.ok(!a1.logs.some((l) => l.message === 'connection complete'), 'the predecessor wrote no record for them');
+  await new Promise((r) => setTimeout(r, 300));
+  for (const s of streams) await checkpoint(s, 'after the source node restarted');
+  const fresh = await openStream(srv, STORE);
+  await new Promise((r) => setTimeout(r, 100));
+  await checkpoint(fresh, 'a new stream after the source node restarted');
+
+  // Then the destination node: node-b's HBONE connections (the handed-over one, and the fresh one's) go too.
+  for (const s of [...streams, fresh]) {
+    s.stopUp = pump(s.socket, s.sent);
+    s.stopDown = pump(s.server.socket, s.server.sent);
+  }
+  await new Promise((r) => setTimeout(r, 200));
+  const b2 = await start('node-b', 12, envB);
+  const exitB = await Promise.race([b1.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  assert.equal(exitB?.code, 0, `the destination node's predecessor exits 0: ${b1.tail()}`);
+  const givenB = b1.logs.find((l) => l.message === 'hand-over given');
+  assert.equal(givenB?.connections, 3, `every stream was handed over: ${b1.tail()}`);
+  await new Promise((r) => setTimeout(r, 300));
+  for (const s of [...streams, fresh]) await checkpoint(s, 'after the destination node restarted');
+  const last = await openStream(srv, STORE);
+  await new Promise((r) => setTimeout(r, 100));
+  await checkpoint(last, 'a new stream after both restarts');
+
+  // The end: each side's record once, by the daemon that saw the stream end, with every byte of every process.
+  const s0 = streams[0];
+  s0.socket.end();
+  s0.server.socket.end();
+  await waitFor(() => s0.closed, { message: 'the stream closed' });
+  const out = await a2.waitForLog((l) => l.message === 'connection complete' && l['src.addr'] === s0.local);
+  assert.equal(out.bytes_sent, s0.sent.bytes, 'source: bytes toward the server, over both daemons');
+  assert.equal(out.bytes_recv, s0.server.sent.bytes, 'source: bytes from the server');
+  const inb = await b2.waitForLog((l) => l.message === 'connection complete' && l.direction === 'inbound');
+  assert.equal(inb.bytes_recv, s0.sent.bytes, 'destination: bytes from the peer, over both daemons');
+  assert.equal(inb.bytes_sent, s0.server.sent.bytes, 'destination: bytes back to the peer');
+  for (const x of [streams[1], fresh, last]) {
+    x.socket.destroy();
+    x.server.socket.destroy();
+  }
+  await Promise.all([a2.stop(), b2.stop()]);
 });

@@ -273,6 +273,7 @@ impl Dataplane {
             silos,
             handover: Arc::default(),
         });
+        pi.pool.set_inputs(&pi);
         let reevaluator = Arc::new(proxy::reevaluation::Reevaluator::default());
         handle.spawn(reevaluator.clone().run(pi.clone(), drain.force.clone()));
         Ok(Dataplane {

@@ -13,7 +13,7 @@ role: string,
  */
 found: boolean, 
 /**
- * The connections that changed hands.
+ * The proxied connections that changed hands (an HBONE connection counts each of its streams).
  */
 connections: number, 
 /**

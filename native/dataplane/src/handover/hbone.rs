@@ -600,7 +600,7 @@ pub async fn quiesce<S: Session>(
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
-            shared.lock().resume();
+            shared.lock().resume(Vec::new());
             return Err("the connection did not come to rest".into());
         }
         spins += 1;
@@ -621,14 +621,13 @@ pub struct Taken {
     pub plaintext: Vec<u8>,
 }
 
-/// Predecessor: take a connection at rest (`quiesce`) out from under h2 and rustls. The record in flight is read to
-/// its end first (within `wait`), so rustls holds no part of one; from then on h2 reaches nothing on the wire, and
-/// there is no way back to rustls: the caller carries the connection on with `Engine` whatever happens next.
-pub async fn take_session<S: Session>(
+/// Predecessor: read the TLS record in flight to its end (within `wait`), so rustls holds no part of one: the
+/// plaintext read from the session past h2's last frame. On failure the connection carries on, h2 given that
+/// plaintext first.
+pub async fn finish_record<S: Session>(
     shared: &http2::Shared<S>,
-    logged: &tls13::Secrets,
     wait: std::time::Duration,
-) -> Result<Taken, String> {
+) -> Result<Vec<u8>, String> {
     let mut plaintext = Vec::new();
     let finish = std::future::poll_fn(|cx| {
         let mut g = shared.lock();
@@ -650,15 +649,34 @@ pub async fn take_session<S: Session>(
             }
         }
     });
-    match tokio::time::timeout(wait, finish).await {
-        Ok(r) => r?,
-        Err(_) => return Err("the peer did not finish its TLS record".into()),
+    let outcome = match tokio::time::timeout(wait, finish).await {
+        Ok(r) => r,
+        Err(_) => Err("the peer did not finish its TLS record".into()),
+    };
+    let mut g = shared.lock();
+    let pending_write = g.io.as_ref().is_some_and(|io| io.wants_write());
+    match outcome {
+        Ok(()) if !pending_write => Ok(plaintext),
+        failed => {
+            if let Some(io) = g.io_mut() {
+                io.socket_mut().unfinish();
+            }
+            g.resume(plaintext);
+            Err(failed.err().unwrap_or_else(|| "TLS records not yet written".into()))
+        }
     }
+}
+
+/// Predecessor: take a connection at rest (`quiesce`, then `finish_record`, whose plaintext is `plaintext`) out
+/// from under h2 and rustls. From then on h2 reaches nothing on the wire, and there is no way back to rustls: the
+/// caller carries the connection on with `Engine` whatever happens next.
+pub fn take_session<S: Session>(
+    shared: &http2::Shared<S>,
+    logged: &tls13::Secrets,
+    mut plaintext: Vec<u8>,
+) -> Result<Taken, String> {
     let (io, h2) = {
         let mut g = shared.lock();
-        if g.io.as_ref().is_some_and(|io| io.wants_write()) {
-            return Err("TLS records not yet written".into());
-        }
         (g.take().ok_or("taken already")?, g.state.clone())
     };
     let (mut sock, secrets, suite, rest) = io.split()?;
@@ -711,7 +729,21 @@ pub async fn resume(
             return;
         }
     };
-    let mut open: std::collections::HashMap<u32, (super::ConnMeta, crate::proxy::access::ConnectionResult)> = ids
+    run_streams(pi, force, engine, ids, metas).await
+}
+
+/// Carry a handed-over HBONE connection (`engine`) to its end: each stream (`ids`, `metas` in one order) counted
+/// live under its labels and its bytes at its end, its access record written once with the bytes of every process
+/// it went through; streams still open when `force` fires are recorded as drained.
+pub async fn run_streams(
+    pi: std::sync::Arc<crate::proxy::ProxyInputs>,
+    force: tokio_util::sync::CancellationToken,
+    engine: Engine,
+    ids: Vec<u32>,
+    metas: Vec<super::ConnMeta>,
+) {
+    type Open = (super::ConnMeta, crate::proxy::access::ConnectionResult);
+    let mut open: std::collections::HashMap<u32, Open> = ids
         .into_iter()
         .zip(metas)
         .map(|(id, m)| {
@@ -722,13 +754,20 @@ pub async fn resume(
         .collect();
     let on_end = |e: StreamEnd| {
         let Some((m, result)) = open.remove(&e.id) else { return };
-        // Leg 0 is the application → peer direction here; the bytes moved before the hand-over were counted there.
-        let (sent, received) = e.moved;
+        // Leg 0 is application → peer. Istio's `received` is the request direction: from the client outbound, from
+        // the peer inbound. The bytes moved before the hand-over were counted where they moved.
+        let (to_peer, to_app) = e.moved;
+        let (new_to_peer, new_to_app) =
+            (to_peer.saturating_sub(m.legs[0].moved), to_app.saturating_sub(m.legs[1].moved));
+        let (request, response) = match m.kind {
+            super::ConnKind::InboundHbone | super::ConnKind::InboundPlaintext => (new_to_app, new_to_peer),
+            _ => (new_to_peer, new_to_app),
+        };
         let counters = result.counters();
-        counters.sent.fetch_add(sent.saturating_sub(m.legs[0].moved), std::sync::atomic::Ordering::Relaxed);
-        counters.received.fetch_add(received.saturating_sub(m.legs[1].moved), std::sync::atomic::Ordering::Relaxed);
+        counters.received.fetch_add(request, std::sync::atomic::Ordering::Relaxed);
+        counters.sent.fetch_add(response, std::sync::atomic::Ordering::Relaxed);
         let error = e.result.err().map(|err| ("CONNECT", err.to_string()));
-        result.finish_with(&pi, m.record.clone(), sent, received, error);
+        result.finish_with(&pi, m.record.clone(), to_peer, to_app, error);
     };
     tokio::select! {
         _ = engine.run(on_end) => {}

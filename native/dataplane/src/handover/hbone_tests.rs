@@ -214,7 +214,8 @@ async fn an_hbone_connection_carries_on_after_its_session_is_taken_from_h2_and_r
         handles.push((p.send, p.recv));
     }
     let secrets = std::mem::take(&mut *logged.lock());
-    let taken = hbone::take_session(&shared, &secrets, Duration::from_secs(2)).await.expect("taken");
+    let plaintext = hbone::finish_record(&shared, Duration::from_secs(2)).await.expect("record finished");
+    let taken = hbone::take_session(&shared, &secrets, plaintext).expect("taken");
     // The session has left h2: dropping its handles reaches nothing on the wire.
     drop(handles);
     let moved_before: u64 = streams_out.iter().map(|s| s.moved.0).sum();
@@ -263,9 +264,9 @@ async fn an_hbone_connection_carries_on_after_its_session_is_taken_from_h2_and_r
     let giver = std::thread::spawn(move || hub.give(giver_end, "node", || {}));
     let (report, mut got) = tokio::task::spawn_blocking(move || super::take_on(taker_end, "node")).await.expect("take");
     assert_eq!(report.error, None);
-    assert_eq!(report.connections, 1);
+    assert_eq!(report.connections, STREAMS, "counted as proxied connections");
     assert_eq!(offered.await.expect("offer"), super::Verdict::Gone);
-    assert_eq!(giver.join().expect("give").connections, 1);
+    assert_eq!(giver.join().expect("give").connections, STREAMS);
     // The predecessor's references go; the sockets live on in the successor's.
     drop((taken.tcp, apps));
     let r = got.pop().expect("the connection");

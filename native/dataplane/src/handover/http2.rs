@@ -332,6 +332,9 @@ pub struct TapInner<T> {
     quiet: bool,
     /// Bytes written through the tap.
     pub written: u64,
+    /// Plaintext read from the session for a hand-over that then did not happen: h2 gets it first.
+    replay: Vec<u8>,
+    replay_at: usize,
 }
 
 pub type Shared<T> = Arc<Mutex<TapInner<T>>>;
@@ -351,6 +354,8 @@ impl<T> Tap<T> {
             pausing: false,
             quiet: false,
             written: 0,
+            replay: Vec::new(),
+            replay_at: 0,
         }));
         (Tap { shared: shared.clone() }, shared)
     }
@@ -373,10 +378,13 @@ impl<T> TapInner<T> {
         self.tx.at_boundary()
     }
 
-    /// Carry on (the hand-over did not take this connection).
-    pub fn resume(&mut self) {
+    /// Carry on (the hand-over did not take this connection), h2 first given `replay`: plaintext read from the
+    /// session after h2's last frame.
+    pub fn resume(&mut self, replay: Vec<u8>) {
         self.pausing = false;
         self.quiet = false;
+        self.replay = replay;
+        self.replay_at = 0;
     }
 
     pub fn io_mut(&mut self) -> Option<&mut T> {
@@ -403,8 +411,20 @@ impl<T: AsyncRead + Unpin> AsyncRead for Tap<T> {
             inner.quiet = true;
             return Poll::Pending;
         }
-        let Some(io) = inner.io.as_mut() else { return Poll::Ready(Err(gone())) };
         let before = out.filled().len();
+        if inner.replay_at < inner.replay.len() {
+            let n = out.remaining().min(inner.replay.len() - inner.replay_at);
+            out.put_slice(&inner.replay[inner.replay_at..inner.replay_at + n]);
+            inner.replay_at += n;
+            if inner.replay_at == inner.replay.len() {
+                inner.replay = Vec::new();
+                inner.replay_at = 0;
+            }
+            let TapInner { rx, state, .. } = inner;
+            rx.feed(&out.filled()[before..], |h, p| state.received(h, p));
+            return Poll::Ready(Ok(()));
+        }
+        let Some(io) = inner.io.as_mut() else { return Poll::Ready(Err(gone())) };
         let r = if limit < out.remaining() {
             let mut sub = out.take(limit);
             let r = Pin::new(io).poll_read(cx, &mut sub);

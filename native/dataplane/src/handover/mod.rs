@@ -35,14 +35,16 @@
 //! TLS record layer's keys, secrets and sequence numbers, the HTTP/2 state as the wire defines it, the bytes read and
 //! not processed, each stream's pending bytes and metadata), and the successor carries them on with `hbone::Engine`
 //! (`tls13`: the record layer; `http2`: the tap that learns the HTTP/2 state and stops h2 at a frame boundary). The
-//! protocol, the successor's side and the predecessor's tools (`hbone::quiesce`, `hbone::take_session`) exist and are
-//! tested against real h2 and rustls peers; the proxies do not offer their HBONE connections yet, so those still
-//! stay with their daemon and drain as today.
+//! proxies offer them (`hconn`): inbound 15008 connections and outbound pooled ones stop their streams' copies at the
+//! pause, quiesce the connection at a frame and record boundary, and offer it whole; a connection that cannot come to
+//! rest (a stream being set up, a double-HBONE outer connection) declines and stays. A connection the successor
+//! carries on is not offered again at the successor's own restart: it drains there (its streams end or are cut).
 
 pub mod carry;
 pub mod hbone;
 #[cfg(test)]
 mod hbone_tests;
+pub mod hconn;
 pub mod http2;
 pub mod tls13;
 pub mod wire;
@@ -79,8 +81,8 @@ pub struct Hub {
     round: Mutex<Round>,
     offers_tx: mpsc::Sender<Offer>,
     offers_rx: Mutex<mpsc::Receiver<Offer>>,
-    descs_tx: mpsc::Sender<(u64, ConnMeta)>,
-    descs_rx: Mutex<mpsc::Receiver<(u64, ConnMeta)>>,
+    descs_tx: mpsc::Sender<(u64, Option<ConnMeta>)>,
+    descs_rx: Mutex<mpsc::Receiver<(u64, Option<ConnMeta>)>>,
     next_id: std::sync::atomic::AtomicU64,
     /// Connections that can be handed over, live now.
     live: AtomicUsize,
@@ -144,7 +146,19 @@ impl Ticket {
     }
 
     pub fn described(&self, meta: ConnMeta) {
-        let _ = self.hub.descs_tx.send((self.id, meta));
+        let _ = self.hub.descs_tx.send((self.id, Some(meta)));
+    }
+
+    /// Answer the describe phase with nothing to send now (an HBONE connection's descriptions cross with it).
+    pub fn described_later(&self) {
+        let _ = self.hub.descs_tx.send((self.id, None));
+    }
+
+    /// Not this time (an HBONE connection that cannot come to rest, or has no stream): it carries on here, and the
+    /// exchange neither waits for it nor sends anything of it.
+    pub async fn decline(&self, generation: u64) {
+        let parcel = Parcel { id: self.id, fds: Vec::new(), meta: None, legs: Default::default(), hbone: None };
+        self.offer(generation, parcel).await;
     }
 
     /// Hand the paused connection's state to the hub and wait for the verdict. The descriptors stay valid (their
@@ -292,7 +306,7 @@ pub struct HandoverReport {
     pub role: String,
     /// Take: a predecessor was found on the socket.
     pub found: bool,
-    /// The connections that changed hands.
+    /// The proxied connections that changed hands (an HBONE connection counts each of its streams).
     pub connections: u32,
     /// Give: the connections paused and then kept because the hand-over did not complete.
     pub kept: u32,
@@ -423,9 +437,15 @@ impl Hub {
             let t0 = Instant::now();
             paused_at = Some(t0);
             self.pause_all(&mut paused);
+            // The declined carry on at once, and are not counted.
+            for o in paused.extract_if(.., |o| o.parcel.fds.is_empty()) {
+                let _ = o.verdict.send(Verdict::Keep);
+            }
             // Connections that described themselves after the first collection (set up meanwhile) did so before
             // they paused: their descriptions are queued by now.
-            let late: Vec<(u64, ConnMeta)> = std::iter::from_fn(|| self.descs_rx.lock().try_recv().ok()).collect();
+            let late: Vec<(u64, ConnMeta)> = std::iter::from_fn(|| self.descs_rx.lock().try_recv().ok())
+                .filter_map(|(id, m)| Some((id, m?)))
+                .collect();
             for chunk in late.chunks(META_BATCH) {
                 send_meta(&sock, chunk)?;
             }
@@ -467,7 +487,8 @@ impl Hub {
         // Either way a fresh round, before anything resumes: what did not pause in this one (a connection set up
         // meanwhile) carries on here, and a kept one does not pause again for a round that is over.
         self.next_round();
-        let n = paused.len() as u32;
+        // Counted as proxied connections: an HBONE connection counts its streams.
+        let n = paused.iter().map(|o| o.parcel.hbone.as_ref().map_or(1, |h| h.metas.len() as u32)).sum();
         for o in paused {
             let _ = o.verdict.send(verdict);
         }
@@ -499,7 +520,7 @@ impl Hub {
         // Stale ones (sent as the last round ended) go before asking: after, they could not be told apart.
         while rx.try_recv().is_ok() {}
         self.round.lock().describe.cancel();
-        collect(&rx, || self.live(), Vec::new())
+        collect(&rx, || self.live(), Vec::new()).into_iter().filter_map(|(id, m)| Some((id, m?))).collect()
     }
 
     /// Ask every connection to pause and collect their parcels: all that are live, or what came within the wait.
@@ -794,7 +815,7 @@ pub fn take_on(sock: UnixStream, node: &str) -> (HandoverReport, Vec<Received>) 
         // Our references to its sockets close; the predecessor keeps them (nothing crosses the wire).
         got.clear();
     }
-    report.connections = got.len() as u32;
+    report.connections = got.iter().map(|r| r.hbone.as_ref().map_or(1, |h| h.metas.len() as u32)).sum();
     report.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
     (report, got)
 }

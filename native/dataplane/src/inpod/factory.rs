@@ -88,6 +88,7 @@ impl InPodProxies {
             silos: base.silos.clone(),
             handover: base.handover.clone(),
         });
+        pi.pool.set_inputs(&pi);
         let local = LocalRef::Pod {
             namespace: Arc::from(info.namespace.as_str()),
             name: Arc::from(info.name.as_str()),

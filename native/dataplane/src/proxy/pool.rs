@@ -87,6 +87,8 @@ pub struct PooledConn {
     /// Ends the connection's streams: at once when it was shed or drained, CLOSED_STREAM_GRACE after it ended
     /// otherwise (`h2::end_streams`).
     streams_end: tokio_util::sync::CancellationToken,
+    /// Where its streams stop for a hand-over of the connection.
+    gate: Arc<crate::handover::hconn::Gate>,
 }
 
 impl PooledConn {
@@ -98,6 +100,9 @@ impl PooledConn {
     fn is_usable(&self) -> bool {
         if self.dead.load(Ordering::Acquire) {
             return false;
+        }
+        if self.gate.stopping() {
+            return false; // being handed over: a new stream goes on another connection
         }
         if let Some(Err(_)) = self.send.clone().ready().now_or_never() {
             self.dead.store(true, Ordering::Release);
@@ -117,6 +122,11 @@ impl StreamLease {
     /// The leased connection's share of the node's buffer budget.
     pub fn buffers(&self) -> &Arc<crate::budget::ConnBuffers> {
         &self.conn.buffers
+    }
+
+    /// Where the leased connection's streams stop for its hand-over.
+    pub fn gate(&self) -> &Arc<crate::handover::hconn::Gate> {
+        &self.conn.gate
     }
 
     /// Cancelled when the leased connection's streams must end (`PooledConn::streams_end`).
@@ -173,6 +183,8 @@ pub struct Pool {
     /// One key table per silo (index 0: callers off the silos).
     keys: Box<[Mutex<Keys>]>,
     next_id: AtomicU64,
+    /// The proxy's inputs, once it has them: a pooled connection can then be handed to a successor daemon.
+    inputs: std::sync::OnceLock<std::sync::Weak<crate::proxy::ProxyInputs>>,
 }
 
 impl Pool {
@@ -204,7 +216,14 @@ impl Pool {
             events,
             drain,
             next_id: AtomicU64::new(0),
+            inputs: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The inputs of the proxy this pool serves (they hold the pool, so a weak reference): its connections take part
+    /// in hand-overs from then on.
+    pub fn set_inputs(&self, pi: &Arc<crate::proxy::ProxyInputs>) {
+        let _ = self.inputs.set(Arc::downgrade(pi));
     }
 
     /// Release keys idle for longer than the configured timeout. Run periodically by `run_eviction`.
@@ -329,9 +348,14 @@ impl Pool {
             .map_err(|e| PoolError::Connect(key.dst, e))?;
         // No SNI is sent (enable_sni = false); the name only satisfies the API.
         let server_name = rustls::pki_types::ServerName::IpAddress(key.dst.ip().into());
+        // The handshake's traffic secrets are caught for a hand-over (`handover::tls13`).
+        let secrets = Arc::new(Mutex::new(crate::handover::tls13::Secrets::default()));
         let mut tls = tokio::time::timeout(
             self.cfg.handshake_timeout(),
-            TlsConnector::from(Arc::new(tls_cfg)).connect(server_name, crate::tls::tls_socket(tcp)),
+            crate::handover::tls13::capture(
+                secrets.clone(),
+                TlsConnector::from(Arc::new(tls_cfg)).connect(server_name, crate::tls::tls_socket(tcp)),
+            ),
         )
         .await
         .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")))
@@ -341,9 +365,14 @@ impl Pool {
         })?;
         tls.get_mut().1.set_buffer_limit(Some(crate::tls::TLS_SEND_BUFFER));
         let buffers = self.metrics.budget.connection(key.dst);
-        let tls = crate::budget::Metered::new(tls, buffers.clone(), true);
+        // The tap under h2 follows the HTTP/2 state a hand-over carries (`handover::http2`).
+        let (tap, session) = crate::handover::http2::Tap::new(tls, true);
+        let tls = crate::budget::Metered::new(tap, buffers.clone(), true);
         let (send, mut conn) =
             builder(&self.cfg).handshake::<_, Bytes>(tls).await.map_err(|e| PoolError::H2Handshake(key.dst, e))?;
+        let gate: Arc<crate::handover::hconn::Gate> = Arc::default();
+        let (inputs, gate2, window) =
+            (self.inputs.get().cloned(), gate.clone(), self.cfg.http2.connection_window_size as i64);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let dead = Arc::new(AtomicBool::new(false));
         let ping = conn.ping_pong();
@@ -360,18 +389,57 @@ impl Pool {
         metrics.tunnels_opened_outbound.fetch_add(1, Ordering::Relaxed);
         metrics.tunnels_active_outbound.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            let ping_fut = async {
+            use crate::handover::hconn::{offer_connection, Offered};
+            let ping_fut = std::pin::pin!(async {
                 match ping {
                     Some(p) => keepalive(p).await,
                     None => std::future::pending().await,
                 }
+            });
+            let mut ping_fut = ping_fut;
+            let inputs = inputs.and_then(|w| w.upgrade());
+            // A hand-over takes the connection whole: its description crosses with it; it pauses once a round.
+            let ticket = inputs.as_ref().map(|pi| pi.handover.ticket());
+            let (mut described, mut declined, mut kept) = (None, None, None);
+            let why = loop {
+                let round = ticket.as_ref().map(|t| t.round());
+                let generation = round.as_ref().map(|r| r.generation);
+                let describe = round.as_ref().map(|r| r.describe.clone());
+                let pause = round.as_ref().map(|r| r.pause.clone());
+                tokio::select! {
+                    r = &mut conn => break r.err().map(|e| e.to_string()),
+                    why = &mut ping_fut => break Some(why.to_string()),
+                    _ = force.cancelled() => break Some("drained".to_string()),
+                    _ = shed.cancelled() => break Some("shed: the node's buffered stream data is over its budget".to_string()),
+                    _ = cancelled(describe.as_ref()), if described != generation => {
+                        described = generation;
+                        if let Some(t) = &ticket {
+                            t.described_later();
+                        }
+                    }
+                    _ = cancelled(pause.as_ref()), if declined != generation => {
+                        let (Some(t), Some(round)) = (&ticket, &round) else { continue };
+                        let poll_conn = |cx: &mut std::task::Context<'_>| match std::future::Future::poll(std::pin::Pin::new(&mut conn), cx) {
+                            std::task::Poll::Ready(_) => std::task::Poll::Ready(false),
+                            std::task::Poll::Pending => std::task::Poll::Pending,
+                        };
+                        match offer_connection(t, round, &gate2, &session, &secrets, poll_conn, window).await {
+                            Offered::Declined => declined = generation,
+                            Offered::Gone => break Some("handed over".to_string()),
+                            Offered::Kept(k) => {
+                                kept = Some(*k);
+                                break Some("carried on here after a hand-over that failed".to_string());
+                            }
+                        }
+                    }
+                }
             };
-            let why = tokio::select! {
-                r = conn => r.err().map(|e| e.to_string()),
-                why = ping_fut => Some(why.to_string()),
-                _ = force.cancelled() => Some("drained".to_string()),
-                _ = shed.cancelled() => Some("shed: the node's buffered stream data is over its budget".to_string()),
-            };
+            drop(ticket);
+            if let (Some((engine, ids, metas)), Some(pi)) = (kept, &inputs) {
+                dead2.store(true, Ordering::Release);
+                drop(conn);
+                crate::handover::hbone::run_streams(pi.clone(), force.clone(), engine, ids, metas).await;
+            }
             dead2.store(true, Ordering::Release);
             super::h2::end_streams(streams_end2, shed.is_cancelled(), force);
             metrics.tunnels_active_outbound.fetch_sub(1, Ordering::Relaxed);
@@ -390,6 +458,15 @@ impl Pool {
             max: self.cfg.pool_max_streams_per_connection as usize,
             buffers,
             streams_end,
+            gate,
         }))
+    }
+}
+
+/// Waits for `token`, or forever without one.
+async fn cancelled(token: Option<&tokio_util::sync::CancellationToken>) {
+    match token {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
     }
 }

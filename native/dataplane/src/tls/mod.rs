@@ -84,6 +84,14 @@ impl ResolvesServerCert for WorkloadCertResolver {
     }
 }
 
+/// An HBONE session can be handed to a successor daemon (`handover::tls13`): its handshake's first traffic secrets
+/// are kept in memory for that one connection (only while `tls13::capture` polls it; never to a file), and rustls
+/// lets its keys be exported.
+fn handover_ready(key_log: &mut Arc<dyn rustls::KeyLog>, extraction: &mut bool) {
+    *key_log = Arc::new(crate::handover::tls13::CaptureLog);
+    *extraction = true;
+}
+
 /// The inbound (15008) server config of one local workload.
 pub fn server_config(store: Arc<CertStore>, identity: Identity) -> Result<ServerConfig, TlsError> {
     let provider = store.provider().clone();
@@ -96,6 +104,7 @@ pub fn server_config(store: Arc<CertStore>, identity: Identity) -> Result<Server
     // No tickets and no session cache: every connection authenticates with a full handshake (as ztunnel).
     cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     cfg.send_tls13_tickets = 0;
+    handover_ready(&mut cfg.key_log, &mut cfg.enable_secret_extraction);
     Ok(cfg)
 }
 
@@ -131,5 +140,6 @@ pub fn client_config(
     cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
     cfg.enable_sni = false;
     cfg.resumption = Resumption::disabled();
+    handover_ready(&mut cfg.key_log, &mut cfg.enable_secret_extraction);
     Ok(cfg)
 }

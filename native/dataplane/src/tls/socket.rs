@@ -45,6 +45,11 @@ impl TlsSocket {
         self.finishing = true;
     }
 
+    /// Back to reading freely (the hand-over did not take the connection).
+    pub fn unfinish(&mut self) {
+        self.finishing = false;
+    }
+
     /// The bytes read from the socket and not handed up (from a record's start, once `mid_record` is false).
     pub fn take_buffered(&mut self) -> Vec<u8> {
         let rest = self.buf.split_off(self.pos);
