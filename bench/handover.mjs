@@ -6,6 +6,8 @@
 //   node bench/handover.mjs                        9,000 connections, 100 probes, 3 rounds
 //   node bench/handover.mjs --connections 1000 --rounds 1
 //   node bench/handover.mjs --json bench/results/handover.json
+//   node bench/handover.mjs --hbone                the echo server is a mesh workload on node-b (its own daemon, not
+//                                                  restarted): every connection is a stream of node-a's HBONE pool
 //
 // The connections: every one sends a 16-byte tagged message after the hand-over and must get it back (lost = those
 // that do not). The probes: 100 of them exchange 16-byte messages back to back, 2 ms apart, throughout; a probe's
@@ -46,6 +48,7 @@ async function main() {
       probes: { type: 'string', default: '100' },
       rounds: { type: 'string', default: '3' },
       json: { type: 'string' },
+      hbone: { type: 'boolean', default: false },
     },
   });
   const n = Number(opts.connections);
@@ -61,17 +64,19 @@ async function main() {
   kids.add(echo);
   await new Promise((r) => echo.once('message', r));
   const config = join(tmp, 'local.yaml');
-  writeFileSync(config, `workloads:\n- {uid: u-sleep, name: sleep, namespace: default, serviceAccount: sleep, workloadIps: ["${SLEEP_IP}"], protocol: HBONE, node: node-a}\n`);
-  const env = (k) => ({
+  const store = `- {uid: u-store, name: store, namespace: default, serviceAccount: store, workloadIps: ["${SERVER.host}"], protocol: HBONE, node: node-b}\n`;
+  writeFileSync(config, `workloads:\n- {uid: u-sleep, name: sleep, namespace: default, serviceAccount: sleep, workloadIps: ["${SLEEP_IP}"], protocol: HBONE, node: node-a}\n${opts.hbone ? store : ''}`);
+  const env = (k, node = 'node-a') => ({
     PATH: process.env.PATH, HOME: process.env.HOME ?? '/tmp',
-    PROXY_MODE: 'local', NODE_NAME: 'node-a', LOCAL_XDS_PATH: config, LOCAL_CA_DIR: join(tmp, 'ca'),
+    PROXY_MODE: 'local', NODE_NAME: node, LOCAL_XDS_PATH: config, LOCAL_CA_DIR: join(tmp, 'ca'),
     ADMIN_ADDR: `${admin(k)}:15000`, STATS_ADDR: `${admin(k)}:15020`, READINESS_ADDR: `${admin(k)}:15021`,
-    HANDOVER_SOCKET: join(tmp, 'handover.sock'), LOG_FORMAT: 'json', RUST_LOG: 'info,access=warn',
+    HANDOVER_SOCKET: join(tmp, `handover-${node}.sock`), LOG_FORMAT: 'json', RUST_LOG: 'info,access=warn',
     XDS_ADDRESS: '', CA_ADDRESS: '', CONNECTION_TERMINATION_DEADLINE: '5s',
   });
   const rounds = [];
   let k = 0;
   let current = await startDaemon(env(k++), kids);
+  const destination = opts.hbone ? await startDaemon(env(50, 'node-b'), kids) : null;
   const conns = [];
   for (let i = 0; i < n; i += 200) {
     conns.push(...(await Promise.all(Array.from({ length: Math.min(200, n - i) }, () => open()))));
@@ -92,6 +97,7 @@ async function main() {
     gaps.sort((a, b) => a - b);
     const r = {
       round: round + 1,
+      mode: opts.hbone ? 'hbone' : 'tcp',
       connections: n,
       given: given?.connections ?? 0,
       taken: taken?.connections ?? 0,
@@ -112,8 +118,10 @@ async function main() {
     current = next;
   }
   for (const c of conns) c.destroy();
-  current.child.kill('SIGTERM');
-  await current.exited;
+  for (const d of [current, destination].filter(Boolean)) {
+    d.child.kill('SIGTERM');
+    await d.exited;
+  }
   if (opts.json) writeFileSync(opts.json, `${JSON.stringify({ date: new Date().toISOString(), node: process.version, rounds }, null, 2)}\n`);
   process.exit(0);
 }

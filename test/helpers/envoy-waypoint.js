@@ -89,6 +89,7 @@ function serviceEndpoint(target) {
  *   identity    { namespace, serviceAccount } (default default/waypoint); trustDomain (default cluster.local)
  *   service     { vip, port, hostname, endpoints: ['ip:targetPort', ...] }: the one service it serves
  *   workloadIp  the one workload addressed directly that uses this waypoint
+ *   extraArgs   more of Envoy's command line (a component's log level)
  */
 export async function startEnvoyWaypoint({
   binary,
@@ -100,6 +101,7 @@ export async function startEnvoyWaypoint({
   trustDomain = 'cluster.local',
   service,
   workloadIp,
+  extraArgs = [],
   cleanup,
 }) {
   const identityUri = spiffe(identity.namespace, identity.serviceAccount, trustDomain);
@@ -121,9 +123,10 @@ export async function startEnvoyWaypoint({
   });
   const configPath = join(dir, 'waypoint.yaml');
   writeFileSync(configPath, config);
-  const w = await runEnvoy({ binary, configPath, logPath: join(dir, 'envoy.log'), admin, what: 'the Envoy waypoint' });
+  const logPath = join(dir, 'envoy.log');
+  const w = await runEnvoy({ binary, configPath, logPath, admin, what: 'the Envoy waypoint', extraArgs });
   if (cleanup && typeof cleanup.after === 'function') cleanup.after(() => w.stop());
-  return { ...w, configPath, identity: identityUri };
+  return { ...w, configPath, logPath, identity: identityUri };
 }
 
 /** A certificate for `identityUri` signed by the daemons' built-in CA (`caDir`), written to `dir`: the paths. */

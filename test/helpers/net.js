@@ -70,6 +70,7 @@ export const BLOCKS = Object.freeze({
   dashboard: 73,
   'authz-preview': 74,
   handover: 75,
+  'handover-envoy': 76,
 });
 
 /** Addresses of one file's block. */

@@ -5,12 +5,12 @@
 // lines and the metrics.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { createHash, randomBytes } from 'node:crypto';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { sumSamples } from '../../dist/cli/prom-text.js';
 import { makeTempDir, startDaemon, workload } from '../helpers/daemon.js';
 import { BLOCKS, block, socks5Request, waitFor } from '../helpers/net.js';
+import { checkpoint, openStream as openStreamVia, pump, startServer as startStreamServer } from '../helpers/streams.js';
 
 const net = block(BLOCKS.handover);
 const SLEEP_IP = net.workload(1);
@@ -24,88 +24,9 @@ after(async () => {
   for (const c of cleanups.reverse()) await c();
 });
 
-/** One direction of a stream: what was written (or read) so far, and its running sha256. */
-class Tally {
-  constructor() {
-    this.bytes = 0;
-    this.hash = createHash('sha256');
-  }
-  add(buf) {
-    this.bytes += buf.length;
-    this.hash.update(buf);
-  }
-  digest() {
-    return this.hash.copy().digest('hex');
-  }
-}
-
-/** A server that, per connection, tallies what it receives and streams random bytes back until told to stop. */
-function startServer(port = SERVER.port, host = SERVER.host) {
-  const conns = [];
-  // Half-open allowed: a client's half-close must not end the server's direction.
-  const server = createServer({ allowHalfOpen: true }, (socket) => {
-    const c = { socket, received: new Tally(), sent: new Tally(), ended: false, errors: [] };
-    conns.push(c);
-    socket.on('data', (b) => c.received.add(b));
-    socket.on('end', () => (c.ended = true));
-    socket.on('error', (e) => c.errors.push(e.code ?? e.message));
-  });
-  return new Promise((resolve) =>
-    server.listen(port, host, () =>
-      resolve({
-        conns,
-        close: () => {
-          for (const c of conns) c.socket.destroy();
-          return new Promise((r) => server.close(() => r()));
-        },
-      }),
-    ),
-  );
-}
-
-/** Writes `chunk`-byte random blocks every `everyMs` on `socket`, tallying them, until `stop()`. */
-function pump(socket, tally, { chunk = 8 * 1024, everyMs = 5 } = {}) {
-  let timer = setInterval(() => {
-    const b = randomBytes(chunk);
-    tally.add(b);
-    socket.write(b);
-  }, everyMs);
-  timer.unref();
-  return () => {
-    clearInterval(timer);
-    timer = null;
-  };
-}
-
-/** A client connection through node-a's SOCKS5 entry, both directions streaming. */
-async function openStream(srv, dest = SERVER) {
-  const before = srv.conns.length;
-  const { code, socket } = await socks5Request({ socks: SOCKS, dest });
-  assert.equal(code, 0, 'SOCKS5 CONNECT succeeded');
-  const s = { socket, local: `${socket.localAddress}:${socket.localPort}`, sent: new Tally(), received: new Tally(), errors: [], closed: false };
-  socket.on('data', (b) => s.received.add(b));
-  socket.on('error', (e) => s.errors.push(e.code ?? e.message));
-  socket.on('close', () => (s.closed = true));
-  socket.resume();
-  await waitFor(() => srv.conns.length > before, { message: 'the server accepted' });
-  s.server = srv.conns[srv.conns.length - 1];
-  s.stopUp = pump(socket, s.sent);
-  s.stopDown = pump(s.server.socket, s.server.sent);
-  return s;
-}
-
-/** Both directions stop writing; once each receiver has every byte, the digests must match. */
-async function checkpoint(s, what) {
-  s.stopUp();
-  s.stopDown();
-  await waitFor(() => s.server.received.bytes === s.sent.bytes && s.received.bytes === s.server.sent.bytes, {
-    timeoutMs: 15_000,
-    message: `${what}: every byte arrived (up ${s.server.received.bytes}/${s.sent.bytes}, down ${s.received.bytes}/${s.server.sent.bytes})`,
-  });
-  assert.equal(s.server.received.digest(), s.sent.digest(), `${what}: client → server sha256`);
-  assert.equal(s.received.digest(), s.server.sent.digest(), `${what}: server → client sha256`);
-  assert.deepEqual([s.errors, s.server.errors, s.closed], [[], [], false], `${what}: no reset, no close`);
-}
+/** A stream through node-a's SOCKS5 entry (to the server outside the mesh unless told). */
+const openStream = (srv, dest = SERVER) => openStreamVia(SOCKS, srv, dest);
+const startServer = (port = SERVER.port, host = SERVER.host) => startStreamServer(port, host);
 
 test('a restart of the node hands its established connections to the new daemon, byte-exact, and the old one exits 0', async (t) => {
   const caDir = makeTempDir('ztn-handover-ca-');
@@ -395,4 +316,54 @@ test('HBONE streams survive a restart of the source node and then of the destina
     x.server.socket.destroy();
   }
   await Promise.all([a2.stop(), b2.stop()]);
+});
+
+test('a predecessor that dies midway: the successor takes nothing, says so, serves, and then waits for its own successor on the socket', async (t) => {
+  const caDir = makeTempDir('ztn-handover-ca-');
+  const socketDir = makeTempDir('ztn-handover-');
+  const path = join(socketDir, 'handover.sock');
+  const { createServer: createUnixServer, connect } = await import('node:net');
+  // The predecessor, played by the test: it answers Hello, starts a Meta frame (its header promises 4 KiB), sends
+  // 10 bytes of it and dies.
+  const header = (kind, len) => {
+    const h = Buffer.alloc(12);
+    h.write('ZTHO', 0, 'latin1');
+    h[4] = kind;
+    h.writeUInt32LE(len, 8);
+    return h;
+  };
+  const hello = Buffer.from(JSON.stringify({ version: 1, pid: process.pid, node: 'node-a' }));
+  let greeted = false;
+  const fake = createUnixServer((s) => {
+    s.once('data', () => {
+      greeted = true;
+      s.write(Buffer.concat([header(1, hello.length), hello, header(9, 4096), Buffer.alloc(10)]));
+      setTimeout(() => s.destroy(), 50);
+    });
+  });
+  await new Promise((r) => fake.listen(path, r));
+  const successor = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(13), env: { HANDOVER_SOCKET: path }, cleanup: t });
+  // (Closed at the end: libuv unlinks a closing server's path, which by now names the successor's socket.)
+  cleanups.push(() => new Promise((r) => fake.close(r)));
+  assert.ok(greeted, 'the successor spoke to the predecessor');
+  const notTaken = successor.logs.find((l) => l.message === 'hand-over not taken: the predecessor keeps its connections and drains them');
+  assert.ok(notTaken?.error, `it says why: ${successor.tail()}`);
+  assert.equal(notTaken.connections, 0);
+  // It serves: a new connection through it, byte-exact.
+  const dest = { host: SERVER.host, port: SERVER.port + 3 };
+  const srv = await startServer(dest.port);
+  cleanups.push(() => srv.close());
+  const s = await openStream(srv, dest);
+  await new Promise((r) => setTimeout(r, 200));
+  await checkpoint(s, 'a connection through the successor');
+  s.socket.destroy();
+  s.server.socket.destroy();
+  // And it took the socket over: the next daemon finds it there (Hello answered by it, with its node).
+  await waitFor(async () => {
+    const c = connect(path);
+    const ok = await new Promise((r) => c.once('connect', () => r(true)).once('error', () => r(false)));
+    c.destroy();
+    return ok;
+  }, { message: `the successor listens on the hand-over socket: ${JSON.stringify(successor.logs.filter((l) => /hand-over/.test(l.message)))}` });
+  await successor.stop();
 });

@@ -1,0 +1,90 @@
+// Long-lived streams for the hand-over suites: a server that, per connection, tallies what it receives and streams
+// random bytes back; a client through a daemon's SOCKS5 entry that does the same; checkpoints that stop both
+// directions and compare every byte's sha256 (nothing lost, duplicated or reordered, no reset).
+import assert from 'node:assert/strict';
+import { createHash, randomBytes } from 'node:crypto';
+import { createServer } from 'node:net';
+import { socks5Request, waitFor } from './net.js';
+
+/** One direction of a stream: what was written (or read) so far, and its running sha256. */
+export class Tally {
+  constructor() {
+    this.bytes = 0;
+    this.hash = createHash('sha256');
+  }
+  add(buf) {
+    this.bytes += buf.length;
+    this.hash.update(buf);
+  }
+  digest() {
+    return this.hash.copy().digest('hex');
+  }
+}
+
+/** A server that, per connection, tallies what it receives and streams random bytes back until told to stop. */
+export function startServer(port, host) {
+  const conns = [];
+  // Half-open allowed: a client's half-close must not end the server's direction.
+  const server = createServer({ allowHalfOpen: true }, (socket) => {
+    const c = { socket, received: new Tally(), sent: new Tally(), ended: false, errors: [] };
+    conns.push(c);
+    socket.on('data', (b) => c.received.add(b));
+    socket.on('end', () => (c.ended = true));
+    socket.on('error', (e) => c.errors.push(e.code ?? e.message));
+  });
+  return new Promise((resolve) =>
+    server.listen(port, host, () =>
+      resolve({
+        conns,
+        close: () => {
+          for (const c of conns) c.socket.destroy();
+          return new Promise((r) => server.close(() => r()));
+        },
+      }),
+    ),
+  );
+}
+
+/** Writes `chunk`-byte random blocks every `everyMs` on `socket`, tallying them, until `stop()`. */
+export function pump(socket, tally, { chunk = 8 * 1024, everyMs = 5 } = {}) {
+  let timer = setInterval(() => {
+    const b = randomBytes(chunk);
+    tally.add(b);
+    socket.write(b);
+  }, everyMs);
+  timer.unref();
+  return () => {
+    clearInterval(timer);
+    timer = null;
+  };
+}
+
+/** A client connection through the SOCKS5 entry `socks` to `dest`, accepted by `srv`, both directions streaming. */
+export async function openStream(socks, srv, dest) {
+  const before = srv.conns.length;
+  const { code, socket } = await socks5Request({ socks, dest });
+  assert.equal(code, 0, 'SOCKS5 CONNECT succeeded');
+  const s = { socket, local: `${socket.localAddress}:${socket.localPort}`, sent: new Tally(), received: new Tally(), errors: [], closed: false };
+  socket.on('data', (b) => s.received.add(b));
+  socket.on('error', (e) => s.errors.push(e.code ?? e.message));
+  socket.on('close', () => (s.closed = true));
+  socket.resume();
+  await waitFor(() => srv.conns.length > before, { message: 'the server accepted' });
+  s.server = srv.conns[srv.conns.length - 1];
+  s.stopUp = pump(socket, s.sent);
+  s.stopDown = pump(s.server.socket, s.server.sent);
+  return s;
+}
+
+/** Both directions stop writing; once each receiver has every byte, the digests must match. */
+export async function checkpoint(s, what) {
+  s.stopUp();
+  s.stopDown();
+  await waitFor(() => s.server.received.bytes === s.sent.bytes && s.received.bytes === s.server.sent.bytes, {
+    timeoutMs: 15_000,
+    message: `${what}: every byte arrived (up ${s.server.received.bytes}/${s.sent.bytes}, down ${s.received.bytes}/${s.server.sent.bytes})`,
+  });
+  assert.equal(s.server.received.digest(), s.sent.digest(), `${what}: client → server sha256`);
+  assert.equal(s.received.digest(), s.server.sent.digest(), `${what}: server → client sha256`);
+  assert.deepEqual([s.errors, s.server.errors, s.closed], [[], [], false], `${what}: no reset, no close`);
+}
