@@ -481,19 +481,20 @@ async function handOver(node, { next, base }) {
 
 test('restarts of the source node and then of the destination node: no new connection fails, an HBONE stream (captured pod to captured pod) and a passthrough stream are handed over intact both times', { skip }, async () => {
   await serveIn(pods.b1, 8087);
+  /** A `stream` app in a1 to ip:port: its process and the events it prints, once it is open. */
+  const streamFrom = async (ip, port, what) => {
+    const child = cluster.spawn(pods.a1.ns, process.execPath, [APP, 'stream', ip, String(port)]);
+    children.push(child);
+    const events = [];
+    lines(child, (e) => events.push(e));
+    await waitForEvent(events, (e) => e.event === 'open', what);
+    return [child, events];
+  };
   // The HBONE stream: a1 → b1, captured at both ends (node a's pool in a1's namespace, node b's 15008 in b1's).
-  const hbone = cluster.spawn(pods.a1.ns, process.execPath, [APP, 'stream', pods.b1.ip, '8087']);
-  children.push(hbone);
-  const tunneled = [];
-  lines(hbone, (e) => tunneled.push(e));
-  await waitForEvent(tunneled, (e) => e.event === 'open', 'the HBONE stream');
+  const [hbone, tunneled] = await streamFrom(pods.b1.ip, 8087, 'the HBONE stream');
   // A passthrough stream (a1 → b2, uncaptured: TCP ⇄ TCP through node a's 15001).
   await serveIn(pods.b2, 8090);
-  const stream = cluster.spawn(pods.a1.ns, process.execPath, [APP, 'stream', pods.b2.ip, '8090']);
-  children.push(stream);
-  const streamed = [];
-  lines(stream, (e) => streamed.push(e));
-  await waitForEvent(streamed, (e) => e.event === 'open', 'the passthrough stream');
+  const [stream, streamed] = await streamFrom(pods.b2.ip, 8090, 'the passthrough stream');
   await new Promise((r) => setTimeout(r, 500));
 
   const takenA = await handOver('a', await restart('a', ['a1', 'a2']));

@@ -164,13 +164,13 @@ pub enum Offered {
 /// Bring one HBONE connection to rest and offer it in `round` (its streams stopped, h2 at rest through
 /// `poll_conn`, the record in flight finished; then the session taken and the whole connection offered).
 pub async fn offer_connection<S: Session>(
-    ticket: &Ticket,
-    round: &Round,
+    (ticket, round): (&Ticket, &Round),
     gate: &Arc<Gate>,
     shared: &http2::Shared<S>,
     logged: &Mutex<tls13::Secrets>,
     poll_conn: impl FnMut(&mut Context<'_>) -> Poll<bool>,
     conn_window: i64,
+    events: &crate::events::Events,
 ) -> Offered {
     let decline = || async {
         gate.resume_all();
@@ -207,7 +207,15 @@ pub async fn offer_connection<S: Session>(
     let taken = match hbone::take_session(shared, &secrets, plaintext) {
         Ok(t) => t,
         // Cannot happen once at rest (the handshake is done, nothing is left to write); the streams are lost then.
-        Err(_) => return Offered::Gone,
+        Err(e) => {
+            let f = crate::fields! {"streams" => parts.len(), "error" => e};
+            events.log(
+                crate::events::Level::Error,
+                "hand-over: the TLS session could not be taken: its streams are lost",
+                f,
+            );
+            return Offered::Gone;
+        }
     };
     let mut streams = Vec::with_capacity(parts.len());
     let mut metas = Vec::with_capacity(parts.len());
@@ -254,7 +262,15 @@ pub async fn offer_connection<S: Session>(
         Verdict::Gone => Offered::Gone,
         Verdict::Keep => match Engine::new(taken.tcp, conn, apps) {
             Ok(engine) => Offered::Kept(Box::new((engine, ids, metas))),
-            Err(_) => Offered::Gone,
+            Err(e) => {
+                let f = crate::fields! {"streams" => ids.len(), "error" => e};
+                events.log(
+                    crate::events::Level::Error,
+                    "hand-over: a kept connection could not be carried on: its streams are lost",
+                    f,
+                );
+                Offered::Gone
+            }
         },
     }
 }

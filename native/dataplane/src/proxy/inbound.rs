@@ -405,7 +405,7 @@ async fn serve_connection(
                     std::task::Poll::Pending => std::task::Poll::Pending,
                 };
                 let window = pi.cfg.http2.connection_window_size as i64;
-                match offer_connection(&ticket, &round, &ctx.gate, &session, &secrets, poll_conn, window).await {
+                match offer_connection((&ticket, &round), &ctx.gate, &session, &secrets, poll_conn, window, &pi.events).await {
                     Offered::Declined => declined = Some(round.generation),
                     Offered::Gone => break,
                     Offered::Kept(k) => {

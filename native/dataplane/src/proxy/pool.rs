@@ -423,7 +423,7 @@ impl Pool {
                             std::task::Poll::Ready(_) => std::task::Poll::Ready(false),
                             std::task::Poll::Pending => std::task::Poll::Pending,
                         };
-                        match offer_connection(t, round, &gate2, &session, &secrets, poll_conn, window).await {
+                        match offer_connection((t, round), &gate2, &session, &secrets, poll_conn, window, &events).await {
                             Offered::Declined => declined = generation,
                             Offered::Gone => break Some("handed over".to_string()),
                             Offered::Kept(k) => {
