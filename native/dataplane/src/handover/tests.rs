@@ -193,9 +193,17 @@ async fn a_successor_that_fails_before_committing_leaves_everything_with_the_pre
         let report = give.await.unwrap();
         assert!(report.error.is_some(), "{step}: {report:?}");
         assert_eq!(report.connections, 0, "{step}");
-        // Refused, or gone while the metadata crossed (before the pause): nothing was paused.
+        // Refused: nothing was paused. Gone after the hello: the predecessor finds out on a write, which the kernel
+        // may accept until the successor's close comes back as a reset, so the pause may have begun (then kept).
         let paused = step == "after-offers" || step == "after-commit";
-        assert_eq!(report.kept, if paused { 1 } else { 0 }, "{step}: {report:?}");
+        let kept: &[u32] = if paused {
+            &[1]
+        } else if step == "hello-only" {
+            &[0, 1]
+        } else {
+            &[0]
+        };
+        assert!(kept.contains(&report.kept), "{step}: {report:?}");
         assert_eq!(report.other_node, step == "other-node", "{step}");
         assert_eq!(f.relay.await.unwrap(), "ended", "{step}: the predecessor carried it to its end");
         assert_eq!(f.server.await.unwrap(), (UP, 0), "{step}");
