@@ -6,10 +6,12 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { stringify } from 'yaml';
 import { sumSamples } from '../../dist/cli/prom-text.js';
 import { makeTempDir, startDaemon, workload } from '../helpers/daemon.js';
-import { BLOCKS, block, socks5Request, waitFor } from '../helpers/net.js';
+import { BLOCKS, block, httpGet, socks5Request, waitFor } from '../helpers/net.js';
 import { checkpoint, openStream as openStreamVia, pump, startServer as startStreamServer } from '../helpers/streams.js';
 
 const net = block(BLOCKS.handover);
@@ -255,7 +257,7 @@ const MESH = {
   ],
 };
 
-test('HBONE streams survive a restart of the source node and then of the destination node, byte-exact', async (t) => {
+test('HBONE streams survive restarts of the source node and of the destination node, twice each, byte-exact, and stay under authorization', async (t) => {
   const caDir = makeTempDir('ztn-handover-ca-');
   const socketDir = makeTempDir('ztn-handover-');
   const envA = { HANDOVER_SOCKET: join(socketDir, 'a.sock') };
@@ -300,23 +302,71 @@ test('HBONE streams survive a restart of the source node and then of the destina
   await new Promise((r) => setTimeout(r, 100));
   await checkpoint(last, 'a new stream after both restarts');
 
+  // Each successor is succeeded in turn: the connections it took (now carried on outside h2) and those it opened
+  // itself go again, node-a's and then node-b's.
+  const all = [...streams, fresh, last];
+  const a3 = await restartWith(a2, () => start('node-a', 13, envA), all, 'the source node, again');
+  for (const s of all) await checkpoint(s, 'after the source node restarted again');
+  const b3 = await restartWith(b2, () => start('node-b', 14, envB), all, 'the destination node, again');
+  for (const s of all) await checkpoint(s, 'after the destination node restarted again');
+  const again = await openStream(srv, STORE);
+  await new Promise((r) => setTimeout(r, 100));
+  await checkpoint(again, 'a new stream after four restarts');
+
+  // The streams taken in are live connections of the successors: listed in config_dump on both nodes.
+  const dump = async (d) => JSON.parse((await httpGet(`${d.adminUrl}/config_dump`)).body).workloadState;
+  const outbound = (await dump(a3))['Kubernetes//Pod/default/sleep']?.connections.outbound ?? [];
+  const inbound = (await dump(b3))['Kubernetes//Pod/default/store']?.connections.inbound ?? [];
+  for (const [side, list] of [['source', outbound], ['destination', inbound]]) {
+    assert.equal(list.filter((c) => c.originalDst === `${STORE.host}:${STORE.port}` && c.protocol === 'HBONE').length, 5, `${side}: ${JSON.stringify(list)}`);
+  }
+
   // The end: each side's record once, by the daemon that saw the stream end, with every byte of every process.
   const s0 = streams[0];
   s0.socket.end();
   s0.server.socket.end();
   await waitFor(() => s0.closed, { message: 'the stream closed' });
-  const out = await a2.waitForLog((l) => l.message === 'connection complete' && l['src.addr'] === s0.local);
-  assert.equal(out.bytes_sent, s0.sent.bytes, 'source: bytes toward the server, over both daemons');
+  const out = await a3.waitForLog((l) => l.message === 'connection complete' && l['src.addr'] === s0.local);
+  assert.equal(out.bytes_sent, s0.sent.bytes, 'source: bytes toward the server, over every daemon');
   assert.equal(out.bytes_recv, s0.server.sent.bytes, 'source: bytes from the server');
-  const inb = await b2.waitForLog((l) => l.message === 'connection complete' && l.direction === 'inbound');
-  assert.equal(inb.bytes_recv, s0.sent.bytes, 'destination: bytes from the peer, over both daemons');
+  const inb = await b3.waitForLog((l) => l.message === 'connection complete' && l.direction === 'inbound');
+  assert.equal(inb.bytes_recv, s0.sent.bytes, 'destination: bytes from the peer, over every daemon');
   assert.equal(inb.bytes_sent, s0.server.sent.bytes, 'destination: bytes back to the peer');
-  for (const x of [streams[1], fresh, last]) {
-    x.socket.destroy();
-    x.server.socket.destroy();
+  for (const d of [a1, a2, b1, b2]) {
+    assert.ok(!d.logs.some((l) => l.message === 'connection complete' && l.direction !== 'inbound' && l['src.addr'] === s0.local), `no record of it from a predecessor (${d.node})`);
   }
-  await Promise.all([a2.stop(), b2.stop()]);
+
+  // Authorization goes on for the streams taken in: a DENY for sleep on node-b closes every one of them.
+  const left = [streams[1], fresh, last, again];
+  const closed = left.map((x) => new Promise((r) => x.socket.once('close', r)));
+  const deny = { name: 'deny-sleep', namespace: 'default', scope: 'Namespace', action: 'Deny', rules: [[[{ principals: [{ Exact: 'cluster.local/ns/default/sa/sleep' }] }]]] };
+  writeFileSync(b3.configPath, stringify({ ...MESH, policies: [deny] }));
+  const cut = await Promise.race([Promise.all(closed), new Promise((r) => setTimeout(() => r(null), 5_000))]);
+  assert.notEqual(cut, null, 'every stream was closed by the policy, the handed-over ones too');
+  await b3.waitForLog((l) => l.message === 'connection complete' && l.direction === 'inbound' && /policy change/.test(l.error ?? ''));
+  for (const x of left) x.server.socket.destroy();
+  await Promise.all([a3.stop(), b3.stop()]);
 });
+
+/** With `live` streaming both ways, start a successor beside `prev`, which must hand over every one of them and
+ * exit 0; the successor is returned. */
+async function restartWith(prev, start, live, what) {
+  const n = live.length;
+  for (const s of live) {
+    s.stopUp = pump(s.socket, s.sent);
+    s.stopDown = pump(s.server.socket, s.server.sent);
+  }
+  await new Promise((r) => setTimeout(r, 200));
+  const next = await start();
+  const exit = await Promise.race([prev.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  assert.equal(exit?.code, 0, `${what}: the predecessor exits 0: ${prev.tail()}`);
+  const given = prev.logs.find((l) => l.message === 'hand-over given');
+  assert.equal(given?.connections, n, `${what}: every stream was handed over: ${prev.tail()}`);
+  assert.equal(given.kept, 0);
+  assert.equal(next.logs.find((l) => l.message === 'hand-over taken')?.connections, n);
+  await new Promise((r) => setTimeout(r, 300));
+  return next;
+}
 
 test('a predecessor that dies midway: the successor takes nothing, says so, serves, and then waits for its own successor on the socket', async (t) => {
   const caDir = makeTempDir('ztn-handover-ca-');

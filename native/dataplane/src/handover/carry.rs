@@ -86,6 +86,7 @@ pub fn meta(
         original_dst,
         actual_dst,
         legs: [leg, leg],
+        peer_identity: None,
     }
 }
 

@@ -120,9 +120,9 @@ impl Engine {
         let mut streams = BTreeMap::new();
         let mut conn_credit = parcel.conn_window - h2.recv;
         for (p, app) in parcel.streams.into_iter().zip(apps) {
-            let Some(wire) = h2.streams.get(&p.id) else { continue };
-            // What h2 had released and not yet sent as WINDOW_UPDATE, and the bytes not yet delivered.
-            let credit = h2.our_initial - wire.recv - p.to_app.len() as i64;
+            // What h2 had released and not yet sent as WINDOW_UPDATE, and the bytes not yet delivered. A stream
+            // both ends closed on the wire has nothing to give back; its last bytes are still delivered.
+            let credit = h2.streams.get(&p.id).map_or(0, |wire| h2.our_initial - wire.recv - p.to_app.len() as i64);
             conn_credit -= p.to_app.len() as i64;
             streams.insert(
                 p.id,
@@ -173,14 +173,33 @@ impl Engine {
     /// close_notify and FIN sent, what the peer still sends is read and dropped until its own FIN (`LINGER` at
     /// most), so a last frame of its in flight meets no reset.
     pub async fn run(mut self, mut on_end: impl FnMut(StreamEnd)) {
-        std::future::poll_fn(|cx| {
-            let r = self.poll(cx);
-            for e in self.ended.drain(..) {
-                on_end(e);
+        loop {
+            let done = self.step().await;
+            self.ended.drain(..).for_each(&mut on_end);
+            if done {
+                break;
             }
-            r
+        }
+        self.linger().await;
+    }
+
+    /// Drive the connection until a stream ends (false: `take_ended` says which) or the connection is over (true).
+    /// Cancel-safe: every state lives in the engine between polls.
+    pub async fn step(&mut self) -> bool {
+        std::future::poll_fn(|cx| match self.poll(cx) {
+            Poll::Ready(()) => Poll::Ready(true),
+            Poll::Pending if !self.ended.is_empty() => Poll::Ready(false),
+            Poll::Pending => Poll::Pending,
         })
-        .await;
+        .await
+    }
+
+    pub fn take_ended(&mut self) -> std::vec::Drain<'_, StreamEnd> {
+        self.ended.drain(..)
+    }
+
+    /// After the connection is over (`step` said so): the peer's last frames read and dropped until its FIN.
+    pub async fn linger(mut self) {
         if self.peer_gone.is_none() {
             let mut scratch = vec![0u8; 16 * 1024];
             let linger = async {
@@ -193,6 +212,69 @@ impl Engine {
             };
             let _ = tokio::time::timeout(LINGER, linger).await;
         }
+    }
+
+    /// End one stream from outside (a policy that now denies it): reset toward the peer, its socket closed.
+    pub fn close_stream(&mut self, id: u32, e: io::Error) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.failed.get_or_insert(e);
+        }
+    }
+
+    /// Whether the connection can be handed on as it stands: open both ways, streams live and none failing, no
+    /// post-handshake message half read.
+    pub fn can_hand_over(&self) -> bool {
+        self.peer_gone.is_none()
+            && !self.closing
+            && !self.streams.is_empty()
+            && self.records.can_hand_over()
+            && self.streams.values().all(|s| s.failed.is_none())
+    }
+
+    /// Bring the connection to rest for a hand-over: what is queued for the peer sealed and written, so the wire
+    /// stops at a record's end. False when the socket did not take it within `wait` (what was written stays written,
+    /// and the engine carries on).
+    pub async fn flush(&mut self, wait: std::time::Duration) -> bool {
+        if !self.tx_plain.is_empty() {
+            let plain = std::mem::take(&mut self.tx_plain);
+            self.records.seal(&plain, &mut self.tx_tls);
+        }
+        let written = std::future::poll_fn(|cx| loop {
+            match self.write_peer(cx) {
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(_) if self.tx_tls.is_empty() => return Poll::Ready(Ok(())),
+                Ok(true) => continue,
+                Ok(false) => return Poll::Pending,
+            }
+        });
+        matches!(tokio::time::timeout(wait, written).await, Ok(Ok(())))
+    }
+
+    /// The connection at rest (`flush`) as it crosses again: its socket, its state (records and frames read and
+    /// not yet processed, from a record's and a frame's start), and its streams' sockets in the parcel's order.
+    pub fn into_parcel(self) -> (TcpStream, ConnParcel, Vec<TcpStream>) {
+        let mut streams = Vec::with_capacity(self.streams.len());
+        let mut apps = Vec::with_capacity(self.streams.len());
+        for (id, s) in self.streams {
+            streams.push(StreamParcel {
+                id,
+                to_peer: s.to_peer[s.to_peer_at..].to_vec(),
+                to_app: s.to_app[s.to_app_at..].to_vec(),
+                app_eof: s.app_eof,
+                app_shut: s.app_shut,
+                moved: s.moved,
+            });
+            apps.push(s.app);
+        }
+        let conn = ConnParcel {
+            tls: self.records.state(),
+            h2: self.h2,
+            ciphertext: self.rx_tls,
+            plaintext: self.rx_plain,
+            conn_window: self.conn_window,
+            streams,
+        };
+        (self.tcp, conn, apps)
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
@@ -732,50 +814,165 @@ pub async fn resume(
     run_streams(pi, force, engine, ids, metas).await
 }
 
+/// A carried stream: its description, its metrics and record, and its place in the tracker.
+struct Open {
+    meta: super::ConnMeta,
+    result: crate::proxy::access::ConnectionResult,
+    track: crate::proxy::tracker::TrackGuard,
+}
+
+impl Open {
+    fn new(pi: &crate::proxy::ProxyInputs, meta: super::ConnMeta) -> Open {
+        let age = std::time::Duration::from_millis(meta.age_ms);
+        let result = crate::proxy::access::ConnectionResult::adopt(pi, (*meta.labels).clone(), age);
+        let local: crate::proxy::LocalRef = (&meta.local).into();
+        let track = match meta.kind {
+            super::ConnKind::InboundHbone | super::ConnKind::InboundPlaintext => {
+                let identity = meta.peer_identity.as_deref().and_then(|i| i.parse().ok());
+                let dst = meta.original_dst;
+                let conn = crate::rbac::Connection::new(identity, meta.src.ip(), dst.ip(), dst.port());
+                pi.tracker.register(local, conn, "HBONE")
+            }
+            super::ConnKind::OutboundTcp | super::ConnKind::OutboundHbone => pi.tracker.register_outbound(
+                local,
+                crate::proxy::tracker::ConnInfo {
+                    inbound: false,
+                    src: meta.src,
+                    original_dst: meta.original_dst,
+                    actual_dst: meta.actual_dst,
+                    protocol: "HBONE",
+                },
+            ),
+        };
+        Open { meta, result, track }
+    }
+
+    /// Count the bytes moved here since the last count (`moved`: application → peer, peer → application, across
+    /// processes). Leg 0 is application → peer. Istio's `received` is the request direction: from the client
+    /// outbound, from the peer inbound. The bytes moved before the hand-over were counted where they moved.
+    fn count(&mut self, moved: (u64, u64)) {
+        let legs = &mut self.meta.legs;
+        let fresh = (moved.0.saturating_sub(legs[0].moved), moved.1.saturating_sub(legs[1].moved));
+        (legs[0].moved, legs[1].moved) = (legs[0].moved.max(moved.0), legs[1].moved.max(moved.1));
+        let (request, response) = match self.meta.kind {
+            super::ConnKind::InboundHbone | super::ConnKind::InboundPlaintext => (fresh.1, fresh.0),
+            _ => fresh,
+        };
+        let counters = self.result.counters();
+        counters.received.fetch_add(request, std::sync::atomic::Ordering::Relaxed);
+        counters.sent.fetch_add(response, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn finish(mut self, pi: &crate::proxy::ProxyInputs, moved: (u64, u64), error: Option<String>) {
+        self.count(moved);
+        let flag = if self.track.close.is_cancelled() { "DENY" } else { "CONNECT" };
+        let Open { meta, result, track } = self;
+        drop(track);
+        result.finish_with(pi, meta.record, moved.0, moved.1, error.map(|e| (flag, e)));
+    }
+}
+
 /// Carry a handed-over HBONE connection (`engine`) to its end: each stream (`ids`, `metas` in one order) counted
-/// live under its labels and its bytes at its end, its access record written once with the bytes of every process
-/// it went through; streams still open when `force` fires are recorded as drained.
+/// live under its labels, listed in the tracker (an inbound one authorized continuously: a policy that now denies it
+/// resets it), its access record written once with the bytes of every process it went through; streams still open
+/// when `force` fires are recorded as drained. The connection can itself be handed on: it holds a ticket, and at a
+/// pause it comes to rest at a record's end (`Engine::flush`) and crosses as a predecessor's h2 connection would.
 pub async fn run_streams(
     pi: std::sync::Arc<crate::proxy::ProxyInputs>,
     force: tokio_util::sync::CancellationToken,
-    engine: Engine,
+    mut engine: Engine,
     ids: Vec<u32>,
     metas: Vec<super::ConnMeta>,
 ) {
-    type Open = (super::ConnMeta, crate::proxy::access::ConnectionResult);
-    let mut open: std::collections::HashMap<u32, Open> = ids
-        .into_iter()
-        .zip(metas)
-        .map(|(id, m)| {
-            let age = std::time::Duration::from_millis(m.age_ms);
-            let result = crate::proxy::access::ConnectionResult::adopt(&pi, (*m.labels).clone(), age);
-            (id, (m, result))
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let mut open: std::collections::HashMap<u32, Open> =
+        ids.into_iter().zip(metas).map(|(id, m)| (id, Open::new(&pi, m))).collect();
+    let mut closes: FuturesUnordered<_> = open
+        .iter()
+        .map(|(&id, o)| {
+            let close = o.track.close.clone();
+            async move {
+                close.cancelled().await;
+                id
+            }
         })
         .collect();
-    let on_end = |e: StreamEnd| {
-        let Some((m, result)) = open.remove(&e.id) else { return };
-        // Leg 0 is application → peer. Istio's `received` is the request direction: from the client outbound, from
-        // the peer inbound. The bytes moved before the hand-over were counted where they moved.
-        let (to_peer, to_app) = e.moved;
-        let (new_to_peer, new_to_app) =
-            (to_peer.saturating_sub(m.legs[0].moved), to_app.saturating_sub(m.legs[1].moved));
-        let (request, response) = match m.kind {
-            super::ConnKind::InboundHbone | super::ConnKind::InboundPlaintext => (new_to_app, new_to_peer),
-            _ => (new_to_peer, new_to_app),
-        };
-        let counters = result.counters();
-        counters.received.fetch_add(request, std::sync::atomic::Ordering::Relaxed);
-        counters.sent.fetch_add(response, std::sync::atomic::Ordering::Relaxed);
-        let error = e.result.err().map(|err| ("CONNECT", err.to_string()));
-        result.finish_with(&pi, m.record.clone(), to_peer, to_app, error);
+    let ticket = pi.handover.ticket();
+    let (mut described, mut declined) = (None, None);
+    let over = loop {
+        let round = ticket.round();
+        tokio::select! {
+            done = engine.step() => {
+                for e in engine.take_ended() {
+                    if let Some(o) = open.remove(&e.id) {
+                        o.finish(&pi, e.moved, e.result.err().map(|err| err.to_string()));
+                    }
+                }
+                if done {
+                    break true;
+                }
+            }
+            Some(id) = closes.next(), if !closes.is_empty() => {
+                engine.close_stream(id, io::Error::other("connection closed due to policy change"));
+            }
+            _ = force.cancelled() => break false,
+            _ = round.describe.cancelled(), if described != Some(round.generation) => {
+                described = Some(round.generation);
+                ticket.described_later();
+            }
+            _ = round.pause.cancelled(), if declined != Some(round.generation) => {
+                match offer_engine((&ticket, &round), engine, &mut open, &pi.events).await {
+                    Ok(()) => return,
+                    Err((kept, refused)) => {
+                        engine = kept;
+                        if refused {
+                            declined = Some(round.generation);
+                        }
+                    }
+                }
+            }
+        }
     };
-    tokio::select! {
-        _ = engine.run(on_end) => {}
-        _ = force.cancelled() => {}
+    drop(ticket);
+    if over {
+        engine.linger().await;
     }
     // Drained: the streams still open end here.
-    for (_, (m, result)) in open.drain() {
-        let (sent, received) = (m.legs[0].moved, m.legs[1].moved);
-        result.finish_with(&pi, m.record.clone(), sent, received, Some(("CONNECT", "drained".to_string())));
+    for (_, o) in open.drain() {
+        let moved = (o.meta.legs[0].moved, o.meta.legs[1].moved);
+        o.finish(&pi, moved, Some("drained".to_string()));
+    }
+}
+
+/// Offer an engine's connection in `round`: brought to rest, its streams' bytes to date counted here, then offered
+/// as the h2 connections are. `Ok`: the successor has it (its streams' records are the successor's to write).
+/// `Err((engine, declined))`: it carries on here, declined (not at rest) or kept (the successor did not take it).
+async fn offer_engine(
+    (ticket, round): (&super::Ticket, &super::Round),
+    mut engine: Engine,
+    open: &mut std::collections::HashMap<u32, Open>,
+    events: &crate::events::Events,
+) -> Result<(), (Engine, bool)> {
+    let rest = std::time::Duration::from_millis(500);
+    let described = engine.streams.keys().all(|id| open.contains_key(id));
+    if !described || !engine.can_hand_over() || !engine.flush(rest).await {
+        ticket.decline(round.generation).await;
+        return Err((engine, true));
+    }
+    let (tcp, conn, apps) = engine.into_parcel();
+    let mut metas = Vec::with_capacity(conn.streams.len());
+    for s in &conn.streams {
+        let Some(o) = open.get_mut(&s.id) else { continue };
+        o.count(s.moved);
+        o.meta.age_ms = o.result.age().as_millis() as u64;
+        metas.push(o.meta.clone());
+    }
+    match super::hconn::offer_parcel((ticket, round), tcp, conn, apps, metas, events).await {
+        super::hconn::Offered::Kept(k) => Err((k.0, false)),
+        // Gone (or lost, and said so): the streams end here without a record; counted closed, as relays handed over.
+        _ => {
+            open.clear();
+            Ok(())
+        }
     }
 }

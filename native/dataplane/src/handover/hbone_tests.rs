@@ -117,8 +117,57 @@ async fn client_stream(send: &mut h2::client::SendRequest<Bytes>, id: u32, total
     })
 }
 
+/// Across a process boundary: through the hand-over protocol, the sockets as SCM_RIGHTS; the successor's engine and
+/// its streams' ids.
+async fn cross(tcp: TcpStream, conn: ConnParcel, apps: Vec<TcpStream>) -> (hbone::Engine, Vec<u32>) {
+    let n = conn.streams.len() as u32;
+    let metas: Vec<super::ConnMeta> = conn
+        .streams
+        .iter()
+        .map(|s| {
+            let mut m = super::tests::describe();
+            m.kind = super::ConnKind::InboundHbone;
+            m.legs[0].moved = s.moved.0;
+            m.legs[1].moved = s.moved.1;
+            m
+        })
+        .collect();
+    let hub = Arc::new(super::Hub::default());
+    let ticket = hub.ticket();
+    let fds: Vec<RawFd> = std::iter::once(tcp.as_raw_fd()).chain(apps.iter().map(|a| a.as_raw_fd())).collect();
+    let first = metas[0].clone();
+    let parcel = super::Parcel {
+        id: ticket.id,
+        fds,
+        meta: None,
+        legs: Default::default(),
+        hbone: Some(Box::new(super::HboneOffer { conn, metas })),
+    };
+    let offered = tokio::spawn(async move {
+        let round = ticket.round();
+        round.describe.cancelled().await;
+        ticket.described(first);
+        round.pause.cancelled().await;
+        ticket.offer(round.generation, parcel).await
+    });
+    let (giver_end, taker_end) = std::os::unix::net::UnixStream::pair().expect("pair");
+    let giver = std::thread::spawn(move || hub.give(giver_end, "node", || {}));
+    let (report, mut got) = tokio::task::spawn_blocking(move || super::take_on(taker_end, "node")).await.expect("take");
+    assert_eq!(report.error, None);
+    assert_eq!(report.connections, n, "counted as proxied connections");
+    assert_eq!(offered.await.expect("offer"), super::Verdict::Gone);
+    assert_eq!(giver.join().expect("give").connections, n);
+    // The predecessor's references go; the sockets live on in the successor's.
+    drop((tcp, apps));
+    let r = got.pop().expect("the connection");
+    let h = r.hbone.expect("an HBONE connection");
+    assert_eq!(h.metas.len(), n as usize);
+    let (engine, ids, _) = h.into_engine(r.fds).expect("engine");
+    (engine, ids)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_hbone_connection_carries_on_after_its_session_is_taken_from_h2_and_rustls() {
+async fn an_hbone_connection_carries_on_after_its_session_is_taken_from_h2_and_rustls_and_again_from_its_engine() {
     let (server_cfg, client_cfg) = configs();
     let app = echo_app().await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -222,7 +271,6 @@ async fn an_hbone_connection_carries_on_after_its_session_is_taken_from_h2_and_r
     assert!(moved_before > 0, "data flowed before the hand-over");
     assert!(moved_before < STREAMS as u64 * TOTAL / 2, "most of it is left for after: {moved_before}");
     drop(conn);
-    // Across a process boundary: through the hand-over protocol, the sockets as SCM_RIGHTS.
     let conn = ConnParcel {
         tls: taken.tls,
         h2: taken.h2,
@@ -231,54 +279,37 @@ async fn an_hbone_connection_carries_on_after_its_session_is_taken_from_h2_and_r
         conn_window: 65_535,
         streams: streams_out,
     };
-    let metas: Vec<super::ConnMeta> = conn
-        .streams
-        .iter()
-        .map(|s| {
-            let mut m = super::tests::describe();
-            m.kind = super::ConnKind::InboundHbone;
-            m.legs[0].moved = s.moved.0;
-            m.legs[1].moved = s.moved.1;
-            m
-        })
-        .collect();
-    let hub = Arc::new(super::Hub::default());
-    let ticket = hub.ticket();
-    let fds: Vec<RawFd> = std::iter::once(taken.tcp.as_raw_fd()).chain(apps.iter().map(|a| a.as_raw_fd())).collect();
-    let first = metas[0].clone();
-    let parcel = super::Parcel {
-        id: ticket.id,
-        fds,
-        meta: None,
-        legs: Default::default(),
-        hbone: Some(Box::new(super::HboneOffer { conn, metas })),
-    };
-    let offered = tokio::spawn(async move {
-        let round = ticket.round();
-        round.describe.cancelled().await;
-        ticket.described(first);
-        round.pause.cancelled().await;
-        ticket.offer(round.generation, parcel).await
-    });
-    let (giver_end, taker_end) = std::os::unix::net::UnixStream::pair().expect("pair");
-    let giver = std::thread::spawn(move || hub.give(giver_end, "node", || {}));
-    let (report, mut got) = tokio::task::spawn_blocking(move || super::take_on(taker_end, "node")).await.expect("take");
-    assert_eq!(report.error, None);
-    assert_eq!(report.connections, STREAMS, "counted as proxied connections");
-    assert_eq!(offered.await.expect("offer"), super::Verdict::Gone);
-    assert_eq!(giver.join().expect("give").connections, STREAMS);
-    // The predecessor's references go; the sockets live on in the successor's.
-    drop((taken.tcp, apps));
-    let r = got.pop().expect("the connection");
-    let h = r.hbone.expect("an HBONE connection");
-    assert_eq!(h.metas.len(), STREAMS as usize);
-    let (engine, ids, _) = h.into_engine(r.fds).expect("engine");
+    let (mut engine, ids) = cross(taken.tcp, conn, apps).await;
     assert_eq!(ids.len(), STREAMS as usize);
     let ends = Arc::new(Mutex::new(Vec::new()));
+
+    // The peer updates its keys (and asks for ours) while the first successor carries the connection.
+    let updating = client_tls.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        updating.lock().get_mut().1.refresh_traffic_keys().expect("key update");
+    });
+    let until = tokio::time::Instant::now() + Duration::from_millis(120);
+    tokio::select! {
+        done = engine.step() => {
+            assert!(!done, "the connection ended before the second hand-over");
+            panic!("a stream ended before the second hand-over: {:?}", engine.take_ended().map(|e| e.id).collect::<Vec<_>>());
+        }
+        _ = tokio::time::sleep_until(until) => {}
+    }
+    // The successor is succeeded in turn: the engine comes to rest at a record's end and crosses again.
+    assert!(engine.can_hand_over(), "an engine at work can be handed on");
+    assert!(engine.flush(Duration::from_secs(2)).await, "what it owed the peer is written");
+    let (tcp, conn, apps) = engine.into_parcel();
+    let moved_first: u64 = conn.streams.iter().map(|s| s.moved.0).sum();
+    assert!(moved_first > moved_before, "the first successor moved bytes: {moved_before} → {moved_first}");
+    assert!(moved_first < STREAMS as u64 * TOTAL, "some are left for the second: {moved_first}");
+    let (engine, ids) = cross(tcp, conn, apps).await;
+    assert_eq!(ids.len(), STREAMS as usize);
     let e2 = ends.clone();
     let carried = tokio::spawn(engine.run(move |e| e2.lock().push((e.id, e.result.is_ok(), e.moved))));
 
-    // The peer updates its keys (and asks for ours) while the engine carries the connection.
+    // And again, with the second successor.
     tokio::time::sleep(Duration::from_millis(30)).await;
     client_tls.lock().get_mut().1.refresh_traffic_keys().expect("key update");
 

@@ -248,8 +248,21 @@ pub async fn offer_connection<S: Session>(
         conn_window,
         streams,
     };
+    offer_parcel((ticket, round), taken.tcp, conn, apps, metas, events).await
+}
+
+/// Offer an HBONE connection that has left h2 and rustls (or an engine's, at rest): the successor takes it
+/// (`Gone`), or it is `Kept`, carried on here by a fresh engine. `apps` and `metas` are in `conn.streams`' order.
+pub async fn offer_parcel(
+    (ticket, round): (&Ticket, &Round),
+    tcp: tokio::net::TcpStream,
+    conn: ConnParcel,
+    apps: Vec<tokio::net::TcpStream>,
+    metas: Vec<ConnMeta>,
+    events: &crate::events::Events,
+) -> Offered {
     use std::os::fd::AsRawFd;
-    let fds = std::iter::once(taken.tcp.as_raw_fd()).chain(apps.iter().map(|a| a.as_raw_fd())).collect();
+    let fds = std::iter::once(tcp.as_raw_fd()).chain(apps.iter().map(|a| a.as_raw_fd())).collect();
     let ids: Vec<u32> = conn.streams.iter().map(|s| s.id).collect();
     let parcel = Parcel {
         id: ticket.id,
@@ -260,7 +273,7 @@ pub async fn offer_connection<S: Session>(
     };
     match ticket.offer(round.generation, parcel).await {
         Verdict::Gone => Offered::Gone,
-        Verdict::Keep => match Engine::new(taken.tcp, conn, apps) {
+        Verdict::Keep => match Engine::new(tcp, conn, apps) {
             Ok(engine) => Offered::Kept(Box::new((engine, ids, metas))),
             Err(e) => {
                 let f = crate::fields! {"streams" => ids.len(), "error" => e};

@@ -272,6 +272,10 @@ pub struct ConnMeta {
     pub actual_dst: std::net::SocketAddr,
     /// Each leg's bytes moved and end; the pending bytes follow the metadata in the frame.
     pub legs: [LegMeta; 2],
+    /// The peer's verified identity (an inbound HBONE stream's), so that its authorization goes on after the
+    /// hand-over as it does for the streams opened here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_identity: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]

@@ -531,7 +531,8 @@ async fn stream_task(ctx: Arc<StreamContext>, establish: EstablishFuture) {
     let describe = || {
         let record = super::access::record_fields(&access_record(ctx.peer, &ctx.peer_id, &local, target));
         let kind = crate::handover::ConnKind::InboundHbone;
-        crate::handover::carry::meta(kind, &ctx.local, &result, record, (ctx.peer, target, target))
+        let meta = crate::handover::carry::meta(kind, &ctx.local, &result, record, (ctx.peer, target, target));
+        crate::handover::ConnMeta { peer_identity: Some(ctx.peer_id.to_string()), ..meta }
     };
     // The relay and its other ends are built in place (a value moved into a future would take room twice).
     let copied = {
