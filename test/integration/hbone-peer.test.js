@@ -3,6 +3,7 @@
 // the state places on node-b, which has no daemon: the test plays node-b with a Node HTTP/2 server.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { constants as h2c } from 'node:http2';
 import { socks5Connect } from '../../dist/cli/socks5-client.js';
 import { makeTempDir, removeTempDir, settled, startDaemon, workload } from '../helpers/daemon.js';
 import { connectRequest, hboneSession, request, spiffeSans, startHboneServer } from '../helpers/hbone.js';
@@ -16,6 +17,8 @@ const PEER_IP = net.workload(3);
 /** A peer on node-b reached through a relay that can go silent (a node that vanished), and where its server runs. */
 const GHOST_IP = net.workload(4);
 const GHOST_BACKEND_IP = net.workload(5);
+/** A peer on node-b whose HBONE server refuses streams (REFUSED_STREAM), as a daemon handing its connection over does. */
+const REFUSER_IP = net.workload(6);
 const ECHO_PORT = 8080;
 const REFUSED_PORT = 8083;
 const PEER_APP_PORT = 9000;
@@ -32,6 +35,7 @@ const CONFIG = {
     workload({ name: 'echo', ip: ECHO_IP, node: 'node-a' }),
     workload({ name: 'peer', ip: PEER_IP, node: 'node-b' }),
     workload({ name: 'ghost', ip: GHOST_IP, node: 'node-b' }),
+    workload({ name: 'refuser', ip: REFUSER_IP, node: 'node-b' }),
   ],
 };
 
@@ -150,6 +154,40 @@ test('as a server: our daemon\'s CONNECT carries the authority, baggage, forward
   assert.equal(outbound[0].labels.destination_principal, PEER_ID);
   assert.equal(outbound[0].labels.connection_security_policy, 'mutual_tls');
   assert.equal(outbound[0].value, 'through a Node HBONE server\nand again\n'.length);
+});
+
+test('a stream the peer refuses (REFUSED_STREAM: not processed) is asked again once, on a new connection; refused twice, the connection fails', async () => {
+  const cert = builtinLeaf(certDir, caDir, [spiffe('default', 'refuser')], 'refuser');
+  let refuse = 1;
+  const peer = await startHboneServer({
+    host: REFUSER_IP,
+    cert: cert.certPem,
+    key: cert.keyPem,
+    ca: root,
+    onStream: (stream, headers) => {
+      if (refuse > 0) {
+        refuse -= 1;
+        stream.close(h2c.NGHTTP2_REFUSED_STREAM);
+        return;
+      }
+      stream.respond({ ':status': 200 });
+      stream.pipe(stream);
+    },
+  });
+  closers.push(peer.close);
+  const socket = await socks5Connect({ proxyHost: SLEEP_IP, proxyPort: 15080, destHost: REFUSER_IP, destPort: PEER_APP_PORT });
+  await echoOnce(socket, 'asked twice, answered once\n');
+  await closeSocket(socket);
+  assert.equal(peer.record.streams.length, 2, 'the refused stream was asked again');
+  assert.equal(peer.record.sessions, 2, 'on another connection: the refusing one takes no new stream');
+
+  refuse = 2;
+  await assert.rejects(
+    socks5Connect({ proxyHost: SLEEP_IP, proxyPort: 15080, destHost: REFUSER_IP, destPort: PEER_APP_PORT }),
+    'refused again on the retry: the client is refused',
+  );
+  assert.equal(peer.record.streams.length, 4, 'one retry, not more');
+  assert.equal(refuse, 0);
 });
 
 test('a peer node that goes silent is found dead by the keepalive (≤ 30 s); its tunnel is not reused and a new occupant of its IP gets nothing', { timeout: 90_000 }, async () => {

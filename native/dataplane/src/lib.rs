@@ -773,7 +773,8 @@ impl Dataplane {
             }
         };
         let handles = self.pi.silos.handles().to_vec();
-        for (i, r) in received.into_iter().enumerate() {
+        let adopting = self.reevaluator.adopting(received.len());
+        for (i, (r, adopted)) in received.into_iter().zip(adopting).enumerate() {
             let drain = match &r.meta.local {
                 handover::LocalJson::Uid { uid } => self.local.lock().get(uid).map(|w| w.drain.clone()),
                 handover::LocalJson::Pod { .. } => None,
@@ -782,8 +783,8 @@ impl Dataplane {
             let (pi, force) = (self.pi.clone(), drain.force.clone());
             let task = async move {
                 match r.hbone {
-                    Some(_) => handover::hbone::resume(pi, force, r).await,
-                    None => handover::carry::resume(pi, force, r).await,
+                    Some(_) => handover::hbone::resume(pi, force, r, adopted).await,
+                    None => handover::carry::resume(pi, force, r, adopted).await,
                 }
             };
             match handles.get(i % handles.len().max(1)) {

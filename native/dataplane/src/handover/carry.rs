@@ -93,7 +93,13 @@ pub fn meta(
 /// Successor: carry on one connection a predecessor handed over, on the calling silo (its sockets register with
 /// this thread's reactor). Counted live under its labels, listed in the tracker, authorized continuously when
 /// inbound, and its access record written once at its end, with the bytes of both processes.
-pub async fn resume(pi: Arc<ProxyInputs>, force: CancellationToken, r: Received) {
+/// `adopted` is dropped once it is listed (a pass then judges what was taken in against this daemon's state).
+pub async fn resume(
+    pi: Arc<ProxyInputs>,
+    force: CancellationToken,
+    r: Received,
+    adopted: crate::proxy::reevaluation::Adopting,
+) {
     let Received { fds, meta, legs, .. } = r;
     let mut socks = Vec::with_capacity(2);
     for fd in fds {
@@ -131,6 +137,7 @@ pub async fn resume(pi: Arc<ProxyInputs>, force: CancellationToken, r: Received)
             pi.tracker.register(local.clone(), conn, "TCP")
         }
     };
+    drop(adopted);
     let counters = result.counters();
     // Leg 0 is the request direction on both proxies (Istio's `received`), leg 1 the response (`sent`).
     let (t0, t1) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));

@@ -134,8 +134,10 @@ async fn a_copying_relay_is_handed_over_byte_exact_and_the_successor_finishes_it
     }
     // The successor's side: its own inputs and hub, as a new daemon has.
     let pi = crate::inpod::testutil::inputs();
-    let resumed: Vec<_> =
-        received.into_iter().map(|r| tokio::spawn(resume(pi.clone(), CancellationToken::new(), r))).collect();
+    let resumed: Vec<_> = received
+        .into_iter()
+        .map(|r| tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, adopted())))
+        .collect();
     for f in flows {
         assert_eq!(f.relay.await.unwrap(), "handed over", "the predecessor's task let it go");
         assert_eq!(f.server.await.unwrap(), (UP, 0), "every byte up, in order, once");
@@ -239,7 +241,7 @@ async fn a_kept_connection_pauses_again_for_the_next_successor() {
     assert_eq!((give.await.unwrap().connections, taken.connections), (1, 1));
     let pi = crate::inpod::testutil::inputs();
     for r in received {
-        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r));
+        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, adopted()));
     }
     assert_eq!(f.relay.await.unwrap(), "handed over");
     assert_eq!(f.server.await.unwrap(), (UP, 0));
@@ -323,7 +325,7 @@ async fn a_connection_that_comes_after_the_exchange_flows_on_in_the_predecessor(
     assert_eq!(give.await.unwrap().connections, 1);
     let pi = crate::inpod::testutil::inputs();
     for r in received {
-        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r));
+        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, adopted()));
     }
     // Set up once the exchange is over, on the predecessor's hub.
     let late = flow(old.clone()).await;
@@ -333,4 +335,10 @@ async fn a_connection_that_comes_after_the_exchange_flows_on_in_the_predecessor(
     assert_eq!(late.client.await.unwrap(), (DOWN, 0));
     assert_eq!(first.relay.await.unwrap(), "handed over");
     assert_eq!(first.server.await.unwrap(), (UP, 0));
+}
+
+/// A successor's token for one connection taken in (its pass, once dropped, judges nothing here).
+fn adopted() -> crate::proxy::reevaluation::Adopting {
+    let r = std::sync::Arc::new(crate::proxy::reevaluation::Reevaluator::default());
+    r.adopting(1).pop().expect("one")
 }

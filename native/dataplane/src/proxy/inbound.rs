@@ -398,11 +398,14 @@ async fn serve_connection(
             }
             _ = round.pause.cancelled(), if declined != Some(round.generation) => {
                 use crate::handover::hconn::{offer_connection, Offered};
-                let poll_conn = |cx: &mut std::task::Context<'_>| match conn.poll_accept(cx) {
-                    // A stream that arrives now is refused (dropped: h2 resets it); the peer may retry it.
-                    std::task::Poll::Ready(Some(Ok(_))) => std::task::Poll::Pending,
-                    std::task::Poll::Ready(_) => std::task::Poll::Ready(false),
-                    std::task::Poll::Pending => std::task::Poll::Pending,
+                let poll_conn = |cx: &mut std::task::Context<'_>| loop {
+                    match conn.poll_accept(cx) {
+                        // A stream that arrives now is refused: REFUSED_STREAM, not processed, which the peer may
+                        // retry (ours does, on another connection).
+                        std::task::Poll::Ready(Some(Ok((_, mut respond)))) => respond.send_reset(h2::Reason::REFUSED_STREAM),
+                        std::task::Poll::Ready(_) => return std::task::Poll::Ready(false),
+                        std::task::Poll::Pending => return std::task::Poll::Pending,
+                    }
                 };
                 let window = pi.cfg.http2.connection_window_size as i64;
                 match offer_connection((&ticket, &round), &ctx.gate, &session, &secrets, poll_conn, window, &pi.events).await {
@@ -455,7 +458,7 @@ async fn serve_connection(
     if let Some((engine, ids, metas)) = kept {
         // It left h2 for a successor that did not take it: carried on here to its end.
         drop(conn);
-        crate::handover::hbone::run_streams(pi.clone(), drain.force.clone(), engine, ids, metas).await;
+        crate::handover::hbone::run_streams(pi.clone(), drain.force.clone(), engine, ids, metas, None).await;
     }
     pi.metrics.tunnels_active_inbound.fetch_sub(1, Ordering::Relaxed);
 }

@@ -673,15 +673,29 @@ pub async fn connect(
                 return Err((Some(routed), OutboundError::Authority(authority, e.to_string())));
             }
             let make = || connect_request(&authority, &headers).unwrap_or_else(|_| http::Request::new(()));
-            let (resp, send, lease) = match pi.pool.send_connect(&key, &make).await {
-                Ok(x) => x,
-                Err(e) => return Err((Some(routed), e.into())),
-            };
-            // Until answered, the stream holds its connection here (it is not handed over mid-setup).
-            let _setting_up = lease.gate().setting_up();
-            let resp = match resp.await {
-                Ok(r) => r,
-                Err(e) => return Err((Some(routed), OutboundError::Response(upstream_addr, e))),
+            // A stream the peer did not process (REFUSED_STREAM, or above a GOAWAY's last stream: RFC 9113 § 8.7;
+            // a daemon handing its connection over answers so) is asked again once, on another connection.
+            let mut refused_once = false;
+            let (resp, send, lease) = loop {
+                let (resp, send, lease) = match pi.pool.send_connect(&key, &make).await {
+                    Ok(x) => x,
+                    Err(e) => return Err((Some(routed), e.into())),
+                };
+                // Until answered, the stream holds its connection here (it is not handed over mid-setup).
+                let setting_up = lease.gate().setting_up();
+                match resp.await {
+                    Ok(r) => break (r, send, lease),
+                    Err(e)
+                        if !refused_once
+                            && e.is_remote()
+                            && (e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM)) =>
+                    {
+                        refused_once = true;
+                        lease.refused();
+                        drop(setting_up);
+                    }
+                    Err(e) => return Err((Some(routed), OutboundError::Response(upstream_addr, e))),
+                }
             };
             if resp.status() != http::StatusCode::OK {
                 let status = resp.status().as_u16();

@@ -129,6 +129,12 @@ impl StreamLease {
         &self.conn.gate
     }
 
+    /// The peer refused a stream on the leased connection (or is going away): no new stream goes on it; its open
+    /// ones carry on.
+    pub fn refused(&self) {
+        self.conn.dead.store(true, Ordering::Release);
+    }
+
     /// Cancelled when the leased connection's streams must end (`PooledConn::streams_end`).
     pub fn streams_end(&self) -> &tokio_util::sync::CancellationToken {
         &self.conn.streams_end
@@ -438,7 +444,7 @@ impl Pool {
             if let (Some((engine, ids, metas)), Some(pi)) = (kept, &inputs) {
                 dead2.store(true, Ordering::Release);
                 drop(conn);
-                crate::handover::hbone::run_streams(pi.clone(), force.clone(), engine, ids, metas).await;
+                crate::handover::hbone::run_streams(pi.clone(), force.clone(), engine, ids, metas, None).await;
             }
             dead2.store(true, Ordering::Release);
             super::h2::end_streams(streams_end2, shed.is_cancelled(), force);

@@ -185,6 +185,32 @@ impl Reevaluator {
     }
 }
 
+/// Connections a successor takes in were authorized by the predecessor, against its state: this daemon's may be
+/// newer (a change that crossed with the hand-over). One `Adopting` per connection taken in; once the last is
+/// listed in the tracker (or gave up: dropped either way), one pass judges every live connection.
+pub struct Adopting(Arc<AdoptBatch>);
+
+struct AdoptBatch {
+    left: std::sync::atomic::AtomicUsize,
+    reevaluator: Arc<Reevaluator>,
+}
+
+impl Drop for Adopting {
+    fn drop(&mut self) {
+        if self.0.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.reevaluator.submit(Scope::all());
+        }
+    }
+}
+
+impl Reevaluator {
+    /// `n` tokens for `n` connections taken in.
+    pub fn adopting(self: &Arc<Self>, n: usize) -> Vec<Adopting> {
+        let batch = Arc::new(AdoptBatch { left: n.into(), reevaluator: self.clone() });
+        (0..n).map(|_| Adopting(batch.clone())).collect()
+    }
+}
+
 /// The missing-policy clock: when each missing reference was first seen, and which workloads wait on one.
 struct Grace {
     period: std::time::Duration,
@@ -341,6 +367,18 @@ mod tests {
         )
         .unwrap();
         st
+    }
+
+    #[test]
+    fn connections_taken_in_are_judged_once_the_last_of_them_is_listed() {
+        let r = Arc::new(Reevaluator::default());
+        let mut tokens = r.adopting(3);
+        tokens.pop();
+        tokens.pop();
+        assert_eq!(r.progress().0, 0, "no pass while one is not listed yet");
+        tokens.pop();
+        assert_eq!(r.progress().0, 1, "one pass once all are");
+        assert_eq!(r.take().0, Scope::all(), "it judges every live connection");
     }
 
     /// (change, the scope it must produce), named after the rule each row checks.
