@@ -126,43 +126,11 @@ test('1,000 connections at once: every one is handed over and echoes intact afte
   const socketDir = makeTempDir('ztn-handover-');
   const env = { HANDOVER_SOCKET: join(socketDir, 'handover.sock') };
   const ECHO = { host: SERVER.host, port: SERVER.port + 1 };
-  const echo = createServer({ allowHalfOpen: true }, (s) => {
-    s.on('error', () => undefined);
-    s.pipe(s);
-  });
-  await new Promise((r) => echo.listen(ECHO.port, ECHO.host, r));
-  const sockets = [];
-  cleanups.push(() => {
-    for (const s of sockets) s.destroy();
-    return new Promise((r) => echo.close(() => r()));
-  });
+  const sockets = await echoFor(ECHO);
   const first = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(6), env, cleanup: t });
   const N = 1000;
-  for (let i = 0; i < N; i += 100) {
-    const batch = await Promise.all(Array.from({ length: 100 }, () => socks5Request({ socks: SOCKS, dest: ECHO })));
-    for (const { code, socket } of batch) {
-      assert.equal(code, 0);
-      socket.on('error', () => undefined);
-      sockets.push(socket);
-    }
-  }
+  sockets.push(...(await openMany(N, ECHO)));
   // Each one has carried a message before the restart.
-  const roundTrip = (s, tag) =>
-    new Promise((resolve) => {
-      const msg = Buffer.from(tag.padEnd(24, '.'));
-      let got = Buffer.alloc(0);
-      const onData = (d) => {
-        got = Buffer.concat([got, d]);
-        if (got.length >= msg.length) {
-          s.off('data', onData);
-          s.pause();
-          resolve(got.equals(msg));
-        }
-      };
-      s.on('data', onData);
-      s.resume();
-      s.write(msg);
-    });
   assert.deepEqual(new Set(await Promise.all(sockets.map((s, i) => roundTrip(s, `before-${i}`)))), new Set([true]));
   const second = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(7), env, cleanup: t });
   const exit = await Promise.race([first.exited, new Promise((r) => setTimeout(() => r(null), 15_000))]);
@@ -176,8 +144,56 @@ test('1,000 connections at once: every one is handed over and echoes intact afte
   await second.stop();
 });
 
+/** An echo server on `at` until the file's end; the returned list's sockets are destroyed with it. */
+async function echoFor(at) {
+  const echo = createServer({ allowHalfOpen: true }, (x) => {
+    x.on('error', () => undefined);
+    x.pipe(x);
+  });
+  await new Promise((r) => echo.listen(at.port, at.host, r));
+  const sockets = [];
+  cleanups.push(() => {
+    for (const x of sockets) x.destroy();
+    return new Promise((r) => echo.close(() => r()));
+  });
+  return sockets;
+}
+
+/** One message through `s` and back: resolves whether it came back whole. */
+function roundTrip(s, tag) {
+  return new Promise((resolve) => {
+    const msg = Buffer.from(tag.padEnd(24, '.'));
+    let got = Buffer.alloc(0);
+    const onData = (d) => {
+      got = Buffer.concat([got, d]);
+      if (got.length >= msg.length) {
+        s.off('data', onData);
+        s.pause();
+        resolve(got.equals(msg));
+      }
+    };
+    s.on('data', onData);
+    s.resume();
+    s.write(msg);
+  });
+}
+
+/** `n` connections through node-a's SOCKS5 entry to `dest`, opened 100 at a time. */
+async function openMany(n, dest) {
+  const sockets = [];
+  for (let i = 0; i < n; i += 100) {
+    const batch = await Promise.all(Array.from({ length: Math.min(100, n - i) }, () => socks5Request({ socks: SOCKS, dest })));
+    for (const { code, socket } of batch) {
+      assert.equal(code, 0);
+      socket.on('error', () => undefined);
+      sockets.push(socket);
+    }
+  }
+  return sockets;
+}
+
 /** A successor played by the test over the predecessor's socket: Hello, then it reads frames until `kind`, and dies. */
-async function failingSuccessor(path, dieAfter) {
+async function failingSuccessor(path, dieAfter, node = 'node-a') {
   const { connect } = await import('node:net');
   const frame = (kind, body) => {
     const payload = Buffer.from(JSON.stringify(body));
@@ -189,7 +205,7 @@ async function failingSuccessor(path, dieAfter) {
   };
   const s = connect(path);
   await new Promise((r, j) => s.once('connect', r).once('error', j));
-  s.write(frame(1, { version: 1, pid: process.pid, node: 'node-a' }));
+  s.write(frame(1, { version: 1, pid: process.pid, node }));
   // Reading with plain reads, the kernel closes the descriptors that come with the frames: what a successor that
   // dies holding them leaves behind.
   const seen = [];
@@ -367,6 +383,76 @@ async function restartWith(prev, start, live, what) {
   await new Promise((r) => setTimeout(r, 300));
   return next;
 }
+
+test('1,000 HBONE streams at once: handed over whole at a restart of the source node and then of the destination node, every one intact', async (t) => {
+  const caDir = makeTempDir('ztn-handover-ca-');
+  const socketDir = makeTempDir('ztn-handover-');
+  const envA = { HANDOVER_SOCKET: join(socketDir, 'a.sock') };
+  const envB = { HANDOVER_SOCKET: join(socketDir, 'b.sock') };
+  const ECHO = { host: STORE_IP, port: STORE.port + 1 };
+  const sockets = await echoFor(ECHO);
+  const start = (node, i, env) => startDaemon({ node, config: MESH, caDir, adminIp: net.admin(i), env, cleanup: t });
+  const [a1, b1] = await Promise.all([start('node-a', 15, envA), start('node-b', 16, envB)]);
+  const N = 1000;
+  sockets.push(...(await openMany(N, ECHO)));
+  const all = async (tag) => (await Promise.all(sockets.map((x, i) => roundTrip(x, `${tag}-${i}`)))).filter((ok) => !ok).length;
+  assert.equal(await all('before'), 0);
+  const tunnels = await a1.metrics().then((m) => sumSamples(m, 'istio_tcp_connections_opened_total', { reporter: 'source', destination_workload: 'store' }));
+  assert.equal(tunnels, N, 'every one is an HBONE stream to store');
+  let next = 17;
+  const successors = [];
+  for (const [prev, node, env] of [[a1, 'node-a', envA], [b1, 'node-b', envB]]) {
+    const successor = await start(node, next++, env);
+    const exit = await Promise.race([prev.exited, new Promise((r) => setTimeout(() => r(null), 15_000))]);
+    assert.equal(exit?.code, 0, `${node}: the predecessor exits 0: ${prev.tail()}`);
+    const given = prev.logs.find((l) => l.message === 'hand-over given');
+    assert.equal(given?.connections, N, `${node}: every stream was handed over: ${JSON.stringify(given)}`);
+    assert.equal(given.kept, 0);
+    t.diagnostic(`${node}: 1,000 HBONE streams given in ${given.durationMs} ms, paused at most ${given.pauseMs} ms`);
+    assert.equal(await all(`after-${node}`), 0, `${node}: none lost or garbled`);
+    assert.equal(sockets.filter((x) => x.destroyed).length, 0, `${node}: none closed`);
+    successors.push(successor);
+  }
+  for (const x of sockets) x.destroy();
+  await Promise.all(successors.map((d) => d.stop()));
+});
+
+test('a successor that dies after the offers of HBONE connections: the predecessor carries them on itself, intact', async (t) => {
+  const caDir = makeTempDir('ztn-handover-ca-');
+  const socketDir = makeTempDir('ztn-handover-');
+  const path = join(socketDir, 'b.sock');
+  const dest = { host: STORE_IP, port: STORE.port + 2 };
+  const srv = await startServer(dest.port, dest.host);
+  cleanups.push(() => srv.close());
+  const start = (node, i, env) => startDaemon({ node, config: MESH, caDir, adminIp: net.admin(i), env, cleanup: t });
+  const [a, b] = await Promise.all([start('node-a', 19, {}), start('node-b', 20, { HANDOVER_SOCKET: path, CONNECTION_TERMINATION_DEADLINE: '20s' })]);
+  const streams = [await openStream(srv, dest), await openStream(srv, dest)];
+  await new Promise((r) => setTimeout(r, 200));
+  // node-b's inbound HBONE connection leaves h2 and rustls for the offer; the successor dies holding it.
+  const OFFERED = 4;
+  const seen = await failingSuccessor(path, OFFERED, 'node-b');
+  assert.ok(seen.at(-1) === OFFERED, `it got the connection and the offer: kinds ${seen}`);
+  const failed = await b.waitForLog((l) => l.message === 'hand-over failed: every connection stays here and drains');
+  assert.equal(failed.kept, 2, 'both streams were paused, then kept');
+  assert.equal(failed.connections, 0);
+  await new Promise((r) => setTimeout(r, 300));
+  for (const x of streams) await checkpoint(x, 'after the failed hand-over');
+  const s0 = streams[0];
+  s0.socket.end();
+  s0.server.socket.end();
+  await waitFor(() => s0.closed, { message: 'the stream closed' });
+  const inb = await b.waitForLog((l) => l.message === 'connection complete' && l.direction === 'inbound');
+  assert.equal(inb.bytes_recv, s0.sent.bytes, 'its record, written once by the predecessor, with every byte');
+  assert.equal(inb.bytes_sent, s0.server.sent.bytes);
+  for (const x of streams) {
+    x.socket.destroy();
+    x.server.socket.destroy();
+  }
+  // Drained (nothing left), it exits 0 by itself, as on SIGTERM.
+  const exit = await Promise.race([b.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  assert.equal(exit?.code, 0, `the predecessor exits 0 once drained: ${b.tail()}`);
+  await a.stop();
+});
 
 test('a predecessor that dies midway: the successor takes nothing, says so, serves, and then waits for its own successor on the socket', async (t) => {
   const caDir = makeTempDir('ztn-handover-ca-');

@@ -164,7 +164,7 @@ test('a stream the peer refuses (REFUSED_STREAM: not processed) is asked again o
     cert: cert.certPem,
     key: cert.keyPem,
     ca: root,
-    onStream: (stream, headers) => {
+    onStream: (stream) => {
       if (refuse > 0) {
         refuse -= 1;
         stream.close(h2c.NGHTTP2_REFUSED_STREAM);

@@ -88,6 +88,11 @@ async function proxy(args: readonly string[], allArgs: readonly string[], env: R
   const logs = createLogs({ filter: config.logFilter, format: config.logFormat });
   try {
     const handle = await runProxy(config, logs);
+    // The proxy's own handlers go once it has shut down; a signal that arrives while the process exits must not
+    // end it by the signal (its exit status is the drain's).
+    const exiting = (): void => undefined;
+    process.on('SIGTERM', exiting);
+    process.on('SIGINT', exiting);
     return await handle.closed;
   } catch (err) {
     if (isConfigError(err)) return reportStartupError(err);
