@@ -10,7 +10,7 @@
 //                                                  restarted): every connection is a stream of node-a's HBONE pool
 //
 // The connections: every one sends a 16-byte tagged message after the hand-over and must get it back (lost = those
-// that do not). The probes: 100 of them exchange 16-byte messages back to back, 2 ms apart, throughout; a probe's
+// that do not). The probes: 100 of them, spread over the set, exchange 16-byte messages back to back, 2 ms apart, throughout; a probe's
 // pause is its longest wait for an echo while the hand-over ran (its p99 over the probes is quoted). Each TCP
 // connection costs the daemon two descriptors and this machine allows 20,000 per process, so 9,000 is the most one
 // daemon can hold here; the echo server runs in its own process for the same reason.
@@ -83,7 +83,9 @@ async function main() {
   }
   console.log(`${n} connections established through one daemon`);
   for (let round = 0; round < Number(opts.rounds); round++) {
-    const probing = conns.slice(0, probes).map((c) => probe(c));
+    // Spread over the whole set (every (n / probes)-th): the order in which a hand-over pauses, sends and resumes
+    // connections follows the order they were opened in, so the first ones opened would see only the best case.
+    const probing = Array.from({ length: probes }, (_, i) => conns[Math.floor((i * n) / probes)]).map((c) => probe(c));
     await sleep(300);
     const started = performance.now();
     const next = await startDaemon(env(k++), kids);

@@ -764,7 +764,7 @@ impl Dataplane {
     /// it reports ready. Nobody on `path` is not an error (`found: false`).
     pub async fn handover_take(&self, path: &str) -> handover::HandoverReport {
         let (p, node) = (std::path::PathBuf::from(path), self.pi.cfg.node_name.clone());
-        let (report, received) = match tokio::task::spawn_blocking(move || handover::take(&p, &node)).await {
+        let (report, received, held) = match tokio::task::spawn_blocking(move || handover::take(&p, &node)).await {
             Ok(r) => r,
             Err(e) => {
                 let report =
@@ -773,18 +773,19 @@ impl Dataplane {
             }
         };
         let handles = self.pi.silos.handles().to_vec();
-        let adopting = self.reevaluator.adopting(received.len());
-        for (i, (r, adopted)) in received.into_iter().zip(adopting).enumerate() {
+        let adopted = self.reevaluator.adopting(1).pop();
+        let Some(arrival) = adopted.map(|a| handover::Arrival::new(held, a)) else { return report };
+        for (i, r) in received.into_iter().enumerate() {
             let drain = match &r.meta.local {
                 handover::LocalJson::Uid { uid } => self.local.lock().get(uid).map(|w| w.drain.clone()),
                 handover::LocalJson::Pod { .. } => None,
             }
             .unwrap_or_else(|| self.adopted.clone());
-            let (pi, force) = (self.pi.clone(), drain.force.clone());
+            let (pi, force, arrival) = (self.pi.clone(), drain.force.clone(), arrival.clone());
             let task = async move {
                 match r.hbone {
-                    Some(_) => handover::hbone::resume(pi, force, r, adopted).await,
-                    None => handover::carry::resume(pi, force, r, adopted).await,
+                    Some(_) => handover::hbone::resume(pi, force, r, arrival).await,
+                    None => handover::carry::resume(pi, force, r, arrival).await,
                 }
             };
             match handles.get(i % handles.len().max(1)) {

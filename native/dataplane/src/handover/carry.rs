@@ -93,13 +93,8 @@ pub fn meta(
 /// Successor: carry on one connection a predecessor handed over, on the calling silo (its sockets register with
 /// this thread's reactor). Counted live under its labels, listed in the tracker, authorized continuously when
 /// inbound, and its access record written once at its end, with the bytes of both processes.
-/// `adopted` is dropped once it is listed (a pass then judges what was taken in against this daemon's state).
-pub async fn resume(
-    pi: Arc<ProxyInputs>,
-    force: CancellationToken,
-    r: Received,
-    adopted: crate::proxy::reevaluation::Adopting,
-) {
+/// `arrival` is dropped once it is listed and about to run.
+pub async fn resume(pi: Arc<ProxyInputs>, force: CancellationToken, r: Received, arrival: super::Arrival) {
     let Received { fds, meta, legs, .. } = r;
     let mut socks = Vec::with_capacity(2);
     for fd in fds {
@@ -137,12 +132,12 @@ pub async fn resume(
             pi.tracker.register(local.clone(), conn, "TCP")
         }
     };
-    drop(adopted);
     let counters = result.counters();
     // Leg 0 is the request direction on both proxies (Istio's `received`), leg 1 the response (`sent`).
     let (t0, t1) = (Tally::new(Some(&counters.received)), Tally::new(Some(&counters.sent)));
     let relay = TcpRelay::resume(a, b, legs, [&t0, &t1]);
     let describe = || ConnMeta { age_ms: result.age().as_millis() as u64, ..meta.clone() };
+    drop(arrival);
     let carried = carry(&pi.handover, relay, Ends { force: &force, close: &track.close }, describe).await;
     let Carried::Ended(outcome, (m0, m1)) = carried else { return };
     let flag = if track.close.is_cancelled() { "DENY" } else { "CONNECT" };

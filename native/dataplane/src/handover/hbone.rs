@@ -798,7 +798,7 @@ pub async fn resume(
     pi: std::sync::Arc<crate::proxy::ProxyInputs>,
     force: tokio_util::sync::CancellationToken,
     r: super::Received,
-    adopted: crate::proxy::reevaluation::Adopting,
+    arrival: super::Arrival,
 ) {
     let super::Received { fds, hbone: Some(h), meta, .. } = r else { return };
     let (engine, ids, metas) = match h.into_engine(fds) {
@@ -812,7 +812,7 @@ pub async fn resume(
             return;
         }
     };
-    run_streams(pi, force, engine, ids, metas, Some(adopted)).await
+    run_streams(pi, force, engine, ids, metas, Some(arrival)).await
 }
 
 /// A carried stream: its description, its metrics and record, and its place in the tracker.
@@ -876,7 +876,7 @@ impl Open {
 /// Carry a handed-over HBONE connection (`engine`) to its end: each stream (`ids`, `metas` in one order) counted
 /// live under its labels, listed in the tracker (an inbound one authorized continuously: a policy that now denies it
 /// resets it), its access record written once with the bytes of every process it went through; streams still open
-/// when `force` fires are recorded as drained. `adopted` (a successor's) is dropped once they are listed. The connection can itself be handed on: it holds a ticket, and at a
+/// when `force` fires are recorded as drained. `arrival` (a successor's) is dropped once they are listed. The connection can itself be handed on: it holds a ticket, and at a
 /// pause it comes to rest at a record's end (`Engine::flush`) and crosses as a predecessor's h2 connection would.
 pub async fn run_streams(
     pi: std::sync::Arc<crate::proxy::ProxyInputs>,
@@ -884,12 +884,12 @@ pub async fn run_streams(
     mut engine: Engine,
     ids: Vec<u32>,
     metas: Vec<super::ConnMeta>,
-    adopted: Option<crate::proxy::reevaluation::Adopting>,
+    arrival: Option<super::Arrival>,
 ) {
     use futures_util::stream::{FuturesUnordered, StreamExt};
     let mut open: std::collections::HashMap<u32, Open> =
         ids.into_iter().zip(metas).map(|(id, m)| (id, Open::new(&pi, m))).collect();
-    drop(adopted);
+    drop(arrival);
     let mut closes: FuturesUnordered<_> = open
         .iter()
         .map(|(&id, o)| {

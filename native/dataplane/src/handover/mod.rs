@@ -72,6 +72,8 @@ const PAUSE_WAIT: Duration = Duration::from_secs(2);
 /// hangs holds the other no longer than this (a successor's readiness waits for its take). 9,000 connections take
 /// about 0.3 s in all (bench/handover.mjs), the longest wait inside the exchange is `PAUSE_WAIT`.
 const STEP_WAIT: Duration = Duration::from_secs(10);
+/// How long the predecessor keeps still after the commit, waiting for the successor to have started what it took.
+const ARRIVAL_WAIT: Duration = Duration::from_secs(2);
 
 /// Where the connections of this process meet a hand-over.
 pub struct Hub {
@@ -478,6 +480,14 @@ impl Hub {
             expect(&sock, Kind::Committed)?;
             Ok(())
         })();
+        let committed_at = Instant::now();
+        if outcome.is_ok() {
+            // The successor's now. It starts them while this side keeps still, and closes the socket once it has (a
+            // successor that does not wait closes it at once).
+            if sock.set_read_timeout(Some(ARRIVAL_WAIT)).is_ok() {
+                let _ = wire::recv(&sock);
+            }
+        }
         let verdict = match &outcome {
             Ok(()) => Verdict::Gone,
             Err(e) => {
@@ -501,7 +511,7 @@ impl Hub {
         } else {
             report.kept = n;
         }
-        report.pause_ms = paused_at.map(|t| t.elapsed().as_secs_f64() * 1000.0).unwrap_or(0.0);
+        report.pause_ms = paused_at.map(|t| (committed_at - t).as_secs_f64() * 1000.0).unwrap_or(0.0);
         report.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
         report
     }
@@ -759,21 +769,44 @@ fn parse_hbone(f: wire::Frame) -> io::Result<Received> {
 
 /// Successor: take every connection the daemon listening on `path` hands over (blocking). `Ok(None)` when nobody
 /// listens there. On `Ok`, `Committed` is sent: the connections are this process's to start, and only then.
-pub fn take(path: &std::path::Path, node: &str) -> (HandoverReport, Vec<Received>) {
+/// The socket comes back after a hand-over that committed: the predecessor waits for its close (`ARRIVAL_WAIT` at
+/// most) before it lets go of what it handed over, so that its clean-up does not take the machine from the successor
+/// while the successor starts the connections (see `Arrival`).
+pub fn take(path: &std::path::Path, node: &str) -> (HandoverReport, Vec<Received>, Option<UnixStream>) {
     match UnixStream::connect(path) {
-        Ok(s) => take_on(s, node),
+        Ok(s) => take_holding(s, node),
         Err(e) => {
             let mut report = HandoverReport { role: "take".into(), ..Default::default() };
             if !matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused) {
                 report.error = Some(format!("connecting to {}: {e}", path.display()));
             }
-            (report, Vec::new())
+            (report, Vec::new(), None)
         }
     }
 }
 
-/// `take` over a connected socket.
+/// `take` over a connected socket, which closes at once (the predecessor does not wait).
 pub fn take_on(sock: UnixStream, node: &str) -> (HandoverReport, Vec<Received>) {
+    let (report, got, _) = take_holding(sock, node);
+    (report, got)
+}
+
+/// One hand-over's connections as the successor starts them: a clone each, dropped once it runs here. The last one
+/// closes the hand-over socket (the predecessor then lets go of its references) and asks for one authorization pass
+/// over what was taken in.
+#[derive(Clone)]
+pub struct Arrival {
+    _held: std::sync::Arc<(Option<UnixStream>, crate::proxy::reevaluation::Adopting)>,
+}
+
+impl Arrival {
+    pub fn new(sock: Option<UnixStream>, adopted: crate::proxy::reevaluation::Adopting) -> Arrival {
+        Arrival { _held: std::sync::Arc::new((sock, adopted)) }
+    }
+}
+
+/// `take_on`, the socket kept after a commit (see `take`).
+pub fn take_holding(sock: UnixStream, node: &str) -> (HandoverReport, Vec<Received>, Option<UnixStream>) {
     let started = Instant::now();
     let mut report = HandoverReport { role: "take".into(), found: true, ..Default::default() };
     let mut got = Vec::new();
@@ -821,7 +854,8 @@ pub fn take_on(sock: UnixStream, node: &str) -> (HandoverReport, Vec<Received>) 
     }
     report.connections = got.iter().map(|r| r.hbone.as_ref().map_or(1, |h| h.metas.len() as u32)).sum();
     report.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
-    (report, got)
+    let held = report.error.is_none().then_some(sock);
+    (report, got, held)
 }
 
 /// Predecessor: listen on `path` (0600, replacing a stale socket nobody listens on); the successor finds it there.

@@ -136,7 +136,7 @@ async fn a_copying_relay_is_handed_over_byte_exact_and_the_successor_finishes_it
     let pi = crate::inpod::testutil::inputs();
     let resumed: Vec<_> = received
         .into_iter()
-        .map(|r| tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, adopted())))
+        .map(|r| tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, arrival())))
         .collect();
     for f in flows {
         assert_eq!(f.relay.await.unwrap(), "handed over", "the predecessor's task let it go");
@@ -241,7 +241,7 @@ async fn a_kept_connection_pauses_again_for_the_next_successor() {
     assert_eq!((give.await.unwrap().connections, taken.connections), (1, 1));
     let pi = crate::inpod::testutil::inputs();
     for r in received {
-        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, adopted()));
+        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, arrival()));
     }
     assert_eq!(f.relay.await.unwrap(), "handed over");
     assert_eq!(f.server.await.unwrap(), (UP, 0));
@@ -263,7 +263,7 @@ fn the_socket_is_private_and_a_live_one_is_not_taken_over() {
     // A stale socket (its daemon gone) is replaced.
     let l = listen(&path, false).unwrap();
     drop(l);
-    let (report, got) = take(&dir.join("nobody.sock"), "node-a");
+    let (report, got, _) = take(&dir.join("nobody.sock"), "node-a");
     assert!(!report.found && report.error.is_none() && got.is_empty(), "{report:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -325,7 +325,7 @@ async fn a_connection_that_comes_after_the_exchange_flows_on_in_the_predecessor(
     assert_eq!(give.await.unwrap().connections, 1);
     let pi = crate::inpod::testutil::inputs();
     for r in received {
-        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, adopted()));
+        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, arrival()));
     }
     // Set up once the exchange is over, on the predecessor's hub.
     let late = flow(old.clone()).await;
@@ -338,7 +338,40 @@ async fn a_connection_that_comes_after_the_exchange_flows_on_in_the_predecessor(
 }
 
 /// A successor's token for one connection taken in (its pass, once dropped, judges nothing here).
-fn adopted() -> crate::proxy::reevaluation::Adopting {
+fn arrival() -> Arrival {
     let r = std::sync::Arc::new(crate::proxy::reevaluation::Reevaluator::default());
-    r.adopting(1).pop().expect("one")
+    Arrival::new(None, r.adopting(1).pop().expect("one"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_predecessor_keeps_still_until_the_successor_has_started_what_it_took() {
+    let old = Arc::new(Hub::default());
+    let f = flow(old.clone()).await;
+    wait_live(&old, 1).await;
+    let (p, s) = UnixStream::pair().unwrap();
+    let hub = old.clone();
+    let give = tokio::task::spawn_blocking(move || hub.give(p, "node-a", || ()));
+    let (taken, received, held) = tokio::task::spawn_blocking(move || take_holding(s, "node-a")).await.unwrap();
+    assert_eq!(taken.error, None);
+    let held = held.expect("the socket, after a commit");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!give.is_finished(), "the predecessor waits for the close of the hand-over socket");
+    // The successor starts what it took, then lets the socket go (the last arrival): the predecessor goes on.
+    let pi = crate::inpod::testutil::inputs();
+    let r = std::sync::Arc::new(crate::proxy::reevaluation::Reevaluator::default());
+    let arrival = Arrival::new(Some(held), r.adopting(1).pop().expect("one"));
+    let resumed: Vec<_> = received
+        .into_iter()
+        .map(|r| tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, arrival.clone())))
+        .collect();
+    drop(arrival);
+    let given = tokio::time::timeout(Duration::from_secs(1), give).await.expect("it goes on").unwrap();
+    assert_eq!((given.error, given.connections), (None, 1));
+    assert!(given.pause_ms < 250.0, "the wait is not counted as a pause: {} ms", given.pause_ms);
+    assert_eq!(f.relay.await.unwrap(), "handed over");
+    assert_eq!(f.server.await.unwrap(), (UP, 0));
+    assert_eq!(f.client.await.unwrap(), (DOWN, 0));
+    for r in resumed {
+        tokio::time::timeout(Duration::from_secs(5), r).await.unwrap().unwrap();
+    }
 }
