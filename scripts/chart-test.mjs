@@ -316,6 +316,16 @@ function checkDaemonSide(label, ds, expect) {
   if (cfg.crlPath !== null) assert.equal(mounted(cfg.crlPath), 'istio-ca-crl', 'CRL_PATH is in the istio-ca-crl volume');
   assert.equal(c.volumeMounts.find((m) => m.name === 'cni-ztunnel-sock-dir').mountPath, posix.dirname(cfg.inpod.uds),
     'istio-cni connects to /var/run/ztunnel/ztunnel.sock (INPOD_UDS)');
+  // The rollout hands over (README "Hitless restarts"): the new pod finds the old one on the hand-over socket,
+  // handover.sock beside INPOD_UDS, in the node's directory (a hostPath both pods of a surge rollout mount), starts
+  // beside it (maxSurge 1), and the old one is stopped only once the new one is ready (maxUnavailable 0, readiness).
+  assert.equal(cfg.handover.enabled, true, `${label}: the hand-over is on`);
+  assert.equal(posix.dirname(cfg.handover.socket), posix.dirname(cfg.inpod.uds), `${label}: the hand-over socket is beside INPOD_UDS`);
+  assert.ok(pod.volumes.find((v) => v.name === 'cni-ztunnel-sock-dir')?.hostPath, `${label}: its directory is the node's (hostPath)`);
+  assert.equal(c.readinessProbe?.httpGet?.path, '/healthz/ready', `${label}: the kubelet waits for readiness`);
+  if (expect.surge !== false) {
+    assert.deepEqual(ds.spec.updateStrategy, { type: 'RollingUpdate', rollingUpdate: { maxSurge: 1, maxUnavailable: 0 } }, `${label}: a surge rollout`);
+  }
 }
 
 // ---- the cases --------------------------------------------------------------------------------------------------
@@ -482,7 +492,9 @@ const CASES = [
       readinessProbe: { periodSeconds: 5, timeoutSeconds: 2, failureThreshold: 6 },
       crl: true,
     }),
-    daemon: daemon({ xds: 'https://istiod-canary.mesh-system.svc:15012', ca: 'https://istiod-ca.mesh-system.svc:15012', clusterId: 'east', network: 'network-east', drainMs: 40_000 }),
+    // An operator's own update strategy is kept: with maxSurge 0 the old pod goes first and there is nobody to hand
+    // over to (the README says so).
+    daemon: daemon({ xds: 'https://istiod-canary.mesh-system.svc:15012', ca: 'https://istiod-ca.mesh-system.svc:15012', clusterId: 'east', network: 'network-east', drainMs: 40_000, surge: false }),
     sa: { name: 'ztunnel-east', pullSecrets: [{ name: 'registry-creds' }, { name: 'mirror-creds' }], annotations: { 'example.com/ticket': 'MESH-42', 'istio.io/rev': 'canary' } },
     quota: { pods: '200', priorityClass: 'system-cluster-critical' },
     networkPolicy: true,

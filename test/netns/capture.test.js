@@ -511,7 +511,8 @@ test('restarts of the source node and then of the destination node: no new conne
     child.kill('SIGUSR2');
     await waitForEvent(events, (e) => 'ok' in e, `the ${what} stream to finish`);
     const result = events.find((e) => 'ok' in e);
-    assert.deepEqual([result.ok, result.same], [true, true], `${what}: ${JSON.stringify(result)}`);
+    const dbg = (d) => d.logs.filter((l) => /policy|complete|hand-over|error|warn|reset/i.test(JSON.stringify(l))).map((l) => JSON.stringify(l).slice(0, 600));
+    assert.deepEqual([result.ok, result.same], [true, true], `${what}: ${JSON.stringify(result)}\nA: ${dbg(daemons.a).join('\n')}\nB: ${dbg(daemons.b).join('\n')}`);
     assert.ok(result.sent > 100_000, `${what}: ${JSON.stringify(result)}`);
     results[what] = result;
   }
@@ -520,6 +521,44 @@ test('restarts of the source node and then of the destination node: no new conne
   await waitForEvent(daemons.b.logs, record, 'node-b\'s record of the HBONE stream');
   const rec = daemons.b.logs.find(record);
   assert.deepEqual([rec.bytes_recv, rec.bytes_sent], [results.HBONE.sent, results.HBONE.sent], JSON.stringify(rec));
+});
+
+test('a rolling update at its worst: the old daemon gets its SIGTERM before the new one has taken over, and the HBONE stream still goes over intact', { skip }, async () => {
+  // A kubelet stops the old pod once the new one is ready (maxUnavailable 0), and the new one takes over just after
+  // its readiness: the SIGTERM can come first. Here it comes before the new daemon has even connected to istio-cni.
+  await serveIn(pods.b1, 8092);
+  const child = cluster.spawn(pods.a1.ns, process.execPath, [APP, 'stream', pods.b1.ip, '8092']);
+  children.push(child);
+  const events = [];
+  lines(child, (e) => events.push(e));
+  await waitForEvent(events, (e) => e.event === 'open', 'the HBONE stream');
+  await new Promise((r) => setTimeout(r, 300));
+  const old = daemons.a;
+  const oldExit = new Promise((resolve) => old.child.once('close', (code) => resolve(code)));
+  const base = adminBase.a === 15000 ? 15100 : 15000;
+  const next = startDaemon('a', cfgPath, join(tmp, 'a.sock'), { ADMIN_ADDR: `127.0.0.1:${base}`, STATS_ADDR: `0.0.0.0:${base + 20}`, READINESS_ADDR: `0.0.0.0:${base + 21}` });
+  old.child.kill('SIGTERM');
+  await waitForEvent(old.logs, (l) => l.message === 'draining', 'the old daemon drains on its SIGTERM');
+  await cni.a.next((e) => e.event === 'connected', 'hello from the new node-a daemon');
+  for (const p of ['a1', 'a2']) assert.equal((await cni.a.send(add(pods[p]))).error, '');
+  assert.equal((await cni.a.send({ op: 'snapshot' })).error, '');
+  await waitReady('a', 200, 30_000, base);
+  await waitForEvent(next.logs, (l) => /hand-over/.test(l.message ?? ''), 'the new daemon took over', 10_000);
+  assert.equal(next.logs.find((l) => /hand-over/.test(l.message ?? '')).message, 'hand-over taken', JSON.stringify(next.logs.filter((l) => /hand-over/.test(l.message ?? ''))));
+  const exit = await Promise.race([oldExit, new Promise((r) => setTimeout(() => r(null), 15_000))]);
+  assert.equal(exit, 0, 'the old daemon, left with nothing, exits 0');
+  // What the new daemon took is what the old one held (its own "hand-over given" line can be lost here: the drain
+  // under way may end the process before the report reaches its log).
+  const taken = next.logs.find((l) => l.message === 'hand-over taken');
+  assert.ok(taken.connections >= 1, `it took the stream from the draining daemon: ${JSON.stringify(taken)}`);
+  daemons.a = next;
+  adminBase.a = base;
+  await new Promise((r) => setTimeout(r, 300));
+  assert.ok(!events.some((e) => 'ok' in e), 'the stream is still open');
+  child.kill('SIGUSR2');
+  await waitForEvent(events, (e) => 'ok' in e, 'the stream to finish');
+  const result = events.find((e) => 'ok' in e);
+  assert.deepEqual([result.ok, result.same], [true, true], JSON.stringify(result));
 });
 
 test('dedicated mode: one workload, iptables redirection in its own namespace', { skip }, async () => {

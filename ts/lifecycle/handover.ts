@@ -119,7 +119,9 @@ const LISTEN_RETRY_MS = 1_000;
 async function serve(o: HandoverOptions): Promise<void> {
   for (;;) {
     const report = await o.dp.nextHandover().catch(() => null);
-    if (report === null || o.signal.aborted) return;
+    if (report === null) return;
+    // A daemon already draining (its SIGTERM came first: a kubelet may stop the old pod as soon as the new one is
+    // ready) still gives what it holds; it is logged and counted, and the drain under way ends it.
     o.counts.observe(report);
     const line = { ...fields(report), socket: o.socket };
     // Only a daemon of this node that spoke the protocol ends this one (a bad connection to the socket, or a daemon
@@ -134,7 +136,7 @@ async function serve(o: HandoverOptions): Promise<void> {
     }
     if (report.error !== undefined) o.log.warn(line, 'hand-over failed: every connection stays here and drains');
     else o.log.info(line, 'hand-over given');
-    o.onSuccessor(report);
+    if (!o.signal.aborted) o.onSuccessor(report);
     return;
   }
 }
