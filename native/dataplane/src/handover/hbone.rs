@@ -285,11 +285,15 @@ impl Engine {
             }
             progress |= self.process_frames();
             progress |= self.pump_streams(cx);
+            self.settle_without_peer();
             self.reap();
             if !self.tx_plain.is_empty() {
                 let plain = std::mem::take(&mut self.tx_plain);
-                self.records.seal(&plain, &mut self.tx_tls);
-                progress = true;
+                // Nothing more goes to a peer that closed: its last bytes are being delivered.
+                if self.peer_gone.is_none() {
+                    self.records.seal(&plain, &mut self.tx_tls);
+                    progress = true;
+                }
             }
             if self.streams.is_empty() && !self.closing {
                 self.closing = true;
@@ -298,6 +302,10 @@ impl Engine {
                 }
             }
             match self.write_peer(cx) {
+                Err(_) if self.peer_gone.is_some() => {
+                    self.tx_tls.clear();
+                    self.tx_at = 0;
+                }
                 Err(e) => self.fail_all(e),
                 Ok(wrote) => progress |= wrote,
             }
@@ -369,13 +377,30 @@ impl Engine {
         }
     }
 
+    /// The peer closed (close_notify, FIN, an error). What it sent before is still delivered: the frames read are
+    /// processed first, and `settle_without_peer` ends each stream only once nothing is left for it to deliver (a
+    /// stream's last DATA, its END_STREAM and the close_notify after it often come in one read).
     fn peer_failed(&mut self, e: io::Error) -> bool {
-        // The streams still open lose their peer.
-        for s in self.streams.values_mut() {
-            s.failed.get_or_insert_with(|| io::Error::new(e.kind(), e.to_string()));
-        }
         self.peer_gone = Some(e);
         true
+    }
+
+    /// With the peer gone: a stream whose bytes from the peer are all delivered ends, cleanly if both of its ends
+    /// were closed on the wire (and its application socket shut down), else with the peer's error.
+    fn settle_without_peer(&mut self) {
+        let Some(e) = &self.peer_gone else { return };
+        for (id, s) in self.streams.iter_mut() {
+            if s.failed.is_some() || s.to_app_at < s.to_app.len() {
+                continue;
+            }
+            let wire = self.h2.streams.get(id);
+            if wire.is_none_or(|w| w.remote_end) && !s.app_shut {
+                continue; // the shutdown comes next, in `pump_streams`
+            }
+            if wire.is_some() {
+                s.failed = Some(io::Error::new(e.kind(), e.to_string()));
+            }
+        }
     }
 
     fn process_frames(&mut self) -> bool {
@@ -506,7 +531,7 @@ impl Engine {
                 s.credit = 0;
             }
             // Application → peer, within both windows and the peer's frame size.
-            if w.local_end || s.failed.is_some() {
+            if w.local_end || s.failed.is_some() || self.peer_gone.is_some() {
                 continue;
             }
             loop {

@@ -342,3 +342,73 @@ async fn an_hbone_connection_carries_on_after_its_session_is_taken_from_h2_and_r
     let r = tokio::time::timeout(Duration::from_secs(10), driver).await.expect("closed").expect("driver");
     assert!(r.is_ok(), "the peer saw a clean end: {r:?}");
 }
+
+/// Two engines back to back, as after both ends of one HBONE connection were handed over: fixed keys, stream 1
+/// open both ways, each engine's application socket the test's.
+async fn engine_pair() -> ((hbone::Engine, TcpStream), (hbone::Engine, TcpStream)) {
+    use super::http2::{H2State, StreamWire};
+    let dir = |k: u8| tls13::DirState { secret: None, key: vec![k; 16], iv: vec![k + 1; 12], seq: 0 };
+    let tls = |tx: u8, rx: u8| tls13::TlsState { suite: 0x1301, tx: dir(tx), rx: dir(rx) };
+    let h2 = |client: bool| {
+        let mut h = H2State::new(client);
+        h.streams.insert(1, StreamWire { send: 65_535, recv: 65_535, local_end: false, remote_end: false });
+        h.peer_last_stream = if client { 0 } else { 1 };
+        h
+    };
+    let parcel = |tls, h2| ConnParcel {
+        tls,
+        h2,
+        ciphertext: Vec::new(),
+        plaintext: Vec::new(),
+        conn_window: 65_535,
+        streams: vec![StreamParcel {
+            id: 1,
+            to_peer: Vec::new(),
+            to_app: Vec::new(),
+            app_eof: false,
+            app_shut: false,
+            moved: (0, 0),
+        }],
+    };
+    let pair = || async {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let c = TcpStream::connect(l.local_addr().expect("addr")).await.expect("connect");
+        (c, l.accept().await.expect("accept").0)
+    };
+    let (ta, tb) = pair().await;
+    let (app_a, side_a) = pair().await;
+    let (app_b, side_b) = pair().await;
+    let a = hbone::Engine::new(ta, parcel(tls(1, 3), h2(true)), vec![side_a]).expect("a");
+    let b = hbone::Engine::new(tb, parcel(tls(3, 1), h2(false)), vec![side_b]).expect("b");
+    ((a, app_a), (b, app_b))
+}
+
+#[tokio::test]
+async fn a_stream_s_last_bytes_come_through_when_the_peer_closes_the_connection_right_after_them() {
+    use tokio::io::AsyncReadExt;
+    let ((a, mut app_a), (b, mut app_b)) = engine_pair().await;
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let (ea, eb) = (ends.clone(), ends.clone());
+    let a = tokio::spawn(a.run(move |e| ea.lock().push(("a", e.result.is_ok(), e.moved))));
+    let b = tokio::spawn(b.run(move |e| eb.lock().push(("b", e.result.is_ok(), e.moved))));
+    app_a.write_all(b"hello").await.expect("write");
+    app_a.shutdown().await.expect("shutdown");
+    let mut got = Vec::new();
+    app_b.read_to_end(&mut got).await.expect("read");
+    assert_eq!(got, b"hello");
+    // Written and shut down before the engine runs again (one thread): its last DATA, its END_STREAM and, the
+    // connection's last stream over, close_notify and FIN go out in one write and come in in one read.
+    let last = vec![7u8; 3000];
+    app_b.write_all(&last).await.expect("write");
+    app_b.shutdown().await.expect("shutdown");
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), app_a.read_to_end(&mut got)).await.expect("in time").expect("read");
+    assert_eq!(got.len(), last.len(), "every last byte, though the peer closed right after them");
+    assert_eq!(got, last);
+    for t in [a, b] {
+        tokio::time::timeout(Duration::from_secs(10), t).await.expect("the engine ends").expect("engine");
+    }
+    let mut ends = ends.lock().clone();
+    ends.sort();
+    assert_eq!(ends, vec![("a", true, (5, 3000)), ("b", true, (3000, 5))], "both ends clean, every byte counted");
+}
