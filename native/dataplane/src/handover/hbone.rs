@@ -840,6 +840,36 @@ pub async fn resume(
     run_streams(pi, force, engine, ids, metas, Some(arrival)).await
 }
 
+/// What authorization judges an inbound stream taken in by, and whether its peer's identity is the verified one it
+/// crossed with (an inbound HBONE stream must carry one; inbound plaintext has none).
+fn authorizable(meta: &super::ConnMeta) -> (crate::rbac::Connection, bool) {
+    let identity: Option<crate::identity::Identity> = meta.peer_identity.as_deref().and_then(|i| i.parse().ok());
+    let verified = match meta.kind {
+        super::ConnKind::InboundHbone => identity.is_some(),
+        _ => meta.peer_identity.is_none(),
+    };
+    let dst = meta.original_dst;
+    (crate::rbac::Connection::new(identity, meta.src.ip(), dst.ip(), dst.port()), verified)
+}
+
+#[cfg(test)]
+#[test]
+fn an_inbound_stream_taken_in_is_judged_by_its_verified_identity_or_closed() {
+    let mut m = super::tests::describe();
+    m.kind = super::ConnKind::InboundHbone;
+    m.peer_identity = Some("spiffe://cluster.local/ns/default/sa/sleep".into());
+    let (conn, ok) = authorizable(&m);
+    assert!(ok);
+    assert_eq!(conn.src_identity.map(|i| i.to_string()).as_deref(), Some("spiffe://cluster.local/ns/default/sa/sleep"));
+    for bad in [None, Some("not an identity".to_string())] {
+        m.peer_identity = bad.clone();
+        assert!(!authorizable(&m).1, "{bad:?} is refused");
+    }
+    m.kind = super::ConnKind::InboundPlaintext;
+    m.peer_identity = None;
+    assert!(authorizable(&m).1, "plaintext has no identity to carry");
+}
+
 /// A carried stream: its description, its metrics and record, and its place in the tracker.
 struct Open {
     meta: super::ConnMeta,
@@ -854,10 +884,20 @@ impl Open {
         let local: crate::proxy::LocalRef = (&meta.local).into();
         let track = match meta.kind {
             super::ConnKind::InboundHbone | super::ConnKind::InboundPlaintext => {
-                let identity = meta.peer_identity.as_deref().and_then(|i| i.parse().ok());
-                let dst = meta.original_dst;
-                let conn = crate::rbac::Connection::new(identity, meta.src.ip(), dst.ip(), dst.port());
-                pi.tracker.register(local, conn, "HBONE")
+                let (conn, verified) = authorizable(&meta);
+                let track = pi.tracker.register(local, conn, "HBONE");
+                if !verified {
+                    // Fail closed: without the peer's identity no policy can be held to it (a DENY naming it would
+                    // not match). The predecessor wrote what its TLS handshake verified; anything else is a fault.
+                    let f = crate::fields! {"src.addr" => meta.src.to_string(), "identity" => meta.peer_identity.clone().unwrap_or_default()};
+                    pi.events.log(
+                        crate::events::Level::Error,
+                        "handed-over stream without a valid peer identity: closed",
+                        f,
+                    );
+                    track.close.cancel();
+                }
+                track
             }
             super::ConnKind::OutboundTcp | super::ConnKind::OutboundHbone => pi.tracker.register_outbound(
                 local,
@@ -981,9 +1021,8 @@ async fn offer_engine(
     open: &mut std::collections::HashMap<u32, Open>,
     events: &crate::events::Events,
 ) -> Result<(), (Engine, bool)> {
-    let rest = std::time::Duration::from_millis(500);
     let described = engine.streams.keys().all(|id| open.contains_key(id));
-    if !described || !engine.can_hand_over() || !engine.flush(rest).await {
+    if !described || !engine.can_hand_over() || !engine.flush(super::hconn::REST_WAIT).await {
         ticket.decline(round.generation).await;
         return Err((engine, true));
     }

@@ -22,7 +22,7 @@ use crate::copy::{H2Parts, H2Relay};
 
 /// How long the streams get to stop, h2 to come to rest, and the record in flight to end: a connection not at
 /// rest by then is declined (it carries on here, and the exchange goes on without it).
-const REST_WAIT: Duration = Duration::from_millis(500);
+pub(super) const REST_WAIT: Duration = Duration::from_millis(500);
 
 /// What a stopped stream is told.
 pub enum Word {
