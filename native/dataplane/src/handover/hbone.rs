@@ -843,7 +843,13 @@ pub async fn resume(
 /// What authorization judges an inbound stream taken in by, and whether its peer's identity is the verified one it
 /// crossed with (an inbound HBONE stream must carry one; inbound plaintext has none).
 fn authorizable(meta: &super::ConnMeta) -> (crate::rbac::Connection, bool) {
-    let identity: Option<crate::identity::Identity> = meta.peer_identity.as_deref().and_then(|i| i.parse().ok());
+    // A predecessor of before `peerIdentity` names the peer only in the metrics labels (the destination reporter's
+    // source principal is the identity its handshake verified).
+    let named = meta.peer_identity.as_deref().or_else(|| {
+        let p = meta.labels.source_principal.as_str();
+        (meta.kind == super::ConnKind::InboundHbone && p.starts_with("spiffe://")).then_some(p)
+    });
+    let identity: Option<crate::identity::Identity> = named.and_then(|i| i.parse().ok());
     let verified = match meta.kind {
         super::ConnKind::InboundHbone => identity.is_some(),
         _ => meta.peer_identity.is_none(),
@@ -865,6 +871,13 @@ fn an_inbound_stream_taken_in_is_judged_by_its_verified_identity_or_closed() {
         m.peer_identity = bad.clone();
         assert!(!authorizable(&m).1, "{bad:?} is refused");
     }
+    // From a predecessor that did not send it: the labels' source principal.
+    m.peer_identity = None;
+    m.labels = std::sync::Arc::new(crate::metrics::TrafficLabels {
+        source_principal: "spiffe://cluster.local/ns/default/sa/sleep".into(),
+        ..(*m.labels).clone()
+    });
+    assert!(authorizable(&m).1);
     m.kind = super::ConnKind::InboundPlaintext;
     m.peer_identity = None;
     assert!(authorizable(&m).1, "plaintext has no identity to carry");
