@@ -33,7 +33,7 @@ export function fakeDataplane(overrides = {}, { nodeName = 'node-a' } = {}) {
     drainEvents: () => [],
     setEventLevels: () => undefined,
     // Hand-over: no predecessor, and no successor ever comes.
-    handoverTake: async (path) => (log.push(['handoverTake', path]), { role: 'take', found: false, connections: 0, kept: 0, durationMs: 0, pauseMs: 0, peerPid: 0, peerVersion: 0 }),
+    handoverTake: async (path) => (log.push(['handoverTake', path]), { role: 'take', found: false, connections: 0, kept: 0, durationMs: 0, pauseMs: 0, peerPid: 0, peerVersion: 0, waves: 0 }),
     handoverListen: (path, replace) => void log.push(['handoverListen', { path, replace }]),
     nextHandover: () => new Promise(() => {}),
     drain: async () => true,

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import pino from 'pino';
 import { HandoverTally, takeOverThenServe } from '../../dist/lifecycle/handover.js';
 
-const report = (r) => ({ role: 'give', found: false, connections: 0, kept: 0, durationMs: 1, pauseMs: 0, peerPid: 1, peerVersion: 1, peerNode: 'node-a', otherNode: false, phasesMs: [1, 2, 3], ...r });
+const report = (r) => ({ role: 'give', found: false, connections: 0, kept: 0, durationMs: 1, pauseMs: 0, peerPid: 1, peerVersion: 1, peerNode: 'node-a', otherNode: false, phasesMs: [1, 2, 3], waves: 1, ...r });
 
 /** A dataplane whose take answers `taken`, whose listen fails `failListens` times, then hands out `given` in turn. */
 function port({ taken, given = [], failListens = 0 }) {

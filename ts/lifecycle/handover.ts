@@ -59,6 +59,7 @@ function fields(r: HandoverReport): Record<string, unknown> {
     connections: r.connections,
     durationMs: Math.round(r.durationMs * 10) / 10,
     peerPid: r.peerPid,
+    waves: r.waves,
   };
   if (r.role === 'give') {
     out.kept = r.kept;
@@ -78,8 +79,9 @@ export async function takeOverThenServe(o: HandoverOptions): Promise<HandoverRep
   if (taken.found) {
     o.counts.observe(taken);
     const line = { ...fields(taken), socket: o.socket };
-    if (taken.error !== undefined) o.log.warn(line, 'hand-over not taken: the predecessor keeps its connections and drains them');
-    else o.log.info(line, 'hand-over taken');
+    if (taken.error === undefined) o.log.info(line, 'hand-over taken');
+    else if (taken.waves > 0) o.log.warn(line, 'hand-over taken in part: the waves committed before the failure run here, the predecessor keeps and drains the rest');
+    else o.log.warn(line, 'hand-over not taken: the predecessor keeps its connections and drains them');
   }
   // After a take (done or not) from a daemon of this node, that daemon is leaving: its socket's name is ours. One
   // that refused for another reason keeps it until it exits: listen once it is gone.
@@ -134,8 +136,9 @@ async function serve(o: HandoverOptions): Promise<void> {
       o.log.warn({ ...line, peerNode: report.peerNode }, 'hand-over refused: the peer serves another node (two nodes given one HANDOVER_SOCKET)');
       continue;
     }
-    if (report.error !== undefined) o.log.warn(line, 'hand-over failed: every connection stays here and drains');
-    else o.log.info(line, 'hand-over given');
+    if (report.error === undefined) o.log.info(line, 'hand-over given');
+    else if (report.waves > 0) o.log.warn(line, 'hand-over failed midway: the waves committed before it went to the successor, the rest stay here and drain');
+    else o.log.warn(line, 'hand-over failed: every connection stays here and drains');
     if (!o.signal.aborted) o.onSuccessor(report);
     return;
   }

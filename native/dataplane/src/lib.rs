@@ -764,42 +764,53 @@ impl Dataplane {
     /// it reports ready. Nobody on `path` is not an error (`found: false`).
     pub async fn handover_take(&self, path: &str) -> handover::HandoverReport {
         let (p, node) = (std::path::PathBuf::from(path), self.pi.cfg.node_name.clone());
-        let (report, received, held) = match tokio::task::spawn_blocking(move || handover::take(&p, &node)).await {
-            Ok(r) => r,
-            Err(e) => {
-                let report =
-                    handover::HandoverReport { role: "take".into(), error: Some(e.to_string()), ..Default::default() };
-                return report;
-            }
-        };
+        // Each wave is started as it commits, while the take goes on with the next.
+        let (tx, mut waves) = tokio::sync::mpsc::unbounded_channel::<(Vec<handover::Received>, handover::Started)>();
+        let take = tokio::task::spawn_blocking(move || {
+            handover::take(&p, &node, |wave, started| {
+                let _ = tx.send((wave, started));
+            })
+        });
         let handles = self.pi.silos.handles().to_vec();
-        let adopted = self.reevaluator.adopting(1).pop();
-        let Some(arrival) = adopted.map(|a| handover::Arrival::new(held, a)) else { return report };
-        for (i, r) in received.into_iter().enumerate() {
-            let drain = match &r.meta.local {
-                handover::LocalJson::Uid { uid } => self.local.lock().get(uid).map(|w| w.drain.clone()),
-                handover::LocalJson::Pod { .. } => None,
-            }
-            .unwrap_or_else(|| self.adopted.clone());
-            let (pi, force, arrival) = (self.pi.clone(), drain.force.clone(), arrival.clone());
-            let task = async move {
-                match r.hbone {
-                    Some(_) => handover::hbone::resume(pi, force, r, arrival).await,
-                    None => handover::carry::resume(pi, force, r, arrival).await,
+        // One held here until the last wave: the pass over what was taken in waits for every wave's connections.
+        let arrival = handover::Arrival::new(None, self.reevaluator.adopt());
+        let mut i = 0usize;
+        while let Some((wave, started)) = waves.recv().await {
+            for r in wave {
+                let drain = match &r.meta.local {
+                    handover::LocalJson::Uid { uid } => self.local.lock().get(uid).map(|w| w.drain.clone()),
+                    handover::LocalJson::Pod { .. } => None,
                 }
-            };
-            match handles.get(i % handles.len().max(1)) {
-                // The sockets register with the reactor of the silo the task runs on.
-                Some(h) => {
-                    let _rt = h.enter();
-                    drain.tasks.spawn(task);
+                .unwrap_or_else(|| self.adopted.clone());
+                let (pi, force, arrival) = (self.pi.clone(), drain.force.clone(), arrival.of(&started));
+                let task = async move {
+                    match r.hbone {
+                        Some(_) => handover::hbone::resume(pi, force, r, arrival).await,
+                        None => handover::carry::resume(pi, force, r, arrival).await,
+                    }
+                };
+                match handles.get(i % handles.len().max(1)) {
+                    // The sockets register with the reactor of the silo the task runs on.
+                    Some(h) => {
+                        let _rt = h.enter();
+                        drain.tasks.spawn(task);
+                    }
+                    None => {
+                        drain.tasks.spawn(task);
+                    }
                 }
-                None => {
-                    drain.tasks.spawn(task);
-                }
+                i += 1;
             }
         }
-        report
+        match take.await {
+            Ok((report, held)) => {
+                arrival.hold(held);
+                report
+            }
+            Err(e) => {
+                handover::HandoverReport { role: "take".into(), error: Some(e.to_string()), ..Default::default() }
+            }
+        }
     }
 
     /// Graceful drain of everything: listeners stop, HBONE servers send GOAWAY, connections get until the deadline.

@@ -17,7 +17,8 @@ found: boolean,
  */
 connections: number, 
 /**
- * Give: the connections paused and then kept because the hand-over did not complete.
+ * Give: the connections kept because the hand-over did not complete: those paused and resumed, and those of the
+ * waves not reached (an HBONE connection not reached counts once, not per stream).
  */
 kept: number, 
 /**
@@ -25,7 +26,7 @@ kept: number,
  */
 durationMs: number, 
 /**
- * The longest a connection was paused (give: from the pause to the verdict).
+ * The longest a connection was paused (give: from its wave's pause to its commit).
  */
 pauseMs: number, 
 /**
@@ -37,9 +38,14 @@ error: string | null,
  */
 peerPid: number, 
 /**
- * Give: where the pause went (ms): collecting every connection's state, sending them, the successor's answer.
+ * Give: where the pauses went (ms, summed over the waves): collecting the connections' state, sending them, the
+ * successor's answer.
  */
 phasesMs: [number, number, number], 
+/**
+ * The waves committed (0 when none was; 1 with a daemon that does not speak of waves).
+ */
+waves: number, 
 /**
  * The other side's protocol version.
  */

@@ -6,26 +6,38 @@
 //!
 //! ```text
 //! successor                       predecessor
-//!   Hello {version, node} ──────▶  same uid? same node? same version? else Refuse (another node: it carries on;
-//!                                  another version: it drains as it would have)
-//!                    ◀───────────  Hello; stops accepting; every connection describes itself and goes on copying
+//!   Hello {version, node, ──────▶  same uid? same node? same version? else Refuse (another node: it carries on;
+//!          waves}                  another version: it drains as it would have)
+//!                    ◀───────────  Hello {.., waves}; stops accepting; every connection describes itself and goes
+//!                                  on copying
 //!                    ◀───────────  Meta × ⌈n/512⌉ (metadata by connection id)
-//!                                  then every connection pauses at its next poll
-//!                    ◀───────────  Conn × ⌈n/126⌉ (the sockets as SCM_RIGHTS, each leg's end and count, the bytes
+//!                                  then, one wave at a time, the wave's connections pause at their next poll
+//!                    ◀───────────  Conn × ⌈w/126⌉ (the sockets as SCM_RIGHTS, each leg's end and count, the bytes
 //!                                  read and not written)
-//!                    ◀───────────  Offered {n}
-//!   Ready {n}        ───────────▶  (all taken in, none started)
+//!                    ◀───────────  Offered {w}
+//!   Ready {w}        ───────────▶  (the wave taken in, none of it started)
 //!                    ◀───────────  Commit
-//!   Committed        ───────────▶  (sent before the successor starts any): the predecessor lets them go
+//!   Committed        ───────────▶  (sent before the successor starts any of the wave): the wave is the successor's
+//!   Started          ───────────▶  (the wave's connections run): the next wave
+//!                    ◀───────────  Done (after the last wave)
 //! ```
 //!
+//! **Waves.** The connections are split by ticket into `SLOTS` slots, and consecutive slots into waves of about
+//! `WAVE` connections; the successor starts each wave as it commits, and the next wave pauses only once the one before
+//! runs in the successor (`Started`). A connection's pause is then its own wave's exchange and start, not the whole
+//! hand-over's: starting a connection costs the successor tens of microseconds, and 9,000 started after one commit left
+//! the last of them paused for 300 ms; waves that do not wait for `Started` queue up in the successor's silos the same
+//! way (bench/results). Both Hellos say `waves`; a daemon that does not (an older one: the field is new, the version the
+//! same) gets one wave of everything, without `Started` and `Done`.
+//!
 //! One process owns a connection at every moment: the predecessor's paused tasks keep their sockets (the successor
-//! holds only more references to them) until `Committed` arrives; anything else (a refusal, a bad frame, the successor
-//! dying or closing at any step before it) resumes every paused connection where it stopped, and the predecessor
-//! drains as it does today. The successor starts nothing before it has sent `Committed`, and the predecessor waits for
-//! that answer or the end of the stream, with no timeout (a stream ends only when the successor closes it or dies):
-//! there is no moment when both, or neither, would copy. Dropping a handed-over socket in the predecessor sends
-//! nothing on the wire: the socket lives on in the successor.
+//! holds only more references to them) until their wave's `Committed` arrives; anything else (a refusal, a bad frame,
+//! the successor dying or closing at any step before it) resumes every paused connection where it stopped, the waves
+//! not reached never paused, and the predecessor drains them as it does today. The waves committed before are the
+//! successor's, as every connection is once a hand-over has committed. The successor starts nothing of a wave before it
+//! has sent its `Committed`, and the predecessor waits for that answer or the end of the stream, with no timeout (a
+//! stream ends only when the successor closes it or dies): there is no moment when both, or neither, would copy.
+//! Dropping a handed-over socket in the predecessor sends nothing on the wire: the socket lives on in the successor.
 //!
 //! A connection is handed over while it is copying (`carry`): between two polls a relay's whole state is its fields
 //! (`copy::TcpRelay`), so nothing is lost, duplicated or reordered. TCP ⇄ TCP relays are handed over (outbound
@@ -74,22 +86,36 @@ const PAUSE_WAIT: Duration = Duration::from_secs(2);
 const STEP_WAIT: Duration = Duration::from_secs(10);
 /// How long the predecessor keeps still after the commit, waiting for the successor to have started what it took.
 const ARRIVAL_WAIT: Duration = Duration::from_secs(2);
+/// The slots connections are spread over by ticket (consecutive ones make a wave).
+pub const SLOTS: usize = 32;
+/// About how many connections a wave holds (a slot is never split): what a successor starts in a few tens of
+/// milliseconds (bench/handover.mjs).
+const WAVE: usize = 512;
+/// How long a successor waits for a wave to run before it says `Started` anyway (a stuck silo does not hold the
+/// exchange).
+const START_WAIT: Duration = Duration::from_secs(1);
+
+fn slot(id: u64) -> usize {
+    (id % SLOTS as u64) as usize
+}
 
 /// Where the connections of this process meet a hand-over.
 pub struct Hub {
-    /// The current round: its generation and its two tokens (describe, then pause), cancelled as a successor asks;
-    /// replaced by a fresh round when the exchange ends, either way, under this lock with the leftover offers answered
-    /// (`Hub::next_round`), so that no offer waits for a verdict that never comes.
-    round: Mutex<Round>,
+    /// The current round: its generation and its tokens (describe, then pause: one per slot), cancelled as a
+    /// successor asks; replaced by a fresh round when the exchange ends, either way, under this lock with the leftover
+    /// offers answered (`Hub::next_round`), so that no offer waits for a verdict that never comes.
+    round: Mutex<Rounds>,
     offers_tx: mpsc::Sender<Offer>,
     offers_rx: Mutex<mpsc::Receiver<Offer>>,
     descs_tx: mpsc::Sender<(u64, Option<ConnMeta>)>,
     descs_rx: Mutex<mpsc::Receiver<(u64, Option<ConnMeta>)>>,
     next_id: std::sync::atomic::AtomicU64,
-    /// Connections that can be handed over, live now.
-    live: AtomicUsize,
+    /// Connections that can be handed over, live now, by slot.
+    live: [AtomicUsize; SLOTS],
     /// One hand-over at a time.
     busy: Mutex<()>,
+    /// About how many connections a wave holds (`WAVE`).
+    wave: usize,
 }
 
 impl Default for Hub {
@@ -97,15 +123,23 @@ impl Default for Hub {
         let (offers_tx, offers_rx) = mpsc::channel();
         let (descs_tx, descs_rx) = mpsc::channel();
         Hub {
-            round: Mutex::new(Round::default()),
+            round: Mutex::new(Rounds::default()),
             offers_tx,
             offers_rx: Mutex::new(offers_rx),
             descs_tx,
             descs_rx: Mutex::new(descs_rx),
             next_id: std::sync::atomic::AtomicU64::new(1),
-            live: AtomicUsize::new(0),
+            live: std::array::from_fn(|_| AtomicUsize::new(0)),
             busy: Mutex::new(()),
+            wave: WAVE,
         }
+    }
+}
+
+#[cfg(test)]
+impl Hub {
+    fn with_wave(wave: usize) -> Hub {
+        Hub { wave, ..Hub::default() }
     }
 }
 
@@ -115,8 +149,16 @@ pub struct Round {
     pub generation: u64,
     /// Cancelled first: describe yourself and go on copying.
     pub describe: CancellationToken,
-    /// Cancelled next: pause and offer.
+    /// Cancelled next, when the connection's wave comes: pause and offer.
     pub pause: CancellationToken,
+}
+
+/// One hand-over's round, as the hub holds it: a pause token per slot.
+#[derive(Default)]
+struct Rounds {
+    generation: u64,
+    describe: CancellationToken,
+    pause: [CancellationToken; SLOTS],
 }
 
 /// What became of a paused connection.
@@ -136,15 +178,16 @@ pub struct Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.hub.live.fetch_sub(1, Ordering::AcqRel);
+        self.hub.live[slot(self.id)].fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl Ticket {
     /// The current round: its tokens are cancelled when a hand-over asks this connection to describe itself, then
-    /// to pause.
+    /// (its wave's) to pause.
     pub fn round(&self) -> Round {
-        self.hub.round.lock().clone()
+        let r = self.hub.round.lock();
+        Round { generation: r.generation, describe: r.describe.clone(), pause: r.pause[slot(self.id)].clone() }
     }
 
     pub fn described(&self, meta: ConnMeta) {
@@ -314,19 +357,23 @@ pub struct HandoverReport {
     pub found: bool,
     /// The proxied connections that changed hands (an HBONE connection counts each of its streams).
     pub connections: u32,
-    /// Give: the connections paused and then kept because the hand-over did not complete.
+    /// Give: the connections kept because the hand-over did not complete: those paused and resumed, and those of the
+    /// waves not reached (an HBONE connection not reached counts once, not per stream).
     pub kept: u32,
     /// From the first frame to the last.
     pub duration_ms: f64,
-    /// The longest a connection was paused (give: from the pause to the verdict).
+    /// The longest a connection was paused (give: from its wave's pause to its commit).
     pub pause_ms: f64,
     /// Why it did not complete.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// The other process's pid, as the kernel reported it (0 when in another pid namespace).
     pub peer_pid: i32,
-    /// Give: where the pause went (ms): collecting every connection's state, sending them, the successor's answer.
+    /// Give: where the pauses went (ms, summed over the waves): collecting the connections' state, sending them, the
+    /// successor's answer.
     pub phases_ms: [f64; 3],
+    /// The waves committed (0 when none was; 1 with a daemon that does not speak of waves).
+    pub waves: u32,
     /// The other side's protocol version.
     pub peer_version: u32,
     /// The node the other side serves.
@@ -343,6 +390,9 @@ struct Hello {
     /// path shared by mistake must not end an unrelated daemon).
     #[serde(default)]
     node: String,
+    /// The sender hands over, or takes, in waves (`Done` ends them); absent in an older daemon's Hello: one wave.
+    #[serde(default)]
+    waves: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -399,12 +449,33 @@ fn check_peer(sock: &UnixStream) -> io::Result<i32> {
 impl Hub {
     /// Register a connection that can be handed over.
     pub fn ticket(self: &std::sync::Arc<Self>) -> Ticket {
-        self.live.fetch_add(1, Ordering::AcqRel);
-        Ticket { hub: self.clone(), id: self.next_id.fetch_add(1, Ordering::Relaxed) }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.live[slot(id)].fetch_add(1, Ordering::AcqRel);
+        Ticket { hub: self.clone(), id }
     }
 
     pub fn live(&self) -> usize {
-        self.live.load(Ordering::Acquire)
+        self.live_in(0..SLOTS)
+    }
+
+    fn live_in(&self, slots: std::ops::Range<usize>) -> usize {
+        self.live[slots].iter().map(|n| n.load(Ordering::Acquire)).sum()
+    }
+
+    /// The waves, as ranges of consecutive slots of about `WAVE` connections each (as many live now).
+    fn waves(&self) -> Vec<std::ops::Range<usize>> {
+        let (mut out, mut start, mut n) = (Vec::new(), 0, 0);
+        for s in 0..SLOTS {
+            n += self.live[s].load(Ordering::Acquire);
+            if n >= self.wave {
+                out.push(start..s + 1);
+                (start, n) = (s + 1, 0);
+            }
+        }
+        if start < SLOTS {
+            out.push(start..SLOTS);
+        }
+        out
     }
 
     /// Predecessor: one hand-over with the successor at the other end of `sock` (blocking; run it on a blocking
@@ -413,8 +484,12 @@ impl Hub {
         let _one = self.busy.lock();
         let started = Instant::now();
         let mut report = HandoverReport { role: "give".into(), ..Default::default() };
+        // The waves committed (the successor's: their tasks let go at the end), and the wave under way.
+        let mut given: Vec<Offer> = Vec::new();
         let mut paused: Vec<Offer> = Vec::new();
-        let mut paused_at = None;
+        // The first slot no wave has paused yet, once accepting has stopped (what lies beyond is kept, unpaused).
+        let mut reached = SLOTS;
+        let mut longest = Duration::ZERO;
         let outcome = (|| -> io::Result<()> {
             sock.set_read_timeout(Some(STEP_WAIT))?;
             report.peer_pid = check_peer(&sock)?;
@@ -433,85 +508,108 @@ impl Hub {
                 let _ = send_json(&sock, Kind::Refuse, &Reason { reason: reason.clone(), node: Some(node.into()) });
                 return Err(protocol(reason));
             }
-            send_json(&sock, Kind::Hello, &Hello { version: VERSION, pid: std::process::id(), node: node.into() })?;
+            let me = Hello { version: VERSION, pid: std::process::id(), node: node.into(), waves: hello.waves };
+            send_json(&sock, Kind::Hello, &me)?;
             stop_accepting();
+            reached = 0;
             // Before the pause: the metadata, while the connections go on copying.
             let described = self.describe_all();
             for chunk in described.chunks(META_BATCH) {
                 send_meta(&sock, chunk)?;
             }
-            let t0 = Instant::now();
-            paused_at = Some(t0);
-            self.pause_all(&mut paused);
-            // The declined carry on at once, and are not counted.
-            for o in paused.extract_if(.., |o| o.parcel.fds.is_empty()) {
-                let _ = o.verdict.send(Verdict::Keep);
-            }
-            // Connections that described themselves after the first collection (set up meanwhile) did so before
-            // they paused: their descriptions are queued by now.
-            let late: Vec<(u64, ConnMeta)> = std::iter::from_fn(|| self.descs_rx.lock().try_recv().ok())
-                .filter_map(|(id, m)| Some((id, m?)))
-                .collect();
-            for chunk in late.chunks(META_BATCH) {
-                send_meta(&sock, chunk)?;
-            }
-            let t1 = Instant::now();
-            let mut tcp: Vec<&mut Parcel> = Vec::with_capacity(paused.len());
-            for o in paused.iter_mut() {
-                match &o.parcel.hbone {
-                    Some(_) => send_hbone(&sock, &mut o.parcel)?,
-                    None => tcp.push(&mut o.parcel),
+            let waves = if hello.waves { self.waves() } else { std::iter::once(0..SLOTS).collect() };
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            for slots in waves {
+                let t0 = Instant::now();
+                reached = slots.end;
+                self.pause_slots(slots, &mut paused);
+                // The declined carry on at once, and are not counted.
+                for o in paused.extract_if(.., |o| o.parcel.fds.is_empty()) {
+                    let _ = o.verdict.send(Verdict::Keep);
+                }
+                // Connections that described themselves after the first collection (set up meanwhile) did so before
+                // they paused: their descriptions are queued by now.
+                let late: Vec<(u64, ConnMeta)> = std::iter::from_fn(|| self.descs_rx.lock().try_recv().ok())
+                    .filter_map(|(id, m)| Some((id, m?)))
+                    .collect();
+                for chunk in late.chunks(META_BATCH) {
+                    send_meta(&sock, chunk)?;
+                }
+                // An empty wave is skipped; a daemon that takes everything at once gets its one wave, empty or not.
+                if paused.is_empty() && hello.waves {
+                    continue;
+                }
+                let t1 = Instant::now();
+                let mut tcp: Vec<&mut Parcel> = Vec::with_capacity(paused.len());
+                for o in paused.iter_mut() {
+                    match &o.parcel.hbone {
+                        Some(_) => send_hbone(&sock, &mut o.parcel)?,
+                        None => tcp.push(&mut o.parcel),
+                    }
+                }
+                for chunk in tcp.chunks_mut(BATCH) {
+                    send_batch(&sock, chunk)?;
+                }
+                send_json(&sock, Kind::Offered, &Count { count: paused.len() as u32 })?;
+                let t2 = Instant::now();
+                let ready: Count = json(&expect(&sock, Kind::Ready)?)?;
+                let phases = [ms(t1 - t0), ms(t2 - t1), ms(t2.elapsed())];
+                for (sum, x) in report.phases_ms.iter_mut().zip(phases) {
+                    *sum += x;
+                }
+                if ready.count as usize != paused.len() {
+                    return Err(protocol(format!("the successor took {} of {}", ready.count, paused.len())));
+                }
+                wire::send(&sock, Kind::Commit, &[], b"")?;
+                // The one wait without a timeout: the answer, or the end of the stream (the successor closed or
+                // died).
+                sock.set_read_timeout(None)?;
+                expect(&sock, Kind::Committed)?;
+                sock.set_read_timeout(Some(STEP_WAIT))?;
+                longest = longest.max(t0.elapsed());
+                report.waves += 1;
+                given.append(&mut paused);
+                if hello.waves {
+                    expect(&sock, Kind::Started)?;
                 }
             }
-            for chunk in tcp.chunks_mut(BATCH) {
-                send_batch(&sock, chunk)?;
+            if hello.waves {
+                wire::send(&sock, Kind::Done, &[], b"")?;
             }
-            send_json(&sock, Kind::Offered, &Count { count: paused.len() as u32 })?;
-            let t2 = Instant::now();
-            let ready: Count = json(&expect(&sock, Kind::Ready)?)?;
-            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-            report.phases_ms = [ms(t1 - t0), ms(t2 - t1), ms(t2.elapsed())];
-            if ready.count as usize != paused.len() {
-                return Err(protocol(format!("the successor took {} of {}", ready.count, paused.len())));
-            }
-            wire::send(&sock, Kind::Commit, &[], b"")?;
-            // The one wait without a timeout: the answer, or the end of the stream (the successor closed or died).
-            sock.set_read_timeout(None)?;
-            expect(&sock, Kind::Committed)?;
             Ok(())
         })();
-        let committed_at = Instant::now();
-        if outcome.is_ok() {
+        if let Err(e) = &outcome {
+            report.error = Some(e.to_string());
+            if !paused.is_empty() {
+                let _ = send_json(&sock, Kind::Abort, &Reason { reason: e.to_string(), node: None });
+            }
+        }
+        if !given.is_empty() {
             // The successor's now. It starts them while this side keeps still, and closes the socket once it has (a
             // successor that does not wait closes it at once).
             if sock.set_read_timeout(Some(ARRIVAL_WAIT)).is_ok() {
                 let _ = wire::recv(&sock);
             }
         }
-        let verdict = match &outcome {
-            Ok(()) => Verdict::Gone,
-            Err(e) => {
-                report.error = Some(e.to_string());
-                if !paused.is_empty() {
-                    let _ = send_json(&sock, Kind::Abort, &Reason { reason: e.to_string(), node: None });
-                }
-                Verdict::Keep
-            }
-        };
         // Either way a fresh round, before anything resumes: what did not pause in this one (a connection set up
-        // meanwhile) carries on here, and a kept one does not pause again for a round that is over.
+        // meanwhile, a wave not reached) carries on here, and a kept one does not pause again for a round that is
+        // over.
         self.next_round();
         // Counted as proxied connections: an HBONE connection counts its streams.
-        let n = paused.iter().map(|o| o.parcel.hbone.as_ref().map_or(1, |h| h.metas.len() as u32)).sum();
+        let streams = |v: &[Offer]| -> u32 {
+            v.iter().map(|o| o.parcel.hbone.as_ref().map_or(1, |h| h.metas.len() as u32)).sum()
+        };
+        report.connections = streams(&given);
+        if outcome.is_err() {
+            report.kept = streams(&paused) + self.live_in(reached.min(SLOTS)..SLOTS) as u32;
+        }
+        for o in given {
+            let _ = o.verdict.send(Verdict::Gone);
+        }
         for o in paused {
-            let _ = o.verdict.send(verdict);
+            let _ = o.verdict.send(Verdict::Keep);
         }
-        if verdict == Verdict::Gone {
-            report.connections = n;
-        } else {
-            report.kept = n;
-        }
-        report.pause_ms = paused_at.map(|t| (committed_at - t).as_secs_f64() * 1000.0).unwrap_or(0.0);
+        report.pause_ms = longest.as_secs_f64() * 1000.0;
         report.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
         report
     }
@@ -520,7 +618,7 @@ impl Hub {
     /// none can be queued after), and the descriptions it left dropped.
     fn next_round(&self) {
         let mut round = self.round.lock();
-        *round = Round { generation: round.generation + 1, ..Round::default() };
+        *round = Rounds { generation: round.generation + 1, ..Rounds::default() };
         while let Ok(o) = self.offers_rx.lock().try_recv() {
             let _ = o.verdict.send(Verdict::Keep);
         }
@@ -534,27 +632,41 @@ impl Hub {
         // Stale ones (sent as the last round ended) go before asking: after, they could not be told apart.
         while rx.try_recv().is_ok() {}
         self.round.lock().describe.cancel();
-        collect(&rx, || self.live(), Vec::new()).into_iter().filter_map(|(id, m)| Some((id, m?))).collect()
+        collect(&rx, |_| true, || self.live(), Vec::new()).into_iter().filter_map(|(id, m)| Some((id, m?))).collect()
     }
 
-    /// Ask every connection to pause and collect their parcels: all that are live, or what came within the wait.
-    fn pause_all(&self, into: &mut Vec<Offer>) {
-        self.round.lock().pause.cancel();
-        *into = collect(&self.offers_rx.lock(), || self.live(), std::mem::take(into));
+    /// Ask the connections of `slots` to pause and collect their parcels: all that are live, or what came within the
+    /// wait (and any other queued: one set up after its wave paused).
+    fn pause_slots(&self, slots: std::ops::Range<usize>, into: &mut Vec<Offer>) {
+        for t in &self.round.lock().pause[slots.clone()] {
+            t.cancel();
+        }
+        let ours = |o: &Offer| slots.contains(&slot(o.parcel.id));
+        *into = collect(&self.offers_rx.lock(), ours, || self.live_in(slots.clone()), std::mem::take(into));
     }
 }
 
-/// Receive into `out` until it holds as many as `live()` says there are, or `PAUSE_WAIT` has passed, then whatever
-/// else is queued. Those that ended meanwhile never answer; a slow one left out is kept by the round's end.
-fn collect<T>(rx: &mpsc::Receiver<T>, live: impl Fn() -> usize, mut out: Vec<T>) -> Vec<T> {
+/// Receive into `out` until as many of those `counts` are in it as `live()` says there are, or `PAUSE_WAIT` has
+/// passed, then whatever else is queued. Those that ended meanwhile never answer; a slow one left out is kept by the
+/// round's end.
+fn collect<T>(
+    rx: &mpsc::Receiver<T>,
+    counts: impl Fn(&T) -> bool,
+    live: impl Fn() -> usize,
+    mut out: Vec<T>,
+) -> Vec<T> {
     let deadline = Instant::now() + PAUSE_WAIT;
-    while out.len() < live() {
+    let mut n = out.iter().filter(|x| counts(x)).count();
+    while n < live() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             break;
         }
         match rx.recv_timeout(left.min(Duration::from_millis(20))) {
-            Ok(x) => out.push(x),
+            Ok(x) => {
+                n += usize::from(counts(&x));
+                out.push(x);
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
@@ -767,53 +879,85 @@ fn parse_hbone(f: wire::Frame) -> io::Result<Received> {
     Ok(Received { fds: f.fds, meta, legs, hbone: Some(Box::new(HboneReceived { conn: h.conn, metas: h.metas })) })
 }
 
-/// Successor: take every connection the daemon listening on `path` hands over (blocking). `Ok(None)` when nobody
-/// listens there. On `Ok`, `Committed` is sent: the connections are this process's to start, and only then.
-/// The socket comes back after a hand-over that committed: the predecessor waits for its close (`ARRIVAL_WAIT` at
-/// most) before it lets go of what it handed over, so that its clean-up does not take the machine from the successor
-/// while the successor starts the connections (see `Arrival`).
-pub fn take(path: &std::path::Path, node: &str) -> (HandoverReport, Vec<Received>, Option<UnixStream>) {
+/// Successor: take every connection the daemon listening on `path` hands over (blocking), a wave at a time: each is
+/// given to `start` once its `Committed` is sent (the connections are this process's to start, and only then).
+/// Nobody on `path` is not an error (`found: false`). The socket comes back after a hand-over that committed any:
+/// the predecessor waits for its close (`ARRIVAL_WAIT` at most) before it lets go of what it handed over, so that its
+/// clean-up does not take the machine from the successor while the successor starts the connections (see
+/// `Arrival`).
+pub fn take(
+    path: &std::path::Path,
+    node: &str,
+    start: impl FnMut(Vec<Received>, Started),
+) -> (HandoverReport, Option<UnixStream>) {
     match UnixStream::connect(path) {
-        Ok(s) => take_holding(s, node),
+        Ok(s) => take_waves(s, node, start),
         Err(e) => {
             let mut report = HandoverReport { role: "take".into(), ..Default::default() };
             if !matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused) {
                 report.error = Some(format!("connecting to {}: {e}", path.display()));
             }
-            (report, Vec::new(), None)
+            (report, None)
         }
     }
 }
 
-/// `take` over a connected socket, which closes at once (the predecessor does not wait).
+/// `take` over a connected socket, every wave gathered, the socket closed at once (the predecessor does not wait).
 pub fn take_on(sock: UnixStream, node: &str) -> (HandoverReport, Vec<Received>) {
-    let (report, got, _) = take_holding(sock, node);
+    let mut got = Vec::new();
+    let (report, _) = take_waves(sock, node, |wave, _| got.extend(wave));
     (report, got)
 }
 
-/// One hand-over's connections as the successor starts them: a clone each, dropped once it runs here. The last one
-/// closes the hand-over socket (the predecessor then lets go of its references) and asks for one authorization pass
-/// over what was taken in.
+/// One hand-over's connections as the successor starts them: a clone each, dropped once it runs here, and one held
+/// by the take until its last wave. The last one closes the hand-over socket (the predecessor then lets go of its
+/// references) and asks for one authorization pass over what was taken in; the last of a wave's lets the take say
+/// `Started`.
 #[derive(Clone)]
 pub struct Arrival {
-    _held: std::sync::Arc<(Option<UnixStream>, crate::proxy::reevaluation::Adopting)>,
+    held: std::sync::Arc<ArrivalHeld>,
+    _wave: Option<Started>,
+}
+
+/// A wave's connections as they start (`Arrival::of`): once every clone is dropped, the take goes on.
+#[derive(Clone)]
+pub struct Started(#[allow(dead_code)] std::sync::Arc<mpsc::Sender<()>>);
+
+struct ArrivalHeld {
+    sock: Mutex<Option<UnixStream>>,
+    _adopted: crate::proxy::reevaluation::Adopting,
 }
 
 impl Arrival {
     pub fn new(sock: Option<UnixStream>, adopted: crate::proxy::reevaluation::Adopting) -> Arrival {
-        Arrival { _held: std::sync::Arc::new((sock, adopted)) }
+        Arrival { held: std::sync::Arc::new(ArrivalHeld { sock: Mutex::new(sock), _adopted: adopted }), _wave: None }
+    }
+
+    /// A clone for one connection of `wave`.
+    pub fn of(&self, wave: &Started) -> Arrival {
+        Arrival { held: self.held.clone(), _wave: Some(wave.clone()) }
+    }
+
+    /// The hand-over socket, once the take is over: closed with the last clone.
+    pub fn hold(&self, sock: Option<UnixStream>) {
+        *self.held.sock.lock() = sock;
     }
 }
 
-/// `take_on`, the socket kept after a commit (see `take`).
-pub fn take_holding(sock: UnixStream, node: &str) -> (HandoverReport, Vec<Received>, Option<UnixStream>) {
+/// `take` over a connected socket: the report, and the socket after a commit. `start` gets each wave and a token
+/// for its connections to drop as they run (`Arrival::of`); the next wave comes once they all have.
+pub fn take_waves(
+    sock: UnixStream,
+    node: &str,
+    mut start: impl FnMut(Vec<Received>, Started),
+) -> (HandoverReport, Option<UnixStream>) {
     let started = Instant::now();
     let mut report = HandoverReport { role: "take".into(), found: true, ..Default::default() };
-    let mut got = Vec::new();
     let outcome = (|| -> io::Result<()> {
         sock.set_read_timeout(Some(STEP_WAIT))?;
         report.peer_pid = check_peer(&sock)?;
-        send_json(&sock, Kind::Hello, &Hello { version: VERSION, pid: std::process::id(), node: node.into() })?;
+        let me = Hello { version: VERSION, pid: std::process::id(), node: node.into(), waves: true };
+        send_json(&sock, Kind::Hello, &me)?;
         let first = wire::recv(&sock)?.ok_or_else(|| protocol("the predecessor closed before its Hello"))?;
         if first.kind == Kind::Refuse {
             let r: Reason = json(&first)?;
@@ -828,34 +972,47 @@ pub fn take_holding(sock: UnixStream, node: &str) -> (HandoverReport, Vec<Receiv
         report.peer_node = hello.node;
         let mut described = std::collections::HashMap::new();
         loop {
-            let f = wire::recv(&sock)?.ok_or_else(|| protocol("the predecessor closed mid-way"))?;
-            match f.kind {
-                Kind::Meta => parse_meta(&f, &mut described)?,
-                Kind::Conn => parse_batch(f, &mut described, &mut got)?,
-                Kind::Hbone => got.push(parse_hbone(f)?),
-                Kind::Offered => {
-                    let c: Count = json(&f)?;
-                    if c.count as usize != got.len() {
-                        return Err(protocol(format!("offered {} but sent {}", c.count, got.len())));
+            let mut got = Vec::new();
+            loop {
+                let f = wire::recv(&sock)?.ok_or_else(|| protocol("the predecessor closed mid-way"))?;
+                match f.kind {
+                    Kind::Meta => parse_meta(&f, &mut described)?,
+                    Kind::Conn => parse_batch(f, &mut described, &mut got)?,
+                    Kind::Hbone => got.push(parse_hbone(f)?),
+                    Kind::Offered => {
+                        let c: Count = json(&f)?;
+                        if c.count as usize != got.len() {
+                            return Err(protocol(format!("offered {} but sent {}", c.count, got.len())));
+                        }
+                        break;
                     }
-                    break;
+                    Kind::Done if hello.waves && got.is_empty() => return Ok(()),
+                    k => return Err(protocol(format!("unexpected {k:?} frame"))),
                 }
-                k => return Err(protocol(format!("unexpected {k:?} frame"))),
             }
+            send_json(&sock, Kind::Ready, &Count { count: got.len() as u32 })?;
+            expect(&sock, Kind::Commit)?;
+            wire::send(&sock, Kind::Committed, &[], b"")?;
+            report.connections += got.iter().map(|r| r.hbone.as_ref().map_or(1, |h| h.metas.len() as u32)).sum::<u32>();
+            report.waves += 1;
+            let (tx, running) = mpsc::channel();
+            start(got, Started(std::sync::Arc::new(tx)));
+            if !hello.waves {
+                return Ok(());
+            }
+            // Every token dropped: the sender with them.
+            let _ = running.recv_timeout(START_WAIT);
+            wire::send(&sock, Kind::Started, &[], b"")?;
         }
-        send_json(&sock, Kind::Ready, &Count { count: got.len() as u32 })?;
-        expect(&sock, Kind::Commit)?;
-        wire::send(&sock, Kind::Committed, &[], b"")
     })();
+    // A wave not committed is dropped: our references to its sockets close, the predecessor keeps them (nothing
+    // crosses the wire). Those committed are started, whatever came after.
     if let Err(e) = outcome {
         report.error = Some(e.to_string());
-        // Our references to its sockets close; the predecessor keeps them (nothing crosses the wire).
-        got.clear();
     }
-    report.connections = got.iter().map(|r| r.hbone.as_ref().map_or(1, |h| h.metas.len() as u32)).sum();
     report.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let held = report.error.is_none().then_some(sock);
-    (report, got, held)
+    let held = (report.error.is_none() || report.waves > 0).then_some(sock);
+    (report, held)
 }
 
 /// Predecessor: listen on `path` (0600, replacing a stale socket nobody listens on); the successor finds it there.

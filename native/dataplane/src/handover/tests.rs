@@ -18,6 +18,8 @@ use crate::proxy::LocalRef;
 
 const UP: usize = 3 << 20;
 const DOWN: usize = 2 << 20;
+/// Each way, for the tests of many connections: paced finely, they last a second or so and cost little.
+const SLOW: usize = 1 << 20;
 
 fn pattern(seed: usize, at: usize, len: usize) -> Vec<u8> {
     (at..at + len).map(|i| ((i * 7 + seed) % 251) as u8).collect()
@@ -30,14 +32,14 @@ async fn pair() -> (TcpStream, TcpStream) {
     (c, s)
 }
 
-/// Writes `len` bytes of a pattern in small paced chunks, then half-closes.
-async fn send_paced(mut s: tokio::net::tcp::OwnedWriteHalf, seed: usize, len: usize) {
+/// Writes `len` bytes of a pattern in small paced chunks (a pause after each `every`), then half-closes.
+async fn send_paced(mut s: tokio::net::tcp::OwnedWriteHalf, seed: usize, len: usize, every: usize) {
     let mut at = 0;
     while at < len {
         let n = (len - at).min(8 * 1024);
         s.write_all(&pattern(seed, at, n)).await.unwrap();
         at += n;
-        if at % (256 * 1024) == 0 {
+        if at % every == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -78,6 +80,11 @@ struct Flow {
 
 /// client ⇄ [relay] ⇄ server, both ways at once, the relay registered with `hub`.
 async fn flow(hub: Arc<Hub>) -> Flow {
+    flow_of(hub, (UP, DOWN), 256 * 1024).await
+}
+
+/// `flow`, `up` and `down` bytes, a pause after each `every`.
+async fn flow_of(hub: Arc<Hub>, (up, down): (usize, usize), every: usize) -> Flow {
     let (client, relay_a) = pair().await;
     let (relay_b, server) = pair().await;
     let force = CancellationToken::new();
@@ -94,8 +101,8 @@ async fn flow(hub: Arc<Hub>) -> Flow {
     });
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
-    tokio::spawn(send_paced(cw, 1, UP));
-    tokio::spawn(send_paced(sw, 2, DOWN));
+    tokio::spawn(send_paced(cw, 1, up, every));
+    tokio::spawn(send_paced(sw, 2, down, every));
     let client = tokio::spawn(receive(cr, 2));
     let server = tokio::spawn(receive(sr, 1));
     Flow { relay, client, server, force }
@@ -174,7 +181,7 @@ async fn a_successor_that_fails_before_committing_leaves_everything_with_the_pre
         let successor = tokio::task::spawn_blocking(move || {
             let version = if step == "other-version" { VERSION + 1 } else { VERSION };
             let node = if step == "other-node" { "node-b" } else { "node-a" };
-            send_json(&s, Kind::Hello, &Hello { version, pid: 0, node: node.into() }).unwrap();
+            send_json(&s, Kind::Hello, &Hello { version, pid: 0, node: node.into(), waves: false }).unwrap();
             if step == "hello-only" {
                 let _ = wire::recv(&s);
                 return; // dies after the hello
@@ -223,7 +230,7 @@ async fn a_kept_connection_pauses_again_for_the_next_successor() {
     let (p, s) = UnixStream::pair().unwrap();
     let h = hub.clone();
     let give = tokio::task::spawn_blocking(move || h.give(p, "node-a", || ()));
-    send_json(&s, Kind::Hello, &Hello { version: VERSION, pid: 0, node: "node-a".into() }).unwrap();
+    send_json(&s, Kind::Hello, &Hello { version: VERSION, pid: 0, node: "node-a".into(), waves: false }).unwrap();
     let s = tokio::task::spawn_blocking(move || {
         while let Ok(Some(f)) = wire::recv(&s) {
             if f.kind == Kind::Offered {
@@ -263,8 +270,9 @@ fn the_socket_is_private_and_a_live_one_is_not_taken_over() {
     // A stale socket (its daemon gone) is replaced.
     let l = listen(&path, false).unwrap();
     drop(l);
-    let (report, got, _) = take(&dir.join("nobody.sock"), "node-a");
-    assert!(!report.found && report.error.is_none() && got.is_empty(), "{report:?}");
+    let mut got = Vec::new();
+    let (report, held) = take(&dir.join("nobody.sock"), "node-a", |wave, _| got.extend(wave));
+    assert!(!report.found && report.error.is_none() && got.is_empty() && held.is_none(), "{report:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -340,7 +348,7 @@ async fn a_connection_that_comes_after_the_exchange_flows_on_in_the_predecessor(
 /// A successor's token for one connection taken in (its pass, once dropped, judges nothing here).
 fn arrival() -> Arrival {
     let r = std::sync::Arc::new(crate::proxy::reevaluation::Reevaluator::default());
-    Arrival::new(None, r.adopting(1).pop().expect("one"))
+    Arrival::new(None, r.adopt())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,7 +359,13 @@ async fn the_predecessor_keeps_still_until_the_successor_has_started_what_it_too
     let (p, s) = UnixStream::pair().unwrap();
     let hub = old.clone();
     let give = tokio::task::spawn_blocking(move || hub.give(p, "node-a", || ()));
-    let (taken, received, held) = tokio::task::spawn_blocking(move || take_holding(s, "node-a")).await.unwrap();
+    let (taken, received, held) = tokio::task::spawn_blocking(move || {
+        let mut got = Vec::new();
+        let (report, held) = take_waves(s, "node-a", |wave, _| got.extend(wave));
+        (report, got, held)
+    })
+    .await
+    .unwrap();
     assert_eq!(taken.error, None);
     let held = held.expect("the socket, after a commit");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -359,7 +373,7 @@ async fn the_predecessor_keeps_still_until_the_successor_has_started_what_it_too
     // The successor starts what it took, then lets the socket go (the last arrival): the predecessor goes on.
     let pi = crate::inpod::testutil::inputs();
     let r = std::sync::Arc::new(crate::proxy::reevaluation::Reevaluator::default());
-    let arrival = Arrival::new(Some(held), r.adopting(1).pop().expect("one"));
+    let arrival = Arrival::new(Some(held), r.adopt());
     let resumed: Vec<_> = received
         .into_iter()
         .map(|r| tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, arrival.clone())))
@@ -374,4 +388,148 @@ async fn the_predecessor_keeps_still_until_the_successor_has_started_what_it_too
     for r in resumed {
         tokio::time::timeout(Duration::from_secs(5), r).await.unwrap().unwrap();
     }
+}
+
+/// `n` slow flows through `hub`, all live and copying, and a give under way to the successor's end returned.
+async fn giving_many(hub: &Arc<Hub>, n: usize) -> (Vec<Flow>, tokio::task::JoinHandle<HandoverReport>, UnixStream) {
+    let mut flows = Vec::new();
+    for _ in 0..n {
+        flows.push(flow_of(hub.clone(), (SLOW, SLOW), 16 * 1024).await);
+    }
+    wait_live(hub, n).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (p, s) = UnixStream::pair().unwrap();
+    let h = hub.clone();
+    (flows, tokio::task::spawn_blocking(move || h.give(p, "node-a", || ())), s)
+}
+
+/// Many connections cross in waves: each wave pauses only once the one before runs in the successor, and every connection
+/// arrives intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_cross_in_waves_each_paused_only_for_its_own() {
+    const N: usize = 24;
+    let old = Arc::new(Hub::with_wave(4));
+    let (flows, give, s) = giving_many(&old, N).await;
+    // At each commit the successor notes how many of the predecessor's slots are not yet asked to pause: with waves,
+    // their connections still copy there while the first waves are the successor's.
+    let watch = old.clone();
+    let (taken, waves) = tokio::task::spawn_blocking(move || {
+        let mut waves: Vec<(Vec<Received>, usize)> = Vec::new();
+        let (report, _) = take_waves(s, "node-a", |wave, _| {
+            let unpaused = watch.round.lock().pause.iter().filter(|t| !t.is_cancelled()).count();
+            waves.push((wave, unpaused));
+        });
+        (report, waves)
+    })
+    .await
+    .unwrap();
+    let given = give.await.unwrap();
+    assert_eq!(given.error, None);
+    assert_eq!((given.connections, given.kept, taken.connections), (N as u32, 0, N as u32), "{given:?} {taken:?}");
+    assert!(given.waves >= 4, "{N} connections in waves of about 4 (whole slots): {given:?}");
+    assert_eq!(taken.waves, given.waves);
+    assert_eq!(waves.len() as u32, taken.waves);
+    assert!(waves.iter().all(|(w, _)| !w.is_empty()), "no empty wave crosses");
+    let unpaused: Vec<usize> = waves.iter().map(|(_, n)| *n).collect();
+    assert!(
+        unpaused[0] > 0 && unpaused.windows(2).all(|w| w[0] > w[1]),
+        "a wave pauses only once the one before runs in the successor: {unpaused:?}"
+    );
+    let pi = crate::inpod::testutil::inputs();
+    let resumed: Vec<_> = waves
+        .into_iter()
+        .flat_map(|(w, _)| w)
+        .map(|r| tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, arrival())))
+        .collect();
+    for f in flows {
+        assert_eq!(f.relay.await.unwrap(), "handed over");
+        assert_eq!(f.server.await.unwrap(), (SLOW, 0), "every byte up, in order, once");
+        assert_eq!(f.client.await.unwrap(), (SLOW, 0), "every byte down, in order, once");
+    }
+    for r in resumed {
+        tokio::time::timeout(Duration::from_secs(5), r).await.unwrap().unwrap();
+    }
+}
+
+/// A successor that commits a first wave and dies: that wave is its (it started it), every other connection stays
+/// with the predecessor and runs to its end there, intact; the report says how many went and how many stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_that_dies_after_a_first_wave_leaves_the_rest_with_the_predecessor() {
+    const N: usize = 16;
+    let old = Arc::new(Hub::with_wave(1));
+    let (flows, give, s) = giving_many(&old, N).await;
+    let first = tokio::task::spawn_blocking(move || {
+        send_json(&s, Kind::Hello, &Hello { version: VERSION, pid: 0, node: "node-a".into(), waves: true }).unwrap();
+        let (mut described, mut got) = (std::collections::HashMap::new(), Vec::new());
+        let mut committed = false;
+        while let Ok(Some(f)) = wire::recv(&s) {
+            match f.kind {
+                Kind::Hello => continue,
+                Kind::Meta => parse_meta(&f, &mut described).unwrap(),
+                Kind::Conn if !committed => parse_batch(f, &mut described, &mut got).unwrap(),
+                Kind::Offered if !committed => send_json(&s, Kind::Ready, &Count { count: got.len() as u32 }).unwrap(),
+                Kind::Commit => {
+                    wire::send(&s, Kind::Committed, &[], b"").unwrap();
+                    wire::send(&s, Kind::Started, &[], b"").unwrap();
+                    committed = true;
+                }
+                // The second wave's offer: it dies holding its descriptors.
+                _ => break,
+            }
+        }
+        got
+    });
+    let got = first.await.unwrap();
+    let given = give.await.unwrap();
+    assert!(given.error.is_some(), "{given:?}");
+    assert_eq!(given.waves, 1);
+    assert_eq!(given.connections as usize, got.len());
+    assert!(!got.is_empty() && got.len() < N, "a first wave of some: {}", got.len());
+    assert_eq!((given.connections + given.kept) as usize, N, "every other one is kept: {given:?}");
+    let pi = crate::inpod::testutil::inputs();
+    for r in got {
+        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, arrival()));
+    }
+    let (mut handed, mut ended) = (0, 0);
+    for f in flows {
+        match f.relay.await.unwrap() {
+            "handed over" => handed += 1,
+            "ended" => ended += 1,
+            other => panic!("a connection {other}"),
+        }
+        assert_eq!(f.server.await.unwrap(), (SLOW, 0), "every byte up, in order, once");
+        assert_eq!(f.client.await.unwrap(), (SLOW, 0), "every byte down, in order, once");
+    }
+    assert_eq!((handed, ended), (given.connections, given.kept));
+}
+
+/// A predecessor of an older build (its Hello does not speak of waves) hands everything over in one wave, with no
+/// `Done`: the successor takes it and is done at its commit, without waiting for more.
+#[test]
+fn a_predecessor_that_does_not_speak_of_waves_is_taken_from_in_one() {
+    let (p, s) = UnixStream::pair().unwrap();
+    let old = std::thread::spawn(move || {
+        let hello: Hello = json(&expect(&p, Kind::Hello).unwrap()).unwrap();
+        assert!(hello.waves, "the successor offers waves");
+        // What an older predecessor sends: no `waves` field at all.
+        let raw = serde_json::json!({"version": VERSION, "pid": 1, "node": "node-a"});
+        wire::send(&p, Kind::Hello, &[], raw.to_string().as_bytes()).unwrap();
+        send_json(&p, Kind::Offered, &Count { count: 0 }).unwrap();
+        let ready: Count = json(&expect(&p, Kind::Ready).unwrap()).unwrap();
+        wire::send(&p, Kind::Commit, &[], b"").unwrap();
+        expect(&p, Kind::Committed).unwrap();
+        // It keeps the socket open (waiting for the close) and sends nothing more.
+        let after = wire::recv(&p).unwrap();
+        (ready.count, after.is_none())
+    });
+    let started = std::time::Instant::now();
+    let (report, held) = take_waves(s, "node-a", |wave, _| assert!(wave.is_empty()));
+    assert_eq!((report.error.as_deref(), report.waves, report.connections), (None, 1, 0), "{report:?}");
+    assert!(started.elapsed() < STEP_WAIT / 2, "it did not wait for another wave");
+    drop(held);
+    assert_eq!(
+        old.join().unwrap(),
+        (0, true),
+        "no Started nor Done was sent to it: the next thing it saw was the close"
+    );
 }

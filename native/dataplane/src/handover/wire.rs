@@ -46,12 +46,19 @@ pub enum Kind {
     /// the bytes read and not processed, and each stream's metadata and pending bytes. A successor that does not
     /// know this kind fails the exchange, and the predecessor keeps everything.
     Hbone = 10,
+    /// Predecessor, in waves (both Hellos said `waves`): the last wave was committed, nothing more comes.
+    Done = 11,
+    /// Successor, in waves, after each `Committed`: the wave's connections run here (or `START_WAIT` passed); the
+    /// predecessor pauses the next wave only then.
+    Started = 12,
 }
 
 impl Kind {
     fn from_u8(b: u8) -> Option<Kind> {
         use Kind::*;
-        [Hello, Refuse, Conn, Offered, Ready, Commit, Committed, Abort, Meta, Hbone].into_iter().find(|k| *k as u8 == b)
+        [Hello, Refuse, Conn, Offered, Ready, Commit, Committed, Abort, Meta, Hbone, Done, Started]
+            .into_iter()
+            .find(|k| *k as u8 == b)
     }
 }
 

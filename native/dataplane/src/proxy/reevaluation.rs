@@ -204,6 +204,11 @@ impl Drop for Adopting {
 }
 
 impl Reevaluator {
+    /// One token for a whole hand-over (cloned into an `Arrival`).
+    pub fn adopt(self: &Arc<Self>) -> Adopting {
+        Adopting(Arc::new(AdoptBatch { left: 1.into(), reevaluator: self.clone() }))
+    }
+
     /// `n` tokens for `n` connections taken in.
     pub fn adopting(self: &Arc<Self>, n: usize) -> Vec<Adopting> {
         let batch = Arc::new(AdoptBatch { left: n.into(), reevaluator: self.clone() });
