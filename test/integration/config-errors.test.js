@@ -75,3 +75,10 @@ test('(e) what the dataplane would refuse is a configuration error naming the va
   const threads = await assertConfigError({ ZTUNNEL_WORKER_THREADS: '5000' }, 'ZTUNNEL_WORKER_THREADS', 'at most 1024');
   assert.doesNotMatch(threads.stderr, /workerThreads/);
 });
+
+test('(f) a setting of Istio\'s ztunnel that ztunnel-node does not implement is refused by name at start, exit 2', async () => {
+  // A post-quantum compliance requirement must not quietly get classical key exchange, nor a TLS 1.2 peer silently
+  // fail later.
+  await assertConfigError({ COMPLIANCE_POLICY: 'pqc' }, 'COMPLIANCE_POLICY=pqc', 'not supported');
+  await assertConfigError({ TLS12_ENABLED: 'true', KEEPALIVE_TIME: '60s' }, 'TLS12_ENABLED=true', 'KEEPALIVE_TIME=60s');
+});

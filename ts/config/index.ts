@@ -8,6 +8,7 @@ import { formatSocketAddress, type SocketAddress } from './address.js';
 import * as D from './defaults.js';
 import { formatDurationMs } from './duration.js';
 import { parseFlags } from './flags.js';
+import { refusedSettings } from './istio-env.js';
 import {
   CONFIG_KEYS,
   MAX_WORKER_THREADS,
@@ -111,10 +112,15 @@ export interface ConfigInput {
   allArgs?: readonly string[];
   /** Cores of this machine (tests pass a fixed number). */
   cpuCount?: number;
+  /** Whether a file exists (the mesh config file ztunnel would read; tests pass their own). */
+  exists?: (path: string) => boolean;
 }
 
 /** Parses env + flags into a frozen Config. Throws ConfigError naming every bad variable/flag. */
 export function loadConfig(input: ConfigInput): Config {
+  // ztunnel's settings that ztunnel-node does not implement are refused by name, never ignored (istio-env.ts).
+  const refused = refusedSettings(input.env, input.exists);
+  if (refused.length > 0) throw new ConfigError(`unsupported configuration: ${refused.join('; ')}`);
   const args = input.args ?? [];
   const flags = parseFlags(args);
   const raw: Partial<Record<ConfigKey, string>> = {};

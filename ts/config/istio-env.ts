@@ -1,0 +1,76 @@
+// Every environment variable Istio's ztunnel reads, and what ztunnel-node does with it: implemented with ztunnel's
+// meaning (a key of schema.ts or one of its prefixes), or refused at start when set to a value ztunnel-node would not
+// honour, so that no operator's setting is silently ignored. The sources: ../shared/spec/istio-ambient.md § 6.2, and
+// istio/ztunnel's src/config.rs (its env constants and `construct_config`), src/tls (TLS12_ENABLED,
+// COMPLIANCE_POLICY) and src/rbac (AUTHZ_POLICY_INFO_LOGGING). README's configuration tables list the same, and
+// test/unit/istio-env.test.js walks both.
+import { existsSync } from 'node:fs';
+
+/** A variable ztunnel reads that ztunnel-node does not implement. */
+export interface Refusal {
+  /** Why, in the words the operator reads at start. */
+  readonly reason: string;
+  /** Values that ask for what ztunnel-node does anyway (compared trimmed and lower-case); any other is refused. */
+  readonly accepts: readonly string[];
+}
+
+const refuse = (reason: string, ...accepts: string[]): Refusal => ({ reason, accepts });
+
+/** ztunnel's variables that schema.ts implements (a test checks each is one of its keys). */
+export const IMPLEMENTED = [
+  'PROXY_MODE', 'PROXY_WORKLOAD_INFO', 'XDS_ADDRESS', 'CA_ADDRESS', 'XDS_ROOT_CA', 'CA_ROOT_CA', 'ALT_XDS_HOSTNAME',
+  'ALT_CA_HOSTNAME', 'AUTH_TOKEN', 'CLUSTER_ID', 'ISTIO_META_CLUSTER_ID', 'ISTIO_META_ISTIO_VERSION',
+  'ISTIO_META_DNS_CAPTURE', 'ISTIO_META_DNS_PROXY_ADDR', 'CLUSTER_DOMAIN', 'NETWORK', 'NODE_NAME', 'POD_NAME',
+  'POD_NAMESPACE', 'SERVICE_ACCOUNT', 'INSTANCE_IP', 'TRUST_DOMAIN', 'PREFERED_SERVICE_NAMESPACE', 'LOCAL_XDS_PATH',
+  'LOCAL_XDS', 'SECRET_TTL', 'POOL_MAX_STREAMS_PER_CONNECTION', 'POOL_UNUSED_RELEASE_TIMEOUT',
+  'HTTP2_STREAM_WINDOW_SIZE', 'HTTP2_CONNECTION_WINDOW_SIZE', 'HTTP2_FRAME_SIZE', 'CONNECTION_TERMINATION_DEADLINE',
+  'TERMINATION_GRACE_PERIOD_SECONDS', 'INPOD_UDS', 'INPOD_PORT_REUSE', 'INPOD_ENABLED', 'PACKET_MARK',
+  'ENABLE_ORIG_SRC', 'IPV6_ENABLED', 'UNSTABLE_ENABLE_SOCKS5', 'LOCALHOST_APP_TUNNEL', 'ENABLE_RESPONSE_BAGGAGE',
+  'CRL_PATH', 'ZTUNNEL_WORKER_THREADS', 'ZTUNNEL_CPU_LIMIT', 'ZTUNNEL_RESOURCE_CPU_LIMIT',
+  'ZTUNNEL_RESOURCE_CPU_REQUEST', 'RUST_LOG', 'LOG_FORMAT', 'KUBERNETES_SERVICE_HOST', 'RUST_BACKTRACE',
+  'ENABLE_CLUSTER_TRUST_BUNDLE_API',
+] as const;
+
+/** ztunnel's prefix families that schema.ts implements. */
+export const IMPLEMENTED_PREFIXES = ['XDS_HEADER_', 'CA_HEADER_', 'ISTIO_META_', 'ISTIO_METAJSON_'] as const;
+
+/** ztunnel's variables that ztunnel-node refuses, unless set to what it does anyway. */
+export const REFUSED: Readonly<Record<string, Refusal>> = {
+  ENABLE_PROXY: refuse('the DNS-only mode (no proxy) is not implemented', 'true'),
+  XDS_ON_DEMAND: refuse('on-demand xDS is not implemented: every address is pushed', 'false'),
+  FAKE_CA: refuse("ztunnel's fake CA is not implemented (local mode has a built-in CA: LOCAL_CA_DIR)", 'false'),
+  TLS12_ENABLED: refuse('HBONE speaks TLS 1.3 only', 'false'),
+  COMPLIANCE_POLICY: refuse('no compliance policy is implemented (pqc would need X25519MLKEM768-only key exchange)'),
+  AUTHZ_POLICY_INFO_LOGGING: refuse('authorization decisions are not logged at info level', 'false'),
+  TRANSPARENT_NETWORK_POLICIES: refuse('transparent network policies are not implemented', 'false'),
+  PROXY_CONFIG: refuse('ProxyConfig is not read (set the variables it would set instead)'),
+  KEEPALIVE_ENABLED: refuse('TCP keepalive is not set on the sockets', 'false'),
+  KEEPALIVE_TIME: refuse('TCP keepalive is not set on the sockets'),
+  KEEPALIVE_INTERVAL: refuse('TCP keepalive is not set on the sockets'),
+  KEEPALIVE_RETRIES: refuse('TCP keepalive is not set on the sockets'),
+  USER_TIMEOUT_ENABLED: refuse('TCP_USER_TIMEOUT is not set on the sockets', 'false'),
+};
+
+/** ztunnel reads its mesh config here (relative to its working directory) for ProxyConfig's `defaultConfig`. */
+export const MESH_CONFIG_FILE = './etc/istio/config/mesh';
+
+/**
+ * One line per refused setting in `env` (empty when none): the variable, its value, and why. An empty value is unset
+ * here, as for every other variable. `exists` answers whether the mesh config file is there.
+ */
+export function refusedSettings(
+  env: Readonly<Record<string, string | undefined>>,
+  exists: (path: string) => boolean = existsSync,
+): string[] {
+  const out: string[] = [];
+  for (const [name, r] of Object.entries(REFUSED)) {
+    const value = env[name]?.trim();
+    if (value === undefined || value === '' || r.accepts.includes(value.toLowerCase())) continue;
+    const allowed = r.accepts.length > 0 ? ` (only ${r.accepts.map((a) => `${name}=${a}`).join(' or ')} is accepted)` : '';
+    out.push(`${name}=${value} is not supported by ztunnel-node: ${r.reason}${allowed}`);
+  }
+  if (exists(MESH_CONFIG_FILE)) {
+    out.push(`${MESH_CONFIG_FILE} is not supported by ztunnel-node: the mesh config file is not read (remove it, and set the variables its defaultConfig would set)`);
+  }
+  return out;
+}
