@@ -71,6 +71,7 @@ export const BLOCKS = Object.freeze({
   'authz-preview': 74,
   handover: 75,
   'handover-envoy': 76,
+  'socket-keepalive': 77,
 });
 
 /** Addresses of one file's block. */

@@ -80,5 +80,5 @@ test('(f) a setting of Istio\'s ztunnel that ztunnel-node does not implement is 
   // A post-quantum compliance requirement must not quietly get classical key exchange, nor a TLS 1.2 peer silently
   // fail later.
   await assertConfigError({ COMPLIANCE_POLICY: 'pqc' }, 'COMPLIANCE_POLICY=pqc', 'not supported');
-  await assertConfigError({ TLS12_ENABLED: 'true', KEEPALIVE_TIME: '60s' }, 'TLS12_ENABLED=true', 'KEEPALIVE_TIME=60s');
+  await assertConfigError({ TLS12_ENABLED: 'true', XDS_ON_DEMAND: 'true' }, 'TLS12_ENABLED=true', 'XDS_ON_DEMAND=true');
 });

@@ -35,7 +35,7 @@ test('README lists every refused variable with the values it accepts, and nothin
 test('each refused variable stops the start, naming it; the values that ask for what ztunnel-node does pass', () => {
   for (const [name, r] of Object.entries(REFUSED)) {
     const opposite = { true: 'false', false: 'true' };
-    const bad = opposite[r.accepts[0]] ?? (name === 'COMPLIANCE_POLICY' ? 'pqc' : '60s');
+    const bad = opposite[r.accepts[0]] ?? (name === 'COMPLIANCE_POLICY' ? 'pqc' : 'x');
     assert.throws(
       () => loadConfig({ env: { [name]: bad }, exists: () => false }),
       (err) => err instanceof ConfigError && err.message.includes(`${name}=${bad} is not supported`) && err.message.includes(r.reason),

@@ -31,6 +31,8 @@ export const DEFAULT_DNS_PROXY_ADDR: SocketAddress = { host: 'localhost', port: 
 export const DEFAULT_RESOLV_CONF = '/etc/resolv.conf';
 /** Streams multiplexed on one pooled HBONE connection before a new one is opened (ztunnel's default). */
 export const DEFAULT_POOL_MAX_STREAMS_PER_CONNECTION = DP.poolMaxStreamsPerConnection;
+/** TCP keepalive 180 s / 180 s / 9 probes, no user timeout: ztunnel's `SocketConfig` defaults. */
+export const DEFAULT_SOCKET = DP.socket;
 /** Idle pooled connections are released after 5 minutes (ztunnel's default). */
 export const DEFAULT_POOL_UNUSED_RELEASE_TIMEOUT_MS = DP.poolUnusedReleaseTimeoutMs;
 /** HTTP/2 windows and frame size: ztunnel's values, sized for bulk TCP over one multiplexed connection. */

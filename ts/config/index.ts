@@ -46,6 +46,14 @@ export interface Config {
   readonly istioVersion: string | null;
   readonly poolMaxStreamsPerConnection: number;
   readonly poolUnusedReleaseTimeoutMs: number;
+  /** KEEPALIVE_* and USER_TIMEOUT_ENABLED: every proxied TCP socket's keepalive (ztunnel's `socketConfig`). */
+  readonly socketConfig: {
+    readonly keepaliveEnabled: boolean;
+    readonly keepaliveTimeMs: number;
+    readonly keepaliveIntervalMs: number;
+    readonly keepaliveRetries: number;
+    readonly userTimeoutEnabled: boolean;
+  };
   readonly http2: { readonly streamWindowSize: number; readonly connectionWindowSize: number; readonly frameSize: number };
   /** Bytes of stream data buffered toward HBONE peers across all connections (STREAM_BUFFER_BUDGET). */
   readonly streamBufferBudget: number;
@@ -217,6 +225,13 @@ function resolve(
     istioVersion: raw.ISTIO_META_ISTIO_VERSION ?? null,
     poolMaxStreamsPerConnection: raw.POOL_MAX_STREAMS_PER_CONNECTION ?? D.DEFAULT_POOL_MAX_STREAMS_PER_CONNECTION,
     poolUnusedReleaseTimeoutMs: Math.ceil(raw.POOL_UNUSED_RELEASE_TIMEOUT ?? D.DEFAULT_POOL_UNUSED_RELEASE_TIMEOUT_MS),
+    socketConfig: {
+      keepaliveEnabled: raw.KEEPALIVE_ENABLED ?? D.DEFAULT_SOCKET.keepaliveEnabled,
+      keepaliveTimeMs: Math.ceil(raw.KEEPALIVE_TIME ?? D.DEFAULT_SOCKET.keepaliveTimeMs),
+      keepaliveIntervalMs: Math.ceil(raw.KEEPALIVE_INTERVAL ?? D.DEFAULT_SOCKET.keepaliveIntervalMs),
+      keepaliveRetries: raw.KEEPALIVE_RETRIES ?? D.DEFAULT_SOCKET.keepaliveRetries,
+      userTimeoutEnabled: raw.USER_TIMEOUT_ENABLED ?? D.DEFAULT_SOCKET.userTimeoutEnabled,
+    },
     http2: {
       streamWindowSize: raw.HTTP2_STREAM_WINDOW_SIZE ?? D.DEFAULT_HTTP2_STREAM_WINDOW_SIZE,
       connectionWindowSize: raw.HTTP2_CONNECTION_WINDOW_SIZE ?? D.DEFAULT_HTTP2_CONNECTION_WINDOW_SIZE,
@@ -313,6 +328,13 @@ export function configForDump(cfg: Config): Record<string, unknown> {
     // Inline YAML can be long and is already visible under staticConfig; say whether it was given.
     localXds: cfg.localXds === null ? null : '<inline>',
     poolUnusedReleaseTimeout: formatDurationMs(cfg.poolUnusedReleaseTimeoutMs),
+    socketConfig: {
+      keepaliveTime: formatDurationMs(cfg.socketConfig.keepaliveTimeMs),
+      keepaliveInterval: formatDurationMs(cfg.socketConfig.keepaliveIntervalMs),
+      keepaliveRetries: cfg.socketConfig.keepaliveRetries,
+      keepaliveEnabled: cfg.socketConfig.keepaliveEnabled,
+      userTimeoutEnabled: cfg.socketConfig.userTimeoutEnabled,
+    },
     connectionTimeout: formatDurationMs(cfg.connectionTimeoutMs),
     missingPolicyGrace: formatDurationMs(cfg.missingPolicyGraceMs),
     selfTerminationDeadline: formatDurationMs(cfg.terminationDeadlineMs),

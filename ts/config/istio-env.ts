@@ -28,7 +28,8 @@ export const IMPLEMENTED = [
   'ENABLE_ORIG_SRC', 'IPV6_ENABLED', 'UNSTABLE_ENABLE_SOCKS5', 'LOCALHOST_APP_TUNNEL', 'ENABLE_RESPONSE_BAGGAGE',
   'CRL_PATH', 'ZTUNNEL_WORKER_THREADS', 'ZTUNNEL_CPU_LIMIT', 'ZTUNNEL_RESOURCE_CPU_LIMIT',
   'ZTUNNEL_RESOURCE_CPU_REQUEST', 'RUST_LOG', 'LOG_FORMAT', 'KUBERNETES_SERVICE_HOST', 'RUST_BACKTRACE',
-  'ENABLE_CLUSTER_TRUST_BUNDLE_API',
+  'ENABLE_CLUSTER_TRUST_BUNDLE_API', 'KEEPALIVE_ENABLED', 'KEEPALIVE_TIME', 'KEEPALIVE_INTERVAL', 'KEEPALIVE_RETRIES',
+  'USER_TIMEOUT_ENABLED',
 ] as const;
 
 /** ztunnel's prefix families that schema.ts implements. */
@@ -44,11 +45,6 @@ export const REFUSED: Readonly<Record<string, Refusal>> = {
   AUTHZ_POLICY_INFO_LOGGING: refuse('authorization decisions are not logged at info level', 'false'),
   TRANSPARENT_NETWORK_POLICIES: refuse('transparent network policies are not implemented', 'false'),
   PROXY_CONFIG: refuse('ProxyConfig is not read (set the variables it would set instead)'),
-  KEEPALIVE_ENABLED: refuse('TCP keepalive is not set on the sockets', 'false'),
-  KEEPALIVE_TIME: refuse('TCP keepalive is not set on the sockets'),
-  KEEPALIVE_INTERVAL: refuse('TCP keepalive is not set on the sockets'),
-  KEEPALIVE_RETRIES: refuse('TCP keepalive is not set on the sockets'),
-  USER_TIMEOUT_ENABLED: refuse('TCP_USER_TIMEOUT is not set on the sockets', 'false'),
 };
 
 /** ztunnel reads its mesh config here (relative to its working directory) for ProxyConfig's `defaultConfig`. */

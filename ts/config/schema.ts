@@ -147,6 +147,11 @@ const fields = {
   KUBERNETES_SERVICE_HOST: text().optional().describe('set inside Kubernetes; selects the in-cluster istiod address'),
   POOL_MAX_STREAMS_PER_CONNECTION: positiveInt(2 ** 31 - 1).optional().describe('HBONE streams per pooled connection (100)'),
   POOL_UNUSED_RELEASE_TIMEOUT: duration().optional().describe('idle pooled connection eviction (5m)'),
+  KEEPALIVE_ENABLED: bool().optional().describe('TCP keepalive on every proxied socket (true)'),
+  KEEPALIVE_TIME: duration(1_000).optional().describe('idle time before the first keepalive probe (180s)'),
+  KEEPALIVE_INTERVAL: duration(1_000).optional().describe('time between keepalive probes (180s)'),
+  KEEPALIVE_RETRIES: positiveInt(127).optional().describe('unanswered probes before the connection is dropped (9)'),
+  USER_TIMEOUT_ENABLED: bool().optional().describe('TCP_USER_TIMEOUT = time + interval x retries (false)'),
   HTTP2_STREAM_WINDOW_SIZE: positiveInt(2 ** 31 - 1).optional().describe('HTTP/2 stream window bytes (4194304)'),
   HTTP2_CONNECTION_WINDOW_SIZE: positiveInt(2 ** 31 - 1).optional().describe('HTTP/2 connection window bytes (16777216)'),
   // RFC 9113 §6.5.2: 2^14 to 2^24-1 (the dataplane would refuse anything else, naming its own field).
@@ -242,6 +247,8 @@ export const BOOLEAN_KEYS: ReadonlySet<ConfigKey> = new Set<ConfigKey>([
   'LOCALHOST_APP_TUNNEL',
   'ENABLE_RESPONSE_BAGGAGE',
   'IPV6_ENABLED',
+  'KEEPALIVE_ENABLED',
+  'USER_TIMEOUT_ENABLED',
 ]);
 
 /**

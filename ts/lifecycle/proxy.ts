@@ -171,6 +171,7 @@ export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameserve
     hbonePort: HBONE_PORT,
     poolMaxStreamsPerConnection: config.poolMaxStreamsPerConnection,
     poolUnusedReleaseTimeoutMs: config.poolUnusedReleaseTimeoutMs,
+    socket: { ...config.socketConfig },
     http2: { ...config.http2 },
     connectTimeoutMs: config.connectionTimeoutMs,
     handshakeTimeoutMs: HANDSHAKE_TIMEOUT_MS,

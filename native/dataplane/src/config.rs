@@ -89,6 +89,35 @@ impl Default for Http2Config {
     }
 }
 
+/// TCP keepalive and user timeout on every proxied socket, the connections the proxies accept and the
+/// upstream connections alike: ztunnel's `SocketConfig`, with its defaults.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SocketConfig {
+    pub keepalive_enabled: bool,
+    #[cfg_attr(test, ts(type = "number"))]
+    pub keepalive_time_ms: u64,
+    #[cfg_attr(test, ts(type = "number"))]
+    pub keepalive_interval_ms: u64,
+    pub keepalive_retries: u32,
+    /// TCP_USER_TIMEOUT = time + interval × retries (ztunnel's rule), when keepalive is on.
+    pub user_timeout_enabled: bool,
+}
+
+impl Default for SocketConfig {
+    fn default() -> Self {
+        SocketConfig {
+            keepalive_enabled: true,
+            keepalive_time_ms: 180_000,
+            keepalive_interval_ms: 180_000,
+            keepalive_retries: 9,
+            user_timeout_enabled: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
 #[cfg_attr(
@@ -132,6 +161,8 @@ pub struct Config {
     pub dns: DnsConfig,
     /// The node's budget for stream data buffered toward HBONE peers, in bytes (STREAM_BUFFER_BUDGET; `budget.rs`).
     pub stream_buffer_budget: usize,
+    /// KEEPALIVE_* and USER_TIMEOUT_ENABLED.
+    pub socket: SocketConfig,
 }
 
 /// The dataplane's defaults: the one table of them. Its Rust tests, examples and benches use it directly (and a JSON
@@ -159,6 +190,7 @@ impl Default for Config {
             own_ports: Vec::new(),
             dns: DnsConfig::default(),
             stream_buffer_budget: crate::budget::DEFAULT_LIMIT,
+            socket: SocketConfig::default(),
         }
     }
 }
@@ -182,6 +214,13 @@ impl Config {
         let range = |field: &'static str, problem: String| Err(ConfigError::Range { field, problem });
         if self.worker_threads == 0 || self.worker_threads > 1024 {
             return range("workerThreads", format!("{} is not in 1..=1024", self.worker_threads));
+        }
+        let ka = &self.socket;
+        if ka.keepalive_enabled && (ka.keepalive_time_ms < 1_000 || ka.keepalive_interval_ms < 1_000) {
+            return range("socket", "keepalive time and interval must be at least 1s".into());
+        }
+        if ka.keepalive_enabled && (ka.keepalive_retries == 0 || ka.keepalive_retries > 127) {
+            return range("socket.keepaliveRetries", format!("{} is not in 1..=127", ka.keepalive_retries));
         }
         if self.pool_max_streams_per_connection == 0 {
             return range("poolMaxStreamsPerConnection", "must be at least 1".into());

@@ -242,6 +242,7 @@ impl Dataplane {
     pub fn new(cfg: Config) -> Result<Dataplane, DataplaneError> {
         cfg.validate()?;
         alloc::tune();
+        socket::configure(cfg.socket);
         let cfg = Arc::new(cfg);
         // Connections run on the silos (`workerThreads` of them); the control runtime's one worker runs the rest.
         let silos = silo::Silos::start(cfg.worker_threads).map_err(|e| DataplaneError::Runtime(e.to_string()))?;

@@ -14,6 +14,33 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 /// Listen backlog; matches ztunnel's in-pod listeners.
 const BACKLOG: i32 = 128;
 
+/// The keepalive every TCP socket gets (`configure`). Process-wide, as the settings are (one daemon, one set, given at
+/// start), rather than threaded through every factory and call site.
+static KEEPALIVE: parking_lot::RwLock<Option<crate::config::SocketConfig>> = parking_lot::RwLock::new(None);
+
+/// Set the keepalive of the sockets made from now on (ztunnel's default until called).
+pub fn configure(cfg: crate::config::SocketConfig) {
+    *KEEPALIVE.write() = Some(cfg);
+}
+
+/// SO_KEEPALIVE with its time, interval and count, and TCP_USER_TIMEOUT when asked (ztunnel's `SocketConfig`), on an
+/// upstream socket before it connects and on each accepted one (a listener's options reach its children, but not an
+/// armed keepalive timer). A handed-over socket keeps them: it is the same socket.
+fn keepalive(sock: socket2::SockRef<'_>) -> io::Result<()> {
+    let cfg = KEEPALIVE.read().unwrap_or_default();
+    if !cfg.keepalive_enabled {
+        return Ok(());
+    }
+    let (time, interval) =
+        (Duration::from_millis(cfg.keepalive_time_ms), Duration::from_millis(cfg.keepalive_interval_ms));
+    let ka = socket2::TcpKeepalive::new().with_time(time).with_interval(interval).with_retries(cfg.keepalive_retries);
+    sock.set_tcp_keepalive(&ka)?;
+    if cfg.user_timeout_enabled {
+        sock.set_tcp_user_timeout(Some(time + interval * cfg.keepalive_retries))?;
+    }
+    Ok(())
+}
+
 pub trait SocketFactory: Send + Sync + 'static {
     /// A new TCP socket, in the right network namespace, with the right mark.
     fn tcp(&self, domain: Domain) -> io::Result<Socket>;
@@ -81,6 +108,12 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     listen_with(&DefaultSockets, addr, ListenOptions { reuse_port: true, transparent: false })
 }
 
+/// An accepted connection's options: TCP_NODELAY and the keepalive.
+pub fn accepted(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    keepalive(socket2::SockRef::from(stream))
+}
+
 /// Best effort: IP_TRANSPARENT needs CAP_NET_ADMIN. Returns whether it took.
 pub fn set_transparent(sock: &Socket, v4: bool) -> bool {
     if v4 {
@@ -132,6 +165,7 @@ pub async fn connect_with(
         sock.bind(&src.into())?;
     }
     sock.set_tcp_nodelay(true)?;
+    keepalive(socket2::SockRef::from(&sock))?;
     sock.set_nonblocking(true)?;
     let sock = TcpSocket::from_std_stream(sock.into());
     match tokio::time::timeout(timeout, sock.connect(dst)).await {
@@ -144,4 +178,38 @@ pub async fn connect_with(
 pub async fn connect(dst: SocketAddr, src: Option<IpAddr>, timeout: Duration) -> io::Result<TcpStream> {
     let opts = ConnectOptions { bind: src.map(|ip| SocketAddr::new(ip, 0)), transparent: false };
     connect_with(&DefaultSockets, dst, opts, timeout).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An accepted socket and an upstream connection carry the configured keepalive.
+    #[tokio::test]
+    async fn accepted_and_upstream_sockets_carry_the_configured_keepalive() {
+        let cfg = crate::config::SocketConfig {
+            keepalive_enabled: true,
+            keepalive_time_ms: 42_000,
+            keepalive_interval_ms: 7_000,
+            keepalive_retries: 3,
+            user_timeout_enabled: true,
+        };
+        configure(cfg);
+        let l = listen_with(&DefaultSockets, "127.0.0.1:0".parse().unwrap(), ListenOptions::default()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let up = connect_with(&DefaultSockets, addr, ConnectOptions::default(), Duration::from_secs(5)).await.unwrap();
+        let (accepted, _) = l.accept().await.unwrap();
+        super::accepted(&accepted).unwrap();
+        for s in [socket2::SockRef::from(&accepted), socket2::SockRef::from(&up)] {
+            assert!(s.keepalive().unwrap());
+            assert_eq!(s.tcp_keepalive_time().unwrap(), Duration::from_secs(42));
+            assert_eq!(s.tcp_keepalive_interval().unwrap(), Duration::from_secs(7));
+            assert_eq!(s.tcp_keepalive_retries().unwrap(), 3);
+            assert_eq!(s.tcp_user_timeout().unwrap(), Some(Duration::from_secs(42 + 7 * 3)));
+        }
+        configure(crate::config::SocketConfig { keepalive_enabled: false, ..cfg });
+        let off = connect_with(&DefaultSockets, addr, ConnectOptions::default(), Duration::from_secs(5)).await.unwrap();
+        assert!(!socket2::SockRef::from(&off).keepalive().unwrap(), "off: no keepalive");
+        configure(crate::config::SocketConfig::default());
+    }
 }

@@ -33,5 +33,12 @@ export const DATAPLANE_DEFAULTS: DataplaneConfig = {
     "searchDomains": [],
     "preferedServiceNamespace": ""
   },
-  "streamBufferBudget": 268435456
+  "streamBufferBudget": 268435456,
+  "socket": {
+    "keepaliveEnabled": true,
+    "keepaliveTimeMs": 180000,
+    "keepaliveIntervalMs": 180000,
+    "keepaliveRetries": 9,
+    "userTimeoutEnabled": false
+  }
 };

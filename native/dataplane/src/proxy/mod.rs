@@ -144,7 +144,7 @@ async fn accept_loop<F, Fut>(
             },
             _ = drain.graceful.cancelled() => return,
         };
-        let _ = stream.set_nodelay(true);
+        let _ = crate::socket::accepted(&stream);
         drain.tasks.spawn(handle(stream, peer));
     }
 }
