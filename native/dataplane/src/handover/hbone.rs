@@ -999,7 +999,7 @@ pub async fn run_streams(
             _ = force.cancelled() => break false,
             _ = round.describe.cancelled(), if described != Some(round.generation) => {
                 described = Some(round.generation);
-                ticket.described_later();
+                ticket.described_later(open.len());
             }
             _ = round.pause.cancelled(), if declined != Some(round.generation) => {
                 match offer_engine((&ticket, &round), engine, &mut open, &pi.events).await {

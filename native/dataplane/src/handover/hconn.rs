@@ -74,6 +74,11 @@ impl Gate {
         Counted { gate: self.clone(), setup: false }
     }
 
+    /// Its streams, copying or being set up.
+    pub fn streams(&self) -> usize {
+        self.relays.load(Ordering::Acquire) + self.setup.load(Ordering::Acquire)
+    }
+
     /// Its streams are stopping or stopped for a hand-over (a new stream must not start on the connection).
     pub fn stopping(&self) -> bool {
         self.stop.lock().is_cancelled()

@@ -23,7 +23,7 @@
 //! ```
 //!
 //! **Waves.** The connections are split by ticket into `SLOTS` slots, and consecutive slots into waves of about
-//! `WAVE` connections; the successor starts each wave as it commits, and the next wave pauses only once the one before
+//! `WAVE` connections (an HBONE connection weighs its streams); the successor starts each wave as it commits, and the next wave pauses only once the one before
 //! runs in the successor (`Started`). A connection's pause is then its own wave's exchange and start, not the whole
 //! hand-over's: starting a connection costs the successor tens of microseconds, and 9,000 started after one commit left
 //! the last of them paused for 300 ms; waves that do not wait for `Started` queue up in the successor's silos the same
@@ -112,6 +112,9 @@ pub struct Hub {
     next_id: std::sync::atomic::AtomicU64,
     /// Connections that can be handed over, live now, by slot.
     live: [AtomicUsize; SLOTS],
+    /// What the connections of each slot weigh in this round, as they describe themselves (a TCP relay 1, an HBONE
+    /// connection its streams): what the waves are cut by.
+    weight: [AtomicUsize; SLOTS],
     /// One hand-over at a time.
     busy: Mutex<()>,
     /// About how many connections a wave holds (`WAVE`).
@@ -130,6 +133,7 @@ impl Default for Hub {
             descs_rx: Mutex::new(descs_rx),
             next_id: std::sync::atomic::AtomicU64::new(1),
             live: std::array::from_fn(|_| AtomicUsize::new(0)),
+            weight: std::array::from_fn(|_| AtomicUsize::new(0)),
             busy: Mutex::new(()),
             wave: WAVE,
         }
@@ -191,11 +195,14 @@ impl Ticket {
     }
 
     pub fn described(&self, meta: ConnMeta) {
+        self.hub.weight[slot(self.id)].fetch_add(1, Ordering::AcqRel);
         let _ = self.hub.descs_tx.send((self.id, Some(meta)));
     }
 
-    /// Answer the describe phase with nothing to send now (an HBONE connection's descriptions cross with it).
-    pub fn described_later(&self) {
+    /// Answer the describe phase with nothing to send now (an HBONE connection's descriptions cross with it), and
+    /// what the connection weighs: its streams (they pause and cross one by one).
+    pub fn described_later(&self, streams: usize) {
+        self.hub.weight[slot(self.id)].fetch_add(streams.max(1), Ordering::AcqRel);
         let _ = self.hub.descs_tx.send((self.id, None));
     }
 
@@ -462,11 +469,12 @@ impl Hub {
         self.live[slots].iter().map(|n| n.load(Ordering::Acquire)).sum()
     }
 
-    /// The waves, as ranges of consecutive slots of about `WAVE` connections each (as many live now).
+    /// The waves, as ranges of consecutive slots of about `WAVE` connections (or HBONE streams) each: as they
+    /// described themselves, and a connection that did not as one.
     fn waves(&self) -> Vec<std::ops::Range<usize>> {
         let (mut out, mut start, mut n) = (Vec::new(), 0, 0);
         for s in 0..SLOTS {
-            n += self.live[s].load(Ordering::Acquire);
+            n += self.live[s].load(Ordering::Acquire).max(self.weight[s].load(Ordering::Acquire));
             if n >= self.wave {
                 out.push(start..s + 1);
                 (start, n) = (s + 1, 0);
@@ -631,6 +639,9 @@ impl Hub {
         let rx = self.descs_rx.lock();
         // Stale ones (sent as the last round ended) go before asking: after, they could not be told apart.
         while rx.try_recv().is_ok() {}
+        for w in &self.weight {
+            w.store(0, Ordering::Release);
+        }
         self.round.lock().describe.cancel();
         collect(&rx, |_| true, || self.live(), Vec::new()).into_iter().filter_map(|(id, m)| Some((id, m?))).collect()
     }

@@ -533,3 +533,17 @@ fn a_predecessor_that_does_not_speak_of_waves_is_taken_from_in_one() {
         "no Started nor Done was sent to it: the next thing it saw was the close"
     );
 }
+
+/// A wave is cut by weight: an HBONE connection weighs its streams (they pause and cross one by one), a connection
+/// that has not described itself weighs one.
+#[test]
+fn an_hbone_connection_weighs_its_streams_in_the_waves() {
+    let hub = Arc::new(Hub::with_wave(8));
+    let tickets: Vec<Ticket> = (0..SLOTS).map(|_| hub.ticket()).collect();
+    assert_eq!(hub.waves().len(), SLOTS / 8, "one connection a slot, 8 to a wave");
+    for t in &tickets {
+        t.described_later(8);
+    }
+    assert_eq!(hub.waves().len(), SLOTS, "8 streams each: a wave each");
+    assert_eq!(hub.waves().iter().map(|w| w.len()).sum::<usize>(), SLOTS, "every slot in one wave");
+}

@@ -394,7 +394,7 @@ async fn serve_connection(
         tokio::select! {
             _ = round.describe.cancelled(), if described != Some(round.generation) => {
                 described = Some(round.generation);
-                ticket.described_later();
+                ticket.described_later(ctx.gate.streams());
             }
             _ = round.pause.cancelled(), if declined != Some(round.generation) => {
                 use crate::handover::hconn::{offer_connection, Offered};

@@ -420,7 +420,7 @@ impl Pool {
                     _ = cancelled(describe.as_ref()), if described != generation => {
                         described = generation;
                         if let Some(t) = &ticket {
-                            t.described_later();
+                            t.described_later(gate2.streams());
                         }
                     }
                     _ = cancelled(pause.as_ref()), if declined != generation => {
