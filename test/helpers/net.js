@@ -72,6 +72,7 @@ export const BLOCKS = Object.freeze({
   handover: 75,
   'handover-envoy': 76,
   'socket-keepalive': 77,
+  'compressed-answers': 78,
 });
 
 /** Addresses of one file's block. */

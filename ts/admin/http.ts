@@ -50,9 +50,67 @@ export function notRunning(err: unknown): boolean {
   return err instanceof ZtunnelError && err.code === 'NOT_RUNNING';
 }
 
+/**
+ * Answer `body`, compressed when the request's Accept-Encoding asks for gzip, br or deflate (as ztunnel's admin and
+ * stats servers do, through tower-http's compression layer) and the body is worth it. The compression runs on libuv's
+ * thread pool, never on the main thread; node:zlib is loaded at the first compressed answer (the idle daemon does not
+ * load it).
+ */
 export function reply(res: ServerResponse, status: number, body: string, contentType = 'text/plain; charset=utf-8'): void {
-  res.writeHead(status, { 'content-type': contentType, 'content-length': Buffer.byteLength(body) });
-  res.end(body);
+  const encoding = Buffer.byteLength(body) >= MIN_COMPRESSED_BYTES ? pickEncoding(res.req?.headers['accept-encoding']) : null;
+  if (encoding === null) {
+    res.writeHead(status, { 'content-type': contentType, 'content-length': Buffer.byteLength(body) });
+    res.end(body);
+    return;
+  }
+  compress(encoding, body).then(
+    (bytes) => {
+      res.writeHead(status, { 'content-type': contentType, 'content-encoding': encoding, vary: 'accept-encoding', 'content-length': bytes.length });
+      res.end(bytes);
+    },
+    () => {
+      // Not compressed after all: the same answer, plain.
+      res.writeHead(status, { 'content-type': contentType, vary: 'accept-encoding', 'content-length': Buffer.byteLength(body) });
+      res.end(body);
+    },
+  );
+}
+
+/** Bodies below this go plain (tower-http's default predicate: larger than 32 bytes). */
+export const MIN_COMPRESSED_BYTES = 32;
+export type Encoding = 'gzip' | 'br' | 'deflate';
+/** Preferred in this order where the client weighs several the same (gzip first: the fastest of the three here). */
+const ENCODINGS: readonly Encoding[] = ['gzip', 'br', 'deflate'];
+
+/** The encoding to answer with for an Accept-Encoding header (RFC 9110 § 12.5.3: highest q, `q=0` refuses, `*`). */
+export function pickEncoding(header: string | string[] | undefined): Encoding | null {
+  if (header === undefined) return null;
+  const q = new Map<string, number>();
+  for (const part of (Array.isArray(header) ? header.join(',') : header).split(',')) {
+    const [name, ...params] = part.trim().toLowerCase().split(';');
+    if (name === undefined || name === '') continue;
+    const qp = params.map((p) => p.trim()).find((p) => p.startsWith('q='));
+    const weight = qp === undefined ? 1 : Number(qp.slice(2));
+    q.set(name, Number.isFinite(weight) ? weight : 0);
+  }
+  let best: Encoding | null = null;
+  let bestQ = 0;
+  for (const e of ENCODINGS) {
+    const w = q.get(e) ?? q.get('*') ?? 0;
+    if (w > bestQ) [best, bestQ] = [e, w];
+  }
+  return best;
+}
+
+function compress(encoding: Encoding, body: string): Promise<Buffer> {
+  const zlib = process.getBuiltinModule('node:zlib');
+  return new Promise((resolve, reject) => {
+    const done = (err: Error | null, out: Buffer) => (err === null ? resolve(out) : reject(err));
+    if (encoding === 'gzip') zlib.gzip(body, done);
+    else if (encoding === 'deflate') zlib.deflate(body, done);
+    // Quality 4, not zlib's default 11: a multi-megabyte config_dump at 11 takes seconds of a pool thread.
+    else zlib.brotliCompress(body, { params: { [zlib.constants.BROTLI_PARAM_QUALITY]: 4 } }, done);
+  });
 }
 
 /**
