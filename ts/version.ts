@@ -12,6 +12,9 @@ export interface BuildInfo {
   cryptoProvider: string;
 }
 
+/** Our crypto providers by the name of ztunnel's cargo feature for the same one. */
+const CRYPTO_FEATURES: Readonly<Record<string, string>> = { 'aws-lc-rs': 'tls-aws-lc', ring: 'tls-ring' };
+
 let cached: string | undefined;
 
 /** The package version. package.json sits one level above both ts/ and dist/. */
@@ -32,10 +35,12 @@ export function buildInfo(native: NativeVersion | null, istioVersion: string | n
     version: packageVersion(),
     // Not stamped at build time yet.
     gitRevision: 'unknown',
-    rustVersion: native?.rustVersion ?? 'unknown',
+    // ztunnel's values: the compiler's bare version ("1.95.0", not rustc's whole line), and the crypto provider as
+    // its cargo feature names it (ztunnel's `tls-aws-lc`, `tls-ring`).
+    rustVersion: /\d+\.\d+\.\d+\S*/.exec(native?.rustVersion ?? '')?.[0] ?? 'unknown',
     buildProfile: native?.buildProfile ?? 'unknown',
     buildStatus: 'unknown',
     istioVersion: istioVersion ?? 'unknown',
-    cryptoProvider: native?.cryptoProvider ?? 'unknown',
+    cryptoProvider: CRYPTO_FEATURES[native?.cryptoProvider ?? ''] ?? native?.cryptoProvider ?? 'unknown',
   };
 }

@@ -73,7 +73,7 @@ function setup({ env = {}, dp = fakeDataplane() } = {}) {
   const deps = {
     openDataplane: (cfg) => (dp.log.push(['open', cfg]), dp),
     openLocalCa: () => ca,
-    nativeVersion: () => ({ version: '0.0.0-test', cryptoProvider: 'ring', buildProfile: 'debug', rustVersion: '1.0' }),
+    nativeVersion: () => ({ version: '0.0.0-test', cryptoProvider: 'ring', buildProfile: 'debug', rustVersion: 'rustc 1.95.0 (59807616e 2026-04-14)' }),
   };
   return { dp, lines, logs, config, deps };
 }
@@ -103,7 +103,8 @@ test('local mode: certificates, then listeners, then ready; dumps and metrics; q
   assert.deepEqual(dump.workloads.map((w) => w.uid), ['u-echo', 'u-sleep']);
   assert.deepEqual(dump.certificates.map((c) => [c.identity, c.state]), [['spiffe://cluster.local/ns/default/sa/sleep', 'Available']]);
   assert.equal(dump.config.nodeName, 'node-a');
-  assert.equal(dump.version.cryptoProvider, 'ring');
+  assert.equal(dump.version.cryptoProvider, 'tls-ring', "ztunnel's name of the provider (its cargo feature)");
+  assert.equal(dump.version.rustVersion, '1.95.0', "the bare version, as ztunnel's");
   assert.deepEqual(dump.stagedServices, {});
   assert.equal(dump.staticConfig.workloads.length, 2);
 
