@@ -544,7 +544,8 @@ test('a rolling update at its worst: the old daemon gets its SIGTERM before the 
   assert.equal((await cni.a.send({ op: 'snapshot' })).error, '');
   await waitReady('a', 200, 30_000, base);
   await waitForEvent(next.logs, (l) => /hand-over/.test(l.message ?? ''), 'the new daemon took over', 10_000);
-  assert.equal(next.logs.find((l) => /hand-over/.test(l.message ?? '')).message, 'hand-over taken', JSON.stringify(next.logs.filter((l) => /hand-over/.test(l.message ?? ''))));
+  const handover = (logs) => JSON.stringify(logs.filter((l) => /hand-over|draining/.test(l.message ?? '')));
+  assert.equal(next.logs.find((l) => /hand-over/.test(l.message ?? '')).message, 'hand-over taken', `new: ${handover(next.logs)}; old: ${handover(old.logs)}`);
   const exit = await Promise.race([oldExit, new Promise((r) => setTimeout(() => r(null), 15_000))]);
   assert.equal(exit, 0, 'the old daemon, left with nothing, exits 0');
   // What the new daemon took is what the old one held (its own "hand-over given" line can be lost here: the drain

@@ -998,6 +998,10 @@ pub fn take_waves(
                         break;
                     }
                     Kind::Done if hello.waves && got.is_empty() => return Ok(()),
+                    Kind::Abort => {
+                        let r: Reason = json(&f).unwrap_or(Reason { reason: "no reason given".into(), node: None });
+                        return Err(protocol(format!("the predecessor gave up: {}", r.reason)));
+                    }
                     k => return Err(protocol(format!("unexpected {k:?} frame"))),
                 }
             }
