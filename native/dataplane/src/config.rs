@@ -102,7 +102,7 @@ pub struct SocketConfig {
     #[cfg_attr(test, ts(type = "number"))]
     pub keepalive_interval_ms: u64,
     pub keepalive_retries: u32,
-    /// TCP_USER_TIMEOUT = time + interval × retries (ztunnel's rule), when keepalive is on.
+    /// TCP_USER_TIMEOUT = time + interval × retries (ztunnel's rule), whether keepalive is on or not.
     pub user_timeout_enabled: bool,
 }
 

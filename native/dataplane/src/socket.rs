@@ -23,22 +23,22 @@ pub fn configure(cfg: crate::config::SocketConfig) {
     *KEEPALIVE.write() = Some(cfg);
 }
 
-/// SO_KEEPALIVE with its time, interval and count, and TCP_USER_TIMEOUT when asked (ztunnel's `SocketConfig`), on an
-/// upstream socket before it connects and on each accepted one (a listener's options reach its children, but not an
-/// armed keepalive timer). A handed-over socket keeps them: it is the same socket.
-fn keepalive(sock: socket2::SockRef<'_>) -> io::Result<()> {
+/// SO_KEEPALIVE with its time, interval and count when enabled, and TCP_USER_TIMEOUT when asked (on its own, as in
+/// ztunnel's `DefaultSocketFactory`: time + interval × retries), on an upstream socket before it connects and on each
+/// accepted one (a listener's options reach its children, but not an armed keepalive timer). Best effort, as ztunnel's:
+/// a refused option never fails the connection. A handed-over socket keeps them: it is the same socket.
+fn keepalive(sock: socket2::SockRef<'_>) {
     let cfg = KEEPALIVE.read().unwrap_or_default();
-    if !cfg.keepalive_enabled {
-        return Ok(());
-    }
     let (time, interval) =
         (Duration::from_millis(cfg.keepalive_time_ms), Duration::from_millis(cfg.keepalive_interval_ms));
-    let ka = socket2::TcpKeepalive::new().with_time(time).with_interval(interval).with_retries(cfg.keepalive_retries);
-    sock.set_tcp_keepalive(&ka)?;
-    if cfg.user_timeout_enabled {
-        sock.set_tcp_user_timeout(Some(time + interval * cfg.keepalive_retries))?;
+    if cfg.keepalive_enabled {
+        let ka =
+            socket2::TcpKeepalive::new().with_time(time).with_interval(interval).with_retries(cfg.keepalive_retries);
+        let _ = sock.set_tcp_keepalive(&ka);
     }
-    Ok(())
+    if cfg.user_timeout_enabled {
+        let _ = sock.set_tcp_user_timeout(Some(time + interval * cfg.keepalive_retries));
+    }
 }
 
 pub trait SocketFactory: Send + Sync + 'static {
@@ -111,7 +111,8 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 /// An accepted connection's options: TCP_NODELAY and the keepalive.
 pub fn accepted(stream: &TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    keepalive(socket2::SockRef::from(stream))
+    keepalive(socket2::SockRef::from(stream));
+    Ok(())
 }
 
 /// Best effort: IP_TRANSPARENT needs CAP_NET_ADMIN. Returns whether it took.
@@ -165,7 +166,7 @@ pub async fn connect_with(
         sock.bind(&src.into())?;
     }
     sock.set_tcp_nodelay(true)?;
-    keepalive(socket2::SockRef::from(&sock))?;
+    keepalive(socket2::SockRef::from(&sock));
     sock.set_nonblocking(true)?;
     let sock = TcpSocket::from_std_stream(sock.into());
     match tokio::time::timeout(timeout, sock.connect(dst)).await {
@@ -210,6 +211,12 @@ mod tests {
         configure(crate::config::SocketConfig { keepalive_enabled: false, ..cfg });
         let off = connect_with(&DefaultSockets, addr, ConnectOptions::default(), Duration::from_secs(5)).await.unwrap();
         assert!(!socket2::SockRef::from(&off).keepalive().unwrap(), "off: no keepalive");
+        let user_timeout = socket2::SockRef::from(&off).tcp_user_timeout().unwrap();
+        assert_eq!(
+            user_timeout,
+            Some(Duration::from_secs(42 + 7 * 3)),
+            "the user timeout on its own, as ztunnel sets it"
+        );
         configure(crate::config::SocketConfig::default());
     }
 }

@@ -6,6 +6,6 @@
  */
 export type SocketConfig = { keepaliveEnabled: boolean, keepaliveTimeMs: number, keepaliveIntervalMs: number, keepaliveRetries: number, 
 /**
- * TCP_USER_TIMEOUT = time + interval × retries (ztunnel's rule), when keepalive is on.
+ * TCP_USER_TIMEOUT = time + interval × retries (ztunnel's rule), whether keepalive is on or not.
  */
 userTimeoutEnabled: boolean, };
