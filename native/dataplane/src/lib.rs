@@ -825,15 +825,26 @@ impl Dataplane {
                 m.drain_all(deadline).await;
             }
         };
-        let (results, ()) =
-            tokio::join!(futures_util::future::join_all(locals.iter().map(|d| d.drain(deadline))), pods);
+        // A hand-over under way, or connections carried on after one, are waited for too: a stream whose connection
+        // pauses ends its task, and the daemon must not shut down under the connection's offer.
+        let hub = self.pi.handover.clone();
+        let (results, (), settled) = tokio::join!(
+            futures_util::future::join_all(locals.iter().map(|d| d.drain(deadline))),
+            pods,
+            hub.settled(deadline)
+        );
         self.drain.force.cancel();
-        results.into_iter().all(|clean| clean)
+        if !settled {
+            let _ = hub.settled(Duration::from_secs(1)).await;
+        }
+        settled && results.into_iter().all(|clean| clean)
     }
 
     /// Stop the runtime and join its threads. Must not be called from inside the runtime.
     pub fn shutdown(&self) {
         if let Some(rt) = self.rt.lock().take() {
+            // Not under a hand-over's feet: dropping the tasks would close the sockets it is sending.
+            let _quiet = self.pi.handover.quiesce(Duration::from_secs(2));
             self.drain.force.cancel();
             self.pi.silos.shutdown(Duration::from_secs(2));
             rt.shutdown_timeout(Duration::from_secs(2));

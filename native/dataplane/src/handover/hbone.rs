@@ -965,6 +965,8 @@ pub async fn run_streams(
     arrival: Option<super::Arrival>,
 ) {
     use futures_util::stream::{FuturesUnordered, StreamExt};
+    // A kept connection's streams have no task of their own left: the daemon's drain waits for this one.
+    let _carrying = pi.handover.carrying();
     let mut open: std::collections::HashMap<u32, Open> =
         ids.into_iter().zip(metas).map(|(id, m)| (id, Open::new(&pi, m))).collect();
     drop(arrival);

@@ -117,6 +117,10 @@ pub struct Hub {
     weight: [AtomicUsize; SLOTS],
     /// One hand-over at a time.
     busy: Mutex<()>,
+    /// What the daemon's drain waits for besides its tasks: a hand-over under way (the sockets of the connections it
+    /// paused are borrowed from tasks that must outlive it, and a stream whose connection pauses ends its own task),
+    /// and HBONE connections an engine carries on in a connection's task once their streams' tasks have ended.
+    carrying: tokio_util::task::TaskTracker,
     /// About how many connections a wave holds (`WAVE`).
     wave: usize,
 }
@@ -135,6 +139,7 @@ impl Default for Hub {
             live: std::array::from_fn(|_| AtomicUsize::new(0)),
             weight: std::array::from_fn(|_| AtomicUsize::new(0)),
             busy: Mutex::new(()),
+            carrying: tokio_util::task::TaskTracker::new(),
             wave: WAVE,
         }
     }
@@ -465,6 +470,24 @@ impl Hub {
         self.live_in(0..SLOTS)
     }
 
+    /// Held for as long as a drain must wait for what it covers (see `carrying`).
+    pub fn carrying(&self) -> tokio_util::task::task_tracker::TaskTrackerToken {
+        self.carrying.token()
+    }
+
+    /// Wait, up to `deadline`, until no hand-over is under way and no carried-on connection is left; true if so. For
+    /// the daemon's drain: the hub takes nothing new to wait for after it.
+    pub async fn settled(&self, deadline: Duration) -> bool {
+        self.carrying.close();
+        tokio::time::timeout(deadline, self.carrying.wait()).await.is_ok()
+    }
+
+    /// For the runtime's shutdown: wait (up to `wait`) for a hand-over under way to end, and hold off any other while
+    /// the guard lives, so that no exchange sends a socket whose task the shutdown has dropped.
+    pub fn quiesce(&self, wait: Duration) -> Option<parking_lot::MutexGuard<'_, ()>> {
+        self.busy.try_lock_for(wait)
+    }
+
     fn live_in(&self, slots: std::ops::Range<usize>) -> usize {
         self.live[slots].iter().map(|n| n.load(Ordering::Acquire)).sum()
     }
@@ -490,6 +513,7 @@ impl Hub {
     /// thread). `stop_accepting` runs once the successor is known to speak this version, before the pause.
     pub fn give(&self, sock: UnixStream, node: &str, stop_accepting: impl FnOnce()) -> HandoverReport {
         let _one = self.busy.lock();
+        let _carrying = self.carrying();
         let started = Instant::now();
         let mut report = HandoverReport { role: "give".into(), ..Default::default() };
         // The waves committed (the successor's: their tasks let go at the end), and the wave under way.
@@ -531,8 +555,9 @@ impl Hub {
                 let t0 = Instant::now();
                 reached = slots.end;
                 self.pause_slots(slots, &mut paused);
-                // The declined carry on at once, and are not counted.
-                for o in paused.extract_if(.., |o| o.parcel.fds.is_empty()) {
+                // The declined carry on at once, and are not counted. An offer whose task is gone (a runtime that shut
+                // down under it) is not sent: its sockets closed with the task, and their numbers may be another's.
+                for o in paused.extract_if(.., |o| o.parcel.fds.is_empty() || o.verdict.is_closed()) {
                     let _ = o.verdict.send(Verdict::Keep);
                 }
                 // Connections that described themselves after the first collection (set up meanwhile) did so before
@@ -652,7 +677,8 @@ impl Hub {
         for t in &self.round.lock().pause[slots.clone()] {
             t.cancel();
         }
-        let ours = |o: &Offer| slots.contains(&slot(o.parcel.id));
+        // One whose task is gone does not count (nor is it sent: `give`).
+        let ours = |o: &Offer| slots.contains(&slot(o.parcel.id)) && !o.verdict.is_closed();
         *into = collect(&self.offers_rx.lock(), ours, || self.live_in(slots.clone()), std::mem::take(into));
     }
 }

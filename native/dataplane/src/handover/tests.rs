@@ -1,6 +1,7 @@
 //! The hand-over within one process: a predecessor's relay and a successor's resume over a socket pair, with the
 //! same descriptors and the same exchange as between two daemons.
 
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -546,4 +547,77 @@ fn an_hbone_connection_weighs_its_streams_in_the_waves() {
     }
     assert_eq!(hub.waves().len(), SLOTS, "8 streams each: a wave each");
     assert_eq!(hub.waves().iter().map(|w| w.len()).sum::<usize>(), SLOTS, "every slot in one wave");
+}
+
+/// An offer whose task is gone before the exchange sends it (a runtime shut down under it) is not sent: its sockets
+/// closed with the task, and their numbers may already be another socket's. The rest cross as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_whose_task_is_gone_is_not_sent() {
+    let old = Arc::new(Hub::default());
+    let f = flow(old.clone()).await;
+    wait_live(&old, 1).await;
+    // A connection's task queues its offer and is dropped, its sockets with it, the offer still queued.
+    let (a, b) = pair().await;
+    let (hub, (queued_tx, queued)) = (old.clone(), tokio::sync::oneshot::channel());
+    let task = tokio::spawn(async move {
+        let ticket = hub.ticket();
+        let round = ticket.round();
+        let fds = vec![a.as_raw_fd(), b.as_raw_fd()];
+        let offer = ticket
+            .offer(round.generation, Parcel { id: ticket.id, fds, meta: None, legs: Default::default(), hbone: None });
+        let mut offer = std::pin::pin!(offer);
+        // Polled once: queued in the hub.
+        assert!(futures_util::poll!(offer.as_mut()).is_pending());
+        let _ = queued_tx.send(());
+        offer.await
+    });
+    queued.await.unwrap();
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    // The closed numbers are taken again by the hand-over's own socket pair.
+    let (p, s) = UnixStream::pair().unwrap();
+    let hub = old.clone();
+    let give = tokio::task::spawn_blocking(move || hub.give(p, "node-a", || ()));
+    let (taken, received) = tokio::task::spawn_blocking(move || take_on(s, "node-a")).await.unwrap();
+    let given = give.await.unwrap();
+    assert_eq!((given.error.as_deref(), given.connections), (None, 1), "{given:?}");
+    assert_eq!((taken.error.as_deref(), taken.connections, received.len()), (None, 1, 1), "{taken:?}");
+    let pi = crate::inpod::testutil::inputs();
+    for r in received {
+        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, arrival()));
+    }
+    assert_eq!(f.relay.await.unwrap(), "handed over");
+    assert_eq!(f.server.await.unwrap(), (UP, 0));
+    assert_eq!(f.client.await.unwrap(), (DOWN, 0));
+}
+
+/// The daemon's drain waits for a hand-over under way (its streams' tasks may all have ended, their connection's
+/// offer still in its hands), and for a connection carried on after one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_waits_for_a_hand_over_under_way() {
+    let hub = Arc::new(Hub::default());
+    let (p, s) = UnixStream::pair().unwrap();
+    let h = hub.clone();
+    let give = tokio::task::spawn_blocking(move || h.give(p, "node-a", || ()));
+    send_json(&s, Kind::Hello, &Hello { version: VERSION, pid: 0, node: "node-a".into(), waves: false }).unwrap();
+    let s = tokio::task::spawn_blocking(move || {
+        while let Ok(Some(f)) = wire::recv(&s) {
+            if f.kind == Kind::Offered {
+                break;
+            }
+        }
+        s
+    })
+    .await
+    .unwrap();
+    // The exchange waits for `Ready`.
+    assert!(!hub.settled(Duration::from_millis(200)).await, "settled while a hand-over is under way");
+    let carried = hub.carrying();
+    send_json(&s, Kind::Ready, &Count { count: 0 }).unwrap();
+    assert_eq!(wire::recv(&s).unwrap().unwrap().kind, Kind::Commit);
+    wire::send(&s, Kind::Committed, &[], b"").unwrap();
+    assert_eq!(give.await.unwrap().error, None);
+    assert!(!hub.settled(Duration::from_millis(100)).await, "settled while a carried-on connection is left");
+    drop(carried);
+    assert!(hub.settled(Duration::from_secs(1)).await);
 }
