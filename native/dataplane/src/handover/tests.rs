@@ -222,12 +222,8 @@ async fn a_successor_that_fails_before_committing_leaves_everything_with_the_pre
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kept_connection_pauses_again_for_the_next_successor() {
-    let hub = Arc::new(Hub::default());
-    let f = flow(hub.clone()).await;
-    wait_live(&hub, 1).await;
-    // A first successor that dies after the offers.
+/// A give from `hub` to a successor (the end returned) that has said hello, in one wave, and read up to `Offered`.
+async fn giving_until_offered(hub: &Arc<Hub>) -> (tokio::task::JoinHandle<HandoverReport>, UnixStream) {
     let (p, s) = UnixStream::pair().unwrap();
     let h = hub.clone();
     let give = tokio::task::spawn_blocking(move || h.give(p, "node-a", || ()));
@@ -238,8 +234,19 @@ async fn a_kept_connection_pauses_again_for_the_next_successor() {
                 break;
             }
         }
+        s
     });
-    s.await.unwrap();
+    (give, s.await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_connection_pauses_again_for_the_next_successor() {
+    let hub = Arc::new(Hub::default());
+    let f = flow(hub.clone()).await;
+    wait_live(&hub, 1).await;
+    // A first successor that dies after the offers.
+    let (give, s) = giving_until_offered(&hub).await;
+    drop(s);
     assert_eq!(give.await.unwrap().kept, 1);
     // The second one takes it.
     let (p, s) = UnixStream::pair().unwrap();
@@ -596,20 +603,7 @@ async fn an_offer_whose_task_is_gone_is_not_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_waits_for_a_hand_over_under_way() {
     let hub = Arc::new(Hub::default());
-    let (p, s) = UnixStream::pair().unwrap();
-    let h = hub.clone();
-    let give = tokio::task::spawn_blocking(move || h.give(p, "node-a", || ()));
-    send_json(&s, Kind::Hello, &Hello { version: VERSION, pid: 0, node: "node-a".into(), waves: false }).unwrap();
-    let s = tokio::task::spawn_blocking(move || {
-        while let Ok(Some(f)) = wire::recv(&s) {
-            if f.kind == Kind::Offered {
-                break;
-            }
-        }
-        s
-    })
-    .await
-    .unwrap();
+    let (give, s) = giving_until_offered(&hub).await;
     // The exchange waits for `Ready`.
     assert!(!hub.settled(Duration::from_millis(200)).await, "settled while a hand-over is under way");
     let carried = hub.carrying();
