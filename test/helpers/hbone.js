@@ -20,7 +20,7 @@ export function spiffeSans(peerCert) {
  * `settings`: the client's HTTP/2 SETTINGS. `expectServerId`: the server's single SPIFFE SAN must be this identity (DNS names are ignored, as
  * in ztunnel). Resolves the ClientHttp2Session once the TLS handshake and the h2 preface are done, or rejects.
  */
-export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId, maxVersion = 'TLSv1.3', minVersion = 'TLSv1.3', timeoutMs = 10_000, alpn = ['h2'], via, settings }) {
+export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId, maxVersion = 'TLSv1.3', minVersion = 'TLSv1.3', ecdhCurve, ciphers, timeoutMs = 10_000, alpn = ['h2'], via, settings }) {
   return new Promise((resolve, reject) => {
     let tlsSocket;
     const session = http2Connect(`https://${host}:${port}`, {
@@ -34,6 +34,8 @@ export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId
           ...(alpn === null ? {} : { ALPNProtocols: alpn }),
           minVersion,
           maxVersion,
+          ...(ecdhCurve ? { ecdhCurve } : {}),
+          ...(ciphers ? { ciphers } : {}),
           checkServerIdentity: (_name, peer) => {
             const ids = spiffeSans(peer);
             if (expectServerId && (ids.length !== 1 || ids[0] !== expectServerId)) {
@@ -182,5 +184,28 @@ export async function echoRoundTrip(opts, authority) {
     return performance.now() - t0;
   } finally {
     s.destroy();
+  }
+}
+
+/**
+ * The whole HBONE exchange with `host:15008` (handshake with `opts` as hboneSession's, h2, a CONNECT to `target`,
+ * some bytes written). Resolves 'refused: <code> <message>' or 'tunnel open' (a 200, and the bytes went).
+ */
+export async function tunnelAttempt({ target, ...opts }) {
+  let session;
+  try {
+    session = await hboneSession(opts);
+  } catch (err) {
+    return `refused: ${err.code ?? ''} ${err.message}`;
+  }
+  try {
+    const r = await connectRequest(session, target);
+    if (r.status !== 200) return `refused: status ${r.status} ${r.error?.message ?? ''}`;
+    const done = readAll(r.stream);
+    r.stream.end('these bytes must never reach the app');
+    await done;
+    return 'tunnel open';
+  } finally {
+    session.destroy();
   }
 }

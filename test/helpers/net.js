@@ -73,6 +73,7 @@ export const BLOCKS = Object.freeze({
   'handover-envoy': 76,
   'socket-keepalive': 77,
   'compressed-answers': 78,
+  'tls-policy': 79,
 });
 
 /** Addresses of one file's block. */

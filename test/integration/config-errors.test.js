@@ -77,8 +77,7 @@ test('(e) what the dataplane would refuse is a configuration error naming the va
 });
 
 test('(f) a setting of Istio\'s ztunnel that ztunnel-node does not implement is refused by name at start, exit 2', async () => {
-  // A post-quantum compliance requirement must not quietly get classical key exchange, nor a TLS 1.2 peer silently
-  // fail later.
-  await assertConfigError({ COMPLIANCE_POLICY: 'pqc' }, 'COMPLIANCE_POLICY=pqc', 'not supported');
-  await assertConfigError({ TLS12_ENABLED: 'true', XDS_ON_DEMAND: 'true' }, 'TLS12_ENABLED=true', 'XDS_ON_DEMAND=true');
+  // A FIPS requirement must not quietly get the default crypto build, nor a fake CA or on-demand xDS be assumed.
+  await assertConfigError({ COMPLIANCE_POLICY: 'fips-140-2' }, 'COMPLIANCE_POLICY', 'pqc');
+  await assertConfigError({ FAKE_CA: 'true', XDS_ON_DEMAND: 'true' }, 'FAKE_CA=true', 'XDS_ON_DEMAND=true');
 });

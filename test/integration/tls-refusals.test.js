@@ -8,8 +8,8 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
-import { connectRequest, hboneSession, startHboneServer } from '../helpers/hbone.js';
-import { BLOCKS, block, readAll, socks5Request, startCountingServer, waitFor } from '../helpers/net.js';
+import { startHboneServer, tunnelAttempt } from '../helpers/hbone.js';
+import { BLOCKS, block, socks5Request, startCountingServer, waitFor } from '../helpers/net.js';
 import { builtinCa, builtinLeaf, makeCa, makeLeaf, spiffe } from '../helpers/pki.js';
 
 const net = block(BLOCKS['tls-refusals']);
@@ -52,28 +52,8 @@ before(async () => {
 
 const handshakeFailures = (direction) => daemon.metric('ztunnel_node_tls_handshake_failures_total', { direction });
 
-/**
- * Tries the whole HBONE exchange (handshake, h2, CONNECT, some bytes). Resolves 'refused: ...' or 'tunnel open'
- * (the status was 200 and bytes were written).
- */
-async function attempt(opts) {
-  let session;
-  try {
-    session = await hboneSession({ host: ECHO_IP, ca: root, ...opts });
-  } catch (err) {
-    return `refused: ${err.code ?? ''} ${err.message}`;
-  }
-  try {
-    const r = await connectRequest(session, `${ECHO_IP}:${APP_PORT}`);
-    if (r.status !== 200) return `refused: status ${r.status} ${r.error?.message ?? ''}`;
-    const done = readAll(r.stream);
-    r.stream.end('these bytes must never reach the app');
-    await done;
-    return 'tunnel open';
-  } finally {
-    session.destroy();
-  }
-}
+/** The whole HBONE exchange to the echo app (`tunnelAttempt`). */
+const attempt = (opts) => tunnelAttempt({ host: ECHO_IP, ca: root, target: `${ECHO_IP}:${APP_PORT}`, ...opts });
 
 /**
  * Asserts the attempt is refused during the TLS handshake (the daemon's alert matches `alert`), counted as an

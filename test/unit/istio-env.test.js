@@ -35,7 +35,7 @@ test('README lists every refused variable with the values it accepts, and nothin
 test('each refused variable stops the start, naming it; the values that ask for what ztunnel-node does pass', () => {
   for (const [name, r] of Object.entries(REFUSED)) {
     const opposite = { true: 'false', false: 'true' };
-    const bad = opposite[r.accepts[0]] ?? (name === 'COMPLIANCE_POLICY' ? 'pqc' : 'x');
+    const bad = opposite[r.accepts[0]] ?? 'x';
     assert.throws(
       () => loadConfig({ env: { [name]: bad }, exists: () => false }),
       (err) => err instanceof ConfigError && err.message.includes(`${name}=${bad} is not supported`) && err.message.includes(r.reason),
@@ -48,12 +48,12 @@ test('each refused variable stops the start, naming it; the values that ask for 
   // Several at once: each is named.
   const err = (() => {
     try {
-      loadConfig({ env: { TLS12_ENABLED: 'true', FAKE_CA: 'true' }, exists: () => false });
+      loadConfig({ env: { XDS_ON_DEMAND: 'true', FAKE_CA: 'true' }, exists: () => false });
     } catch (e) {
       return e;
     }
   })();
-  assert.match(err?.message ?? '', /TLS12_ENABLED=true.*FAKE_CA=true|FAKE_CA=true.*TLS12_ENABLED=true/);
+  assert.match(err?.message ?? '', /XDS_ON_DEMAND=true.*FAKE_CA=true|FAKE_CA=true.*XDS_ON_DEMAND=true/);
 });
 
 test('a mesh config file where ztunnel reads one is refused, not ignored', () => {

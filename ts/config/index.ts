@@ -9,6 +9,7 @@ import * as D from './defaults.js';
 import { formatDurationMs } from './duration.js';
 import { parseFlags } from './flags.js';
 import { refusedSettings } from './istio-env.js';
+import { controlPlaneTlsProblem, type TlsPolicy } from './tls.js';
 import {
   CONFIG_KEYS,
   MAX_WORKER_THREADS,
@@ -55,6 +56,8 @@ export interface Config {
     readonly userTimeoutEnabled: boolean;
   };
   readonly http2: { readonly streamWindowSize: number; readonly connectionWindowSize: number; readonly frameSize: number };
+  /** TLS12_ENABLED and COMPLIANCE_POLICY=pqc: HBONE's TLS in and out, and the connections to istiod (ztunnel's provider). */
+  readonly tls: TlsPolicy;
   /** Bytes of stream data buffered toward HBONE peers across all connections (STREAM_BUFFER_BUDGET). */
   readonly streamBufferBudget: number;
   readonly connectionTimeoutMs: number;
@@ -158,6 +161,8 @@ export function loadConfig(input: ConfigInput): Config {
     throw new ConfigError(`invalid configuration: ${lines.join('; ')}`);
   }
   const config = resolve(parsed.data, fromFlag, input.cpuCount ?? availableParallelism(), input.allArgs ?? args, input.env.XDG_RUNTIME_DIR);
+  const unmet = controlPlaneTlsProblem(config.tls, [config.xdsAddress, config.caAddress]);
+  if (unmet !== null) throw new ConfigError(`invalid configuration: COMPLIANCE_POLICY=pqc: ${unmet}`);
   return deepFreeze({ ...config, ...resolvePrefixed(prefixed.data) });
 }
 
@@ -232,6 +237,7 @@ function resolve(
       keepaliveRetries: raw.KEEPALIVE_RETRIES ?? D.DEFAULT_SOCKET.keepaliveRetries,
       userTimeoutEnabled: raw.USER_TIMEOUT_ENABLED ?? D.DEFAULT_SOCKET.userTimeoutEnabled,
     },
+    tls: { tls12: raw.TLS12_ENABLED ?? false, pqc: raw.COMPLIANCE_POLICY === 'pqc' },
     http2: {
       streamWindowSize: raw.HTTP2_STREAM_WINDOW_SIZE ?? D.DEFAULT_HTTP2_STREAM_WINDOW_SIZE,
       connectionWindowSize: raw.HTTP2_CONNECTION_WINDOW_SIZE ?? D.DEFAULT_HTTP2_CONNECTION_WINDOW_SIZE,

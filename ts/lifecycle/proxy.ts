@@ -172,6 +172,7 @@ export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameserve
     poolMaxStreamsPerConnection: config.poolMaxStreamsPerConnection,
     poolUnusedReleaseTimeoutMs: config.poolUnusedReleaseTimeoutMs,
     socket: { ...config.socketConfig },
+    tls: { ...config.tls },
     http2: { ...config.http2 },
     connectTimeoutMs: config.connectionTimeoutMs,
     handshakeTimeoutMs: HANDSHAKE_TIMEOUT_MS,
@@ -652,7 +653,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       const { IstiodCertificateAuthority } = await import('../ca/istiod.js');
       // One daemon asks for many identities (local and shared modes): istiod must let it impersonate them.
       ca = new IstiodCertificateAuthority({
-        target: { address: config.caAddress, rootCa: config.caRootCa, altHostname: config.altCaHostname },
+        target: { address: config.caAddress, rootCa: config.caRootCa, altHostname: config.altCaHostname, tls: config.tls },
         token,
         clusterId: config.clusterId,
         headers: config.caHeaders,
@@ -737,7 +738,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     // The xDS client, gRPC and the envoy/istio protobuf code load only when there is an istiod to talk to.
     const { XdsClient, ztunnelNodeId, ztunnelNodeMetadata } = await import('../xds/client.js');
     xds = new XdsClient({
-      target: { address: config.xdsAddress, rootCa: config.xdsRootCa, altHostname: config.altXdsHostname },
+      target: { address: config.xdsAddress, rootCa: config.xdsRootCa, altHostname: config.altXdsHostname, tls: config.tls },
       token,
       clusterId: config.clusterId,
       headers: config.xdsHeaders,

@@ -13,6 +13,7 @@ import { isIP, type Socket } from 'node:net';
 import { checkServerIdentity, connect as tlsConnect, createSecureContext, type PeerCertificate, type SecureContext } from 'node:tls';
 import * as grpc from '@grpc/grpc-js';
 import { ConfigError } from '../errors.js';
+import { controlPlaneTls, type TlsPolicy } from '../config/tls.js';
 import type { TokenSource } from './token.js';
 
 export interface ControlPlaneTarget {
@@ -21,6 +22,8 @@ export interface ControlPlaneTarget {
   /** A file path, "SYSTEM", or inline PEM. */
   rootCa: string;
   altHostname: string | null;
+  /** TLS12_ENABLED and COMPLIANCE_POLICY (none: TLS 1.3, classical key exchange). */
+  tls?: TlsPolicy;
 }
 
 /** host:port for grpc-js, from an https URL. */
@@ -111,7 +114,8 @@ export function channelCredentials(t: ControlPlaneTarget): grpc.ChannelCredentia
     return checkServerIdentity(alt, cert) === undefined ? undefined : err;
   };
   // No `ca` (SYSTEM) is Node's default roots, as grpc-js's createSsl(null).
-  return new ControlPlaneCredentials(createSecureContext(roots === null ? {} : { ca: roots }), host, checkIdentity);
+  const context = createSecureContext({ ...controlPlaneTls(t.tls ?? { tls12: false, pqc: false }), ...(roots !== null && { ca: roots }) });
+  return new ControlPlaneCredentials(context, host, checkIdentity);
 }
 
 /** Metadata for one request: `authorization: Bearer` and `clusterid` when a token is configured, then extras. */

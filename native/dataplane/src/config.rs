@@ -118,6 +118,19 @@ impl Default for SocketConfig {
     }
 }
 
+/// What HBONE's TLS allows beyond TLS 1.3 with classical key exchange: ztunnel's TLS12_ENABLED and
+/// COMPLIANCE_POLICY=pqc (`tls::provider_for`).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsPolicy {
+    /// TLS 1.2 too, with the ECDHE AES-GCM suites (a TLS 1.2 connection is not handed over: it drains).
+    pub tls12: bool,
+    /// X25519MLKEM768 the only key exchange.
+    pub pqc: bool,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
 #[cfg_attr(
@@ -163,6 +176,8 @@ pub struct Config {
     pub stream_buffer_budget: usize,
     /// KEEPALIVE_* and USER_TIMEOUT_ENABLED.
     pub socket: SocketConfig,
+    /// TLS12_ENABLED and COMPLIANCE_POLICY.
+    pub tls: TlsPolicy,
 }
 
 /// The dataplane's defaults: the one table of them. Its Rust tests, examples and benches use it directly (and a JSON
@@ -191,6 +206,7 @@ impl Default for Config {
             dns: DnsConfig::default(),
             stream_buffer_budget: crate::budget::DEFAULT_LIMIT,
             socket: SocketConfig::default(),
+            tls: TlsPolicy::default(),
         }
     }
 }

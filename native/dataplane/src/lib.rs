@@ -254,7 +254,7 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Runtime(e.to_string()))?;
         let handle = rt.handle().clone();
         let drain = Drain::new();
-        let certs = Arc::new(CertStore::new(tls::provider()));
+        let certs = Arc::new(CertStore::new(tls::provider_for(cfg.tls).map_err(DataplaneError::Spec)?));
         let metrics = Arc::new(Metrics::default());
         let events = Arc::new(Events::default());
         metrics.budget.configure(cfg.stream_buffer_budget, events.clone());

@@ -2,6 +2,7 @@
 import type { DnsConfig } from "./DnsConfig.js";
 import type { Http2Config } from "./Http2Config.js";
 import type { SocketConfig } from "./SocketConfig.js";
+import type { TlsPolicy } from "./TlsPolicy.js";
 
 export type DataplaneConfig = { nodeName: string, clusterId: string, network: string, trustDomain: string, workerThreads: number, 
 /**
@@ -42,4 +43,8 @@ streamBufferBudget: number,
 /**
  * KEEPALIVE_* and USER_TIMEOUT_ENABLED.
  */
-socket: SocketConfig, };
+socket: SocketConfig, 
+/**
+ * TLS12_ENABLED and COMPLIANCE_POLICY.
+ */
+tls: TlsPolicy, };

@@ -40,5 +40,9 @@ export const DATAPLANE_DEFAULTS: DataplaneConfig = {
     "keepaliveIntervalMs": 180000,
     "keepaliveRetries": 9,
     "userTimeoutEnabled": false
+  },
+  "tls": {
+    "tls12": false,
+    "pqc": false
   }
 };

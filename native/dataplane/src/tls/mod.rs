@@ -1,4 +1,5 @@
-//! rustls configuration for HBONE: TLS 1.3 only, AES-GCM suites, ALPN h2, SPIFFE verification both ways.
+//! rustls configuration for HBONE: TLS 1.3 (and 1.2 with TLS12_ENABLED), AES-GCM suites, ALPN h2, SPIFFE
+//! verification both ways.
 
 pub mod crl;
 mod verify;
@@ -48,12 +49,49 @@ fn base_provider() -> CryptoProvider {
     rustls::crypto::ring::default_provider()
 }
 
-/// The provider HBONE uses: Istio's suite list (TLS 1.3 AES-256-GCM and AES-128-GCM; no ChaCha20).
+/// The provider HBONE uses by default: Istio's suite list (TLS 1.3 AES-256-GCM and AES-128-GCM; no ChaCha20).
 pub fn provider() -> Arc<CryptoProvider> {
-    use rustls::CipherSuite::{TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384};
+    provider_for(crate::config::TlsPolicy::default()).expect("the default policy needs nothing a build may lack")
+}
+
+/// The provider under TLS12_ENABLED and COMPLIANCE_POLICY, as ztunnel's `tls::lib::provider`: TLS 1.2 adds the
+/// ECDHE AES-GCM suites (ECDSA and RSA); `pqc` leaves X25519MLKEM768 the one key exchange, in and out. What a
+/// provider holds decides the protocol versions too (`versions`), so the policy lives in one value.
+pub fn provider_for(policy: crate::config::TlsPolicy) -> Result<Arc<CryptoProvider>, String> {
+    use rustls::CipherSuite as S;
     let mut p = base_provider();
-    p.cipher_suites.retain(|s| matches!(s.suite(), TLS13_AES_256_GCM_SHA384 | TLS13_AES_128_GCM_SHA256));
-    Arc::new(p)
+    p.cipher_suites.retain(|s| match s.suite() {
+        S::TLS13_AES_256_GCM_SHA384 | S::TLS13_AES_128_GCM_SHA256 => true,
+        S::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
+        | S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+        | S::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384
+        | S::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => policy.tls12,
+        _ => false,
+    });
+    if policy.pqc {
+        p.kx_groups = pqc_groups()?;
+    }
+    Ok(Arc::new(p))
+}
+
+#[cfg(feature = "aws-lc-rs")]
+fn pqc_groups() -> Result<Vec<&'static dyn rustls::crypto::SupportedKxGroup>, String> {
+    Ok(vec![rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768])
+}
+#[cfg(all(feature = "ring", not(feature = "aws-lc-rs")))]
+fn pqc_groups() -> Result<Vec<&'static dyn rustls::crypto::SupportedKxGroup>, String> {
+    Err("COMPLIANCE_POLICY=pqc needs X25519MLKEM768, which this build's crypto provider (ring) lacks: use the aws-lc-rs build".into())
+}
+
+/// The protocol versions a provider's suites allow: TLS 1.3, and TLS 1.2 when it holds a TLS 1.2 suite.
+pub fn versions(provider: &CryptoProvider) -> &'static [&'static rustls::SupportedProtocolVersion] {
+    static TLS13: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+    static TLS13_12: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13, &rustls::version::TLS12];
+    if provider.cipher_suites.iter().any(|s| s.tls13().is_none()) {
+        TLS13_12
+    } else {
+        TLS13
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,8 +134,9 @@ fn handover_ready(key_log: &mut Arc<dyn rustls::KeyLog>, extraction: &mut bool) 
 pub fn server_config(store: Arc<CertStore>, identity: Identity) -> Result<ServerConfig, TlsError> {
     let provider = store.provider().clone();
     let verifier = Arc::new(SpiffeClientVerifier::new(store.clone(), identity.clone()));
+    let versions = versions(&provider);
     let mut cfg = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_protocol_versions(versions)?
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(Arc::new(WorkloadCertResolver { store, identity }));
     cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
@@ -132,8 +171,9 @@ pub fn client_config(
     crls: Arc<crl::CrlSet>,
 ) -> Result<ClientConfig, TlsError> {
     let verifier = Arc::new(SpiffeServerVerifier::new(cert.roots.clone(), expected, provider.clone(), crls));
+    let versions = versions(&provider);
     let mut cfg = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_protocol_versions(versions)?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_client_cert_resolver(Arc::new(FixedClientCert(cert.certified.clone())));
@@ -142,4 +182,48 @@ pub fn client_config(
     cfg.resumption = Resumption::disabled();
     handover_ready(&mut cfg.key_log, &mut cfg.enable_secret_extraction);
     Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TlsPolicy;
+    use rustls::CipherSuite as S;
+    use rustls::NamedGroup;
+
+    fn suites(p: &CryptoProvider) -> Vec<S> {
+        p.cipher_suites.iter().map(|s| s.suite()).collect()
+    }
+
+    #[test]
+    fn the_policy_decides_suites_versions_and_key_exchange_as_ztunnel_s_provider() {
+        let default = provider();
+        assert_eq!(suites(&default), [S::TLS13_AES_256_GCM_SHA384, S::TLS13_AES_128_GCM_SHA256]);
+        assert_eq!(versions(&default), &[&rustls::version::TLS13]);
+        assert!(default.kx_groups.iter().any(|g| g.name() == NamedGroup::X25519), "classical by default");
+
+        let tls12 = provider_for(TlsPolicy { tls12: true, pqc: false }).unwrap();
+        assert_eq!(
+            suites(&tls12),
+            [
+                S::TLS13_AES_256_GCM_SHA384,
+                S::TLS13_AES_128_GCM_SHA256,
+                S::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+                S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+                S::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+                S::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+            ]
+        );
+        assert_eq!(versions(&tls12), &[&rustls::version::TLS13, &rustls::version::TLS12]);
+
+        #[cfg(feature = "aws-lc-rs")]
+        {
+            let pqc = provider_for(TlsPolicy { tls12: false, pqc: true }).unwrap();
+            let groups: Vec<NamedGroup> = pqc.kx_groups.iter().map(|g| g.name()).collect();
+            assert_eq!(groups, [NamedGroup::X25519MLKEM768]);
+            assert_eq!(suites(&pqc), suites(&default));
+        }
+        #[cfg(not(feature = "aws-lc-rs"))]
+        assert!(provider_for(TlsPolicy { tls12: false, pqc: true }).unwrap_err().contains("COMPLIANCE_POLICY=pqc"));
+    }
 }
