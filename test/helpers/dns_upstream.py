@@ -6,7 +6,9 @@ usage: dns_upstream.py <ip> <port> <external.test A address>
   big.test.       TXT, 40 records (~1.6 KB)    over UDP without room: TC set and no answers (the client retries
                                                over TCP, as resolvers do)
   slow.test.      never answered
-  anything else   NXDOMAIN
+  cached.test.    A 10.9.9.9, TTL 60           (asked twice: the second from the proxy's cache)
+  gone.test.      NXDOMAIN with the SOA of test. (TTL 300, MINIMUM 2: a negative answer kept 2 s)
+  anything else   NXDOMAIN, no SOA (not kept)
 Prints {"event":"listening"} once both sockets are bound, then {"event":"query","transport":...,"name":...} for each
 question.
 """
@@ -45,7 +47,12 @@ def answer(wire, transport):
         r.answer.append(dns.rrset.from_text(name, 60, "IN", "A", EXTERNAL))
     elif name == "big.test." and rdtype == dns.rdatatype.TXT:
         r.answer.append(dns.rrset.from_text_list(name, 60, "IN", "TXT", [f'"record {i:02d} {"x" * 30}"' for i in range(40)]))
-    elif name not in ("external.test.", "big.test."):
+    elif name == "cached.test." and rdtype == dns.rdatatype.A:
+        r.answer.append(dns.rrset.from_text(name, 60, "IN", "A", "10.9.9.9"))
+    elif name == "gone.test.":
+        r.set_rcode(dns.rcode.NXDOMAIN)
+        r.authority.append(dns.rrset.from_text("test.", 300, "IN", "SOA", "ns.test. admin.test. 1 3600 600 86400 2"))
+    elif name not in ("external.test.", "big.test.", "cached.test."):
         r.set_rcode(dns.rcode.NXDOMAIN)
     limit = 65535 if transport == "tcp" else (q.payload if q.edns >= 0 else 512)
     wire = r.to_wire()

@@ -157,11 +157,26 @@ for (const tcp of [false, true]) {
   });
 
   test(`${proto}: what the mesh does not answer is forwarded: with no upstream, SERVFAIL (novip, MX, unknown names)`, async () => {
-    const rs = await ask([q('novip.example.com.', { tcp }), q('echo.default.svc.cluster.local.', { tcp, type: 'MX' }), q('nothing.invalid.', { tcp })]);
+    const rs = await ask([q('novip.example.com.', { tcp }), q('echo.default.svc.cluster.local.', { tcp, type: 'MX' }), q('nothing.example.', { tcp })]);
     for (const r of rs) {
       assert.equal(r.rcode, 'SERVFAIL', JSON.stringify(r));
       assert.equal(r.aa, false);
     }
+  });
+
+  test(`${proto}: RFC 6761's special-use names are answered here, never forwarded (as ztunnel's resolver does)`, async () => {
+    const [v4, v6, sub, mx, ptr, invalid] = await ask([
+      q('localhost.', { tcp }),
+      q('localhost.', { tcp, type: 'AAAA' }),
+      q('db.LocalHost.', { tcp }),
+      q('localhost.', { tcp, type: 'MX' }),
+      q('1.0.0.127.in-addr.arpa.', { tcp, type: 'PTR' }),
+      q('nothing.invalid.', { tcp }),
+    ]);
+    assert.deepEqual([data(v4), data(v6), data(sub)], [['A localhost. 127.0.0.1'], ['AAAA localhost. ::1'], ['A db.LocalHost. 127.0.0.1']]);
+    assert.deepEqual([mx.rcode, mx.answers], ['NOERROR', []], 'other types: no records');
+    assert.deepEqual(data(ptr), ['PTR 1.0.0.127.in-addr.arpa. localhost.']);
+    assert.equal(invalid.rcode, 'NXDOMAIN');
   });
 }
 

@@ -286,6 +286,31 @@ test('DNS capture: a truncated upstream answer is asked again over TCP; the pod 
   assert.ok(asked.includes('udp') && asked.includes('tcp'), `upstream saw ${asked.join(',')}`);
 });
 
+test('DNS capture: a forwarded answer is kept for its TTL, counted down, a negative one for its SOA\'s, and localhost never leaves the pod', { skip }, async () => {
+  const asked = (name) => upstream.events.filter((e) => e.name === name).length;
+  const hits0 = await metric('a', 'ztunnel_node_dns_cache_hits_total', {});
+  const [first] = await dnsIn(pods.a1, [ask('cached.test.')]);
+  await new Promise((r) => setTimeout(r, 2_100));
+  const [again, overTcp] = await dnsIn(pods.a1, [ask('cached.test.'), ask('CACHED.test.', { tcp: true })]);
+  assert.equal(asked('cached.test.'), 1, 'the upstream was asked once');
+  for (const r of [again, overTcp]) {
+    assert.deepEqual(r.answers.map((a) => [a.type, a.data]), [['A', '10.9.9.9']], JSON.stringify(r));
+    assert.ok(r.answers[0].ttl <= first.answers[0].ttl - 2, `the TTL counted down: ${first.answers[0].ttl}, then ${r.answers[0].ttl}`);
+  }
+  assert.equal(overTcp.answers[0].name.toLowerCase(), 'cached.test.');
+  const [gone, goneAgain] = await dnsIn(pods.a1, [ask('gone.test.'), ask('gone.test.')]);
+  assert.deepEqual([gone.rcode, goneAgain.rcode], ['NXDOMAIN', 'NXDOMAIN']);
+  assert.equal(asked('gone.test.'), 1, 'the negative answer was kept');
+  await new Promise((r) => setTimeout(r, 2_500));
+  assert.equal((await dnsIn(pods.a1, [ask('gone.test.')]))[0].rcode, 'NXDOMAIN');
+  assert.equal(asked('gone.test.'), 2, 'asked again once its SOA minimum (2 s) ran out');
+  const [v4, v6] = await dnsIn(pods.a1, [ask('localhost.'), ask('localhost.', { type: 'AAAA' })]);
+  assert.deepEqual([v4.answers.map((a) => a.data), v6.answers.map((a) => a.data)], [['127.0.0.1'], ['::1']]);
+  assert.equal(asked('localhost.'), 0, 'localhost is answered in the pod (RFC 6761)');
+  assert.equal(await metric('a', 'ztunnel_node_dns_cache_hits_total', {}), hits0 + 3);
+  assert.ok((await metric('a', 'ztunnel_node_dns_cache_entries', {})) >= 1);
+});
+
 test('DNS capture: an upstream that never answers gives SERVFAIL within the forward deadline; a flood of them stays bounded', { skip }, async () => {
   const failures = await metric('a', 'istio_dns_upstream_failures_total', { request_query_type: 'a' });
   const t0 = Date.now();

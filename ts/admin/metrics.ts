@@ -158,6 +158,25 @@ function dnsLabels(l: Record<(typeof DNS_LABELS)[number], string>): Record<strin
   return out;
 }
 
+/** Counters without labels, each a running total the snapshot `read` returns (0 while there is none). */
+function registerTotals<F extends string>(
+  reg: Registry<ContentType>,
+  counters: readonly { readonly name: string; readonly help: string; readonly field: F }[],
+  read: () => Readonly<Record<F, number>> | null | undefined,
+): void {
+  for (const c of counters) {
+    new Counter({
+      name: c.name,
+      help: c.help,
+      registers: [reg],
+      collect() {
+        this.reset();
+        this.inc(read()?.[c.field] ?? 0);
+      },
+    });
+  }
+}
+
 /**
  * The DNS proxy's metrics (ztunnel's names and labels). The histogram's buckets are counted in Rust, so it is a
  * metric object of our own that renders them as they are (prom-client's Histogram can only observe values).
@@ -175,6 +194,20 @@ function registerDnsMetrics(reg: Registry<ContentType>, dns: () => DnsCounters |
       },
     });
   }
+  // ztunnel-node's own: the DNS proxies' caches of forwarded answers (native/dataplane/src/dns/cache.rs).
+  const cache = [
+    { name: 'ztunnel_node_dns_cache_hits_total', help: 'DNS questions the mesh does not answer, answered from a cache of forwarded answers', field: 'cacheHits' },
+    { name: 'ztunnel_node_dns_cache_misses_total', help: 'DNS questions the mesh does not answer that no cache held, forwarded upstream', field: 'cacheMisses' },
+  ] as const;
+  registerTotals(reg, cache, () => dns());
+  new Gauge({
+    name: 'ztunnel_node_dns_cache_entries',
+    help: "Forwarded DNS answers held in the DNS proxies' caches",
+    registers: [reg],
+    collect() {
+      this.set(dns()?.cacheEntries ?? 0);
+    },
+  });
   const name = 'istio_dns_upstream_request_duration_seconds';
   reg.registerMetric({
     name,
@@ -451,17 +484,7 @@ export class Metrics {
         { name: 'workload_manager_proxies_started_total', help: 'The total number of proxies that were started', field: 'proxiesStarted' },
         { name: 'workload_manager_proxies_stopped_total', help: 'The total number of proxies that were stopped', field: 'proxiesStopped' },
       ] as const;
-      for (const c of counters) {
-        new Counter({
-          name: c.name,
-          help: c.help,
-          registers: [reg],
-          collect() {
-            this.reset();
-            this.inc(wm()?.[c.field] ?? 0);
-          },
-        });
-      }
+      registerTotals(reg, counters, () => wm());
     }
     const build = new Gauge({
       name: 'istio_build',

@@ -8,4 +8,12 @@ export type DnsCounters = { rows: Array<DnsRow>,
 /**
  * Questions dropped, or TCP connections refused, at a server's cap.
  */
-dropped: number, };
+dropped: number, 
+/**
+ * Questions the mesh does not answer that a cache did (`dns::cache`), and that went upstream.
+ */
+cacheHits: number, cacheMisses: number, 
+/**
+ * Answers held in the DNS servers' caches.
+ */
+cacheEntries: number, };

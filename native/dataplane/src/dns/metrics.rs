@@ -58,6 +58,11 @@ pub struct DnsMetrics {
     by_labels: Mutex<HashMap<Labels, Counts>>,
     /// Questions dropped or connections refused at a server's cap.
     dropped: AtomicU64,
+    /// Forwarded questions answered from a cache, and asked upstream instead (`cache`).
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    /// Answers the servers' caches hold.
+    cache_entries: std::sync::atomic::AtomicI64,
 }
 
 #[derive(Serialize)]
@@ -71,11 +76,20 @@ struct Row<'a> {
 /// The DNS proxy's counters, as the control side reads them (`Metrics::snapshot`).
 #[derive(Serialize)]
 #[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "DnsCounters"))]
+#[serde(rename_all = "camelCase")]
 pub struct DnsSnapshot<'a> {
     rows: Vec<Row<'a>>,
     /// Questions dropped, or TCP connections refused, at a server's cap.
     #[cfg_attr(test, ts(type = "number"))]
     dropped: u64,
+    /// Questions the mesh does not answer that a cache did (`dns::cache`), and that went upstream.
+    #[cfg_attr(test, ts(type = "number"))]
+    cache_hits: u64,
+    #[cfg_attr(test, ts(type = "number"))]
+    cache_misses: u64,
+    /// Answers held in the DNS servers' caches.
+    #[cfg_attr(test, ts(type = "number"))]
+    cache_entries: i64,
 }
 
 impl DnsMetrics {
@@ -116,11 +130,26 @@ impl DnsMetrics {
         self.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn cache_lookup(&self, hit: bool) {
+        let c = if hit { &self.cache_hits } else { &self.cache_misses };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn cache_entries(&self, delta: i64) {
+        self.cache_entries.fetch_add(delta, Ordering::Relaxed);
+    }
+
     /// Serialized while `f` holds it (the rows borrow the counters under their lock).
     pub fn with_snapshot<T>(&self, f: impl FnOnce(&DnsSnapshot<'_>) -> T) -> T {
         let m = self.by_labels.lock();
         let rows: Vec<Row<'_>> = m.iter().map(|(labels, counts)| Row { labels, counts }).collect();
-        f(&DnsSnapshot { rows, dropped: self.dropped.load(Ordering::Relaxed) })
+        f(&DnsSnapshot {
+            rows,
+            dropped: self.dropped.load(Ordering::Relaxed),
+            cache_hits: self.cache_hits.load(Ordering::Relaxed),
+            cache_misses: self.cache_misses.load(Ordering::Relaxed),
+            cache_entries: self.cache_entries.load(Ordering::Relaxed),
+        })
     }
 
     pub fn snapshot(&self) -> serde_json::Value {

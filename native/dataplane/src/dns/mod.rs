@@ -3,8 +3,10 @@
 //!
 //! Invariants:
 //! - The client is the workload the server belongs to (`LocalRef`), never looked up from the packet's source.
-//! - A and AAAA questions for mesh names are answered from the state (`lookup`), authoritatively, TTL 30 s; every
-//!   other question is forwarded (`forward`) and a failed forward is SERVFAIL.
+//! - A and AAAA questions for mesh names are answered from the state (`lookup`), authoritatively, TTL 30 s; then the
+//!   special-use names a resolver answers itself (RFC 6761: `localhost.` and the loopback reverse zones, `invalid.`),
+//!   as ztunnel's forwarder (hickory's resolver) does; every other question is answered from the server's cache of
+//!   forwarded answers (`cache`) or forwarded (`forward`), and a failed forward is SERVFAIL.
 //! - hickory-proto decodes and encodes every message; this module only decides. An undecodable query with a readable
 //!   header gets FORMERR; shorter garbage is dropped. Opcodes other than QUERY get NOTIMP; more or fewer than one
 //!   question FORMERR; an EDNS version above 0 BADVERS (RFC 6891 §6.1.3).
@@ -15,6 +17,7 @@
 //!   excess TCP closed); a TCP connection that sends no complete question for 5 s is closed; a forward gives up after
 //!   its deadline.
 
+pub mod cache;
 pub mod forward;
 pub mod lookup;
 pub mod metrics;
@@ -87,6 +90,7 @@ pub struct Server {
     client: LocalRef,
     domains: Domains,
     forwarder: Forwarder,
+    cache: cache::Cache,
 }
 
 impl Server {
@@ -102,7 +106,8 @@ impl Server {
         let search = dedicated.then_some(c.search_domains.as_slice());
         let domains = Domains::new(&c.cluster_domain, search, &c.prefered_service_namespace, c.ipv6_enabled)?;
         let forwarder = Forwarder { upstreams: c.upstreams.clone().into(), sockets, deadline: FORWARD_DEADLINE };
-        Ok(Arc::new(Server { pi, client, domains, forwarder }))
+        let cache = cache::Cache::new(pi.metrics.clone());
+        Ok(Arc::new(Server { pi, client, domains, forwarder, cache }))
     }
 
     /// Bind UDP and TCP on each address and serve them until `drain`. Returns the bound addresses (UDP and TCP share
@@ -291,6 +296,17 @@ impl Server {
             return reply(response);
         };
         let Some(lookup::Found::Answer { cname, addresses }) = found else {
+            if let Some(special) = special_use(query, &mut response) {
+                self.log(Some(&client), query.name(), qtype, special, response.answers.len());
+                return reply(response);
+            }
+            if let Some(mut kept) = self.cache.get(&request, Instant::now()) {
+                kept.metadata.id = request.metadata.id;
+                kept.metadata.recursion_desired = request.metadata.recursion_desired;
+                kept.queries = request.queries.clone();
+                self.log(Some(&client), query.name(), qtype, "cached", kept.answers.len());
+                return reply(kept);
+            }
             return Decision::Forward(Box::new(Forward { request, response, limit, labels, client }));
         };
         response.metadata.authoritative = true;
@@ -323,6 +339,7 @@ impl Server {
         let out = match forwarded {
             Ok(mut upstream) => {
                 self.log(Some(&client), query.name(), query.query_type(), "forwarded", upstream.answers.len());
+                self.cache.put(&request, &upstream, Instant::now());
                 upstream.metadata.recursion_desired = request.metadata.recursion_desired;
                 upstream
             }
@@ -359,6 +376,44 @@ impl Server {
     }
 }
 
+/// RFC 6761's names a resolver answers without asking anyone (IN class), as hickory's resolver does for ztunnel:
+/// `localhost.` and below, and the loopback reverse zones, get the loopback address (A, AAAA), `localhost.` (PTR)
+/// or no records; `invalid.` and below NXDOMAIN. Fills `response` and says what it was, or None for any other name.
+fn special_use(query: &hickory_proto::op::Query, response: &mut Message) -> Option<&'static str> {
+    use hickory_proto::rr::rdata::PTR;
+    use std::sync::LazyLock;
+    static LOOPBACK: LazyLock<[Name; 3]> = LazyLock::new(|| {
+        // ::1's reverse name: 32 nibbles, the lowest first.
+        let v6 = format!("1.{}ip6.arpa.", "0.".repeat(31));
+        ["localhost.", "127.in-addr.arpa.", v6.as_str()].map(|n| Name::from_ascii(n).expect("a name"))
+    });
+    static INVALID: LazyLock<Name> = LazyLock::new(|| Name::from_ascii("invalid.").expect("a name"));
+    if query.query_class() != hickory_proto::rr::DNSClass::IN {
+        return None;
+    }
+    let name = query.name();
+    if INVALID.zone_of(name) {
+        response.metadata.response_code = ResponseCode::NXDomain;
+        return Some("special-use name (RFC 6761)");
+    }
+    if !LOOPBACK.iter().any(|z| z.zone_of(name)) {
+        return None;
+    }
+    let rdata = match query.query_type() {
+        RecordType::A => Some(RData::A(A(std::net::Ipv4Addr::LOCALHOST))),
+        RecordType::AAAA => Some(RData::AAAA(AAAA(std::net::Ipv6Addr::LOCALHOST))),
+        RecordType::PTR => Some(RData::PTR(PTR(LOOPBACK[0].clone()))),
+        _ => None,
+    };
+    if let Some(rdata) = rdata {
+        response.answers.push(Record::from_rdata(name.clone(), LOCALHOST_TTL, rdata));
+    }
+    Some("localhost (RFC 6761)")
+}
+
+/// hickory's `MAX_TTL`, what its resolver gives the loopback answers it makes.
+const LOCALHOST_TTL: u32 = 86_400;
+
 /// Encode `response` to fit `limit`: when it does not, the question alone with TC set (RFC 1035 §4.1.1, RFC 6891
 /// §7). An OPT record answers a query that had one.
 fn encode(mut response: Message, request: &Message, limit: usize) -> Option<Vec<u8>> {
@@ -386,4 +441,44 @@ fn format_error(bytes: &[u8]) -> Option<Vec<u8>> {
     let id = u16::from_be_bytes([bytes[0], bytes[1]]);
     let op = OpCode::from_u8((bytes[2] >> 3) & 0x0f);
     Message::error_msg(id, op, ResponseCode::FormErr).to_vec().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::Query;
+
+    fn ask(name: &str, qtype: RecordType) -> (Option<&'static str>, Message) {
+        let mut response = Message::response(1, OpCode::Query);
+        let what = special_use(&Query::query(Name::from_ascii(name).unwrap(), qtype), &mut response);
+        (what, response)
+    }
+
+    #[test]
+    fn localhost_and_invalid_are_answered_here_as_rfc_6761_has_it() {
+        let data = |m: &Message| m.answers.iter().map(|r| r.data.to_string()).collect::<Vec<_>>();
+        for name in ["localhost.", "LocalHost.", "db.localhost."] {
+            let (what, a) = ask(name, RecordType::A);
+            assert!(what.is_some(), "{name}");
+            assert_eq!(
+                (a.metadata.response_code, data(&a)),
+                (ResponseCode::NoError, vec!["127.0.0.1".to_string()]),
+                "{name}"
+            );
+        }
+        assert_eq!(data(&ask("localhost.", RecordType::AAAA).1), ["::1"]);
+        let (_, mx) = ask("localhost.", RecordType::MX);
+        assert_eq!(
+            (mx.metadata.response_code, mx.answers.len()),
+            (ResponseCode::NoError, 0),
+            "other types: no records"
+        );
+        assert_eq!(data(&ask("1.0.0.127.in-addr.arpa.", RecordType::PTR).1), ["localhost."]);
+        let v6 = format!("1.{}ip6.arpa.", "0.".repeat(31));
+        assert_eq!(data(&ask(&v6, RecordType::PTR).1), ["localhost."]);
+        assert_eq!(ask("x.invalid.", RecordType::A).1.metadata.response_code, ResponseCode::NXDomain);
+        for other in ["localhost.example.com.", "notlocalhost.", "example.com.", "2.0.0.128.in-addr.arpa."] {
+            assert_eq!(ask(other, RecordType::A).0, None, "{other} is forwarded");
+        }
+    }
 }
