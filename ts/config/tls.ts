@@ -2,7 +2,7 @@
 // applies its one crypto provider (istio/ztunnel src/tls/control.rs and lib.rs): TLS 1.3 only unless TLS 1.2 is
 // enabled, AES-GCM suites (and TLS 1.2's ECDHE AES-GCM), X25519MLKEM768 the only key exchange under pqc. The HBONE
 // side of the same policy is the dataplane's (`tls::provider_for`).
-import { createSecureContext, type SecureContextOptions } from 'node:tls';
+import type { SecureContextOptions } from 'node:tls';
 import type { TlsPolicy } from '../native/generated/TlsPolicy.js';
 
 export type { TlsPolicy };
@@ -27,7 +27,8 @@ export function controlPlaneTls(policy: TlsPolicy): SecureContextOptions {
 export function controlPlaneTlsProblem(policy: TlsPolicy, addresses: readonly (string | null)[]): string | null {
   if (!policy.pqc || addresses.every((a) => a === null)) return null;
   try {
-    createSecureContext(controlPlaneTls(policy));
+    // node:tls only here (a daemon without istiod never loads it: test/integration/lazy-modules.test.js).
+    process.getBuiltinModule('node:tls').createSecureContext(controlPlaneTls(policy));
     return null;
   } catch {
     return `this Node's OpenSSL ${process.versions.openssl} has no ${PQC_GROUP} for the connections to istiod (XDS_ADDRESS, CA_ADDRESS); run ztunnel-node on a Node whose OpenSSL has it (Node 24), or without istiod`;
