@@ -286,6 +286,20 @@ test('through a service VIP: ztunnel\'s 27 labels on both reporters, destination
   assert.ok(direct.length > 0, 'the earlier address-only connections are counted without a service');
 });
 
+test('SOCKS5 CONNECT to a domain name: resolved as the workload\'s DNS proxy answers it (a mesh name its VIP) and tunneled; a name with no address is host unreachable', async () => {
+  // The FQDN, and the short forms the DNS proxy expands from the client's namespace.
+  for (const host of [ECHO_HOST, 'echo.default', 'echo']) {
+    const r = await socksRoundTrip({ socks: SOCKS, dest: { host, port: 80 }, payload: REPORT_REQUEST });
+    assert.equal(r.error, undefined, `${host}: ${r.error?.message}`);
+    assert.equal(r.sha256, sha256(REPORT_REPLY), host);
+  }
+  // invalid. is NXDOMAIN without asking anyone (RFC 6761).
+  await assert.rejects(
+    socks5Connect({ proxyHost: SOCKS.host, proxyPort: SOCKS.port, destHost: 'nothing.invalid', destPort: 80 }),
+    /host unreachable/i,
+  );
+});
+
 test('metrics and access logs of both nodes match a known transfer, from each reporter\'s perspective', async () => {
   const labels = {
     source_workload: 'sleep',

@@ -533,7 +533,16 @@ impl Dataplane {
                 }
             };
             bound.socks_addr = Some(l.local_addr().map_err(|e| DataplaneError::Bind(addr, e))?);
-            self.handle.spawn(proxy::socks5::serve(l, self.pi.clone(), LocalRef::Uid(uid.clone()), drain.clone()));
+            // Its domain names resolve as the workload's DNS proxy answers them (a server of its own, not listening).
+            let sockets: Arc<dyn socket::SocketFactory> = Arc::new(socket::DefaultSockets);
+            let resolver = dns::Server::new(self.pi.clone(), LocalRef::Uid(uid.clone()), sockets, false).ok();
+            self.handle.spawn(proxy::socks5::serve(
+                l,
+                self.pi.clone(),
+                LocalRef::Uid(uid.clone()),
+                resolver,
+                drain.clone(),
+            ));
         }
         if let Some(addr) = spec.dns_addr {
             let sockets: Arc<dyn socket::SocketFactory> = Arc::new(socket::DefaultSockets);

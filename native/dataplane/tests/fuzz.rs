@@ -61,7 +61,7 @@ proptest! {
             tokio::io::AsyncWriteExt::write_all(&mut client, &bytes).await.unwrap();
             dataplane::proxy::socks5::handshake(&mut server).await
         });
-        prop_assert_eq!(got.ok(), Some(SocketAddr::new(Ipv4Addr::from(ip).into(), port)));
+        prop_assert_eq!(got.ok(), Some(dataplane::proxy::socks5::Target::Addr(SocketAddr::new(Ipv4Addr::from(ip).into(), port))));
     }
 
     #[test]

@@ -354,6 +354,41 @@ impl Server {
         encode(out, &request, limit)
     }
 
+    /// `host` resolved as this server answers its workload (mesh names their VIPs, the special-use names, the cache,
+    /// the upstreams): its first IPv4 address, else its first IPv6 one. For the SOCKS5 entry's domain names, as
+    /// ztunnel resolves them through its DNS proxy's resolver.
+    pub async fn resolve_host(&self, host: &str) -> Result<std::net::IpAddr, String> {
+        let name = Name::from_ascii(host).map_err(|e| e.to_string())?;
+        let mut last = "no address".to_string();
+        for qtype in [RecordType::A, RecordType::AAAA] {
+            let mut q = Message::query();
+            q.metadata.id = rand::random();
+            q.metadata.recursion_desired = true;
+            q.queries.push(hickory_proto::op::Query::query(name.clone(), qtype));
+            let bytes = q.to_vec().map_err(|e| e.to_string())?;
+            let Some(answer) = self.answer(&bytes, Transport::Tcp).await else { continue };
+            let answer = Message::from_vec(&answer).map_err(|e| e.to_string())?;
+            match answer.metadata.response_code {
+                ResponseCode::NoError => {}
+                // The name does not exist: no other type will have an address.
+                ResponseCode::NXDomain => return Err(format!("{host}: NXDOMAIN")),
+                code => {
+                    last = format!("{host}: {code}");
+                    continue;
+                }
+            }
+            let ip = answer.answers.iter().find_map(|r| match &r.data {
+                RData::A(a) => Some(std::net::IpAddr::V4(a.0)),
+                RData::AAAA(a) => Some(std::net::IpAddr::V6(a.0)),
+                _ => None,
+            });
+            if let Some(ip) = ip {
+                return Ok(ip);
+            }
+        }
+        Err(last)
+    }
+
     /// ztunnel's `dns` debug record: who asked, what, and what came of it.
     fn log(&self, client: Option<&crate::state::Workload>, name: &Name, qtype: RecordType, result: &str, n: usize) {
         let events = &self.pi.events;

@@ -125,11 +125,12 @@ impl InPodProxies {
         tokio::spawn(crate::proxy::outbound::serve_capture(outbound, pi.clone(), local.clone(), drain.clone()));
         tokio::spawn(crate::proxy::inbound_passthrough::serve(inbound_plain, pi.clone(), local.clone(), drain.clone()));
         tokio::spawn(crate::proxy::inbound::serve(hbone, pi.clone(), local.clone(), (tls, identity), drain.clone()));
+        // The pod's DNS proxy resolver: its listeners when DNS is on, and the SOCKS5 entry's domain names.
+        let dns = crate::dns::Server::new(pi.clone(), local.clone(), sockets.clone(), self.cfg.dedicated)?;
         if let Some(l) = socks {
-            tokio::spawn(crate::proxy::socks5::serve(l, pi.clone(), local.clone(), drain.clone()));
+            tokio::spawn(crate::proxy::socks5::serve(l, pi.clone(), local.clone(), Some(dns.clone()), drain.clone()));
         }
         if base.cfg.dns.enabled {
-            let dns = crate::dns::Server::new(pi.clone(), local.clone(), sockets.clone(), self.cfg.dedicated)?;
             let dns_opts = ListenOptions { reuse_port: self.cfg.reuse_port, transparent: false };
             let addrs = base.cfg.dns.listen_addrs()?;
             let localhost = addrs.len() == 2;
