@@ -74,6 +74,7 @@ export const BLOCKS = Object.freeze({
   'socket-keepalive': 77,
   'compressed-answers': 78,
   'tls-policy': 79,
+  'authz-logging': 80,
 });
 
 /** Addresses of one file's block. */

@@ -64,6 +64,8 @@ export interface Config {
   readonly missingPolicyGraceMs: number;
   readonly localhostAppTunnel: boolean;
   readonly enableResponseBaggage: boolean;
+  /** AUTHZ_POLICY_INFO_LOGGING: authorization decisions logged at info (ztunnel's `authpol_log!`), else debug. */
+  readonly authzPolicyInfoLogging: boolean;
   readonly terminationDeadlineMs: number;
   readonly numWorkerThreads: number;
   readonly secretTtlMs: number;
@@ -248,6 +250,7 @@ function resolve(
     missingPolicyGraceMs: Math.ceil(raw.MISSING_POLICY_GRACE ?? D.DEFAULT_MISSING_POLICY_GRACE_MS),
     localhostAppTunnel: raw.LOCALHOST_APP_TUNNEL ?? true,
     enableResponseBaggage: raw.ENABLE_RESPONSE_BAGGAGE ?? true,
+    authzPolicyInfoLogging: raw.AUTHZ_POLICY_INFO_LOGGING ?? false,
     terminationDeadlineMs: terminationDeadlineMs(raw.CONNECTION_TERMINATION_DEADLINE, raw.TERMINATION_GRACE_PERIOD_SECONDS),
     numWorkerThreads: workerThreads(raw, cpuCount),
     secretTtlMs: Math.ceil(raw.SECRET_TTL ?? D.DEFAULT_SECRET_TTL_MS),

@@ -29,7 +29,7 @@ export const IMPLEMENTED = [
   'CRL_PATH', 'ZTUNNEL_WORKER_THREADS', 'ZTUNNEL_CPU_LIMIT', 'ZTUNNEL_RESOURCE_CPU_LIMIT',
   'ZTUNNEL_RESOURCE_CPU_REQUEST', 'RUST_LOG', 'LOG_FORMAT', 'KUBERNETES_SERVICE_HOST', 'RUST_BACKTRACE',
   'ENABLE_CLUSTER_TRUST_BUNDLE_API', 'KEEPALIVE_ENABLED', 'KEEPALIVE_TIME', 'KEEPALIVE_INTERVAL', 'KEEPALIVE_RETRIES',
-  'USER_TIMEOUT_ENABLED', 'TLS12_ENABLED', 'COMPLIANCE_POLICY',
+  'USER_TIMEOUT_ENABLED', 'TLS12_ENABLED', 'COMPLIANCE_POLICY', 'AUTHZ_POLICY_INFO_LOGGING',
 ] as const;
 
 /** ztunnel's prefix families that schema.ts implements. */
@@ -40,7 +40,6 @@ export const REFUSED: Readonly<Record<string, Refusal>> = {
   ENABLE_PROXY: refuse('the DNS-only mode (no proxy) is not implemented', 'true'),
   XDS_ON_DEMAND: refuse('on-demand xDS is not implemented: every address is pushed', 'false'),
   FAKE_CA: refuse("ztunnel's fake CA is not implemented (local mode has a built-in CA: LOCAL_CA_DIR)", 'false'),
-  AUTHZ_POLICY_INFO_LOGGING: refuse('authorization decisions are not logged at info level', 'false'),
   TRANSPARENT_NETWORK_POLICIES: refuse('transparent network policies are not implemented', 'false'),
   PROXY_CONFIG: refuse('ProxyConfig is not read (set the variables it would set instead)'),
 };

@@ -179,6 +179,7 @@ export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameserve
     missingPolicyGraceMs: config.missingPolicyGraceMs,
     localhostAppTunnel: config.localhostAppTunnel,
     enableResponseBaggage: config.enableResponseBaggage,
+    authzPolicyInfoLogging: config.authzPolicyInfoLogging,
     socks5Enabled: config.socks5Enabled,
     bindSourceIp: config.proxyMode === 'local',
     ownPorts: [config.adminAddr.port, config.statsAddr.port, config.readinessAddr.port].filter((p) => p !== 0),

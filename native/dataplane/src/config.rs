@@ -169,6 +169,9 @@ pub struct Config {
     pub localhost_app_tunnel: bool,
     /// The 200 of an inbound CONNECT carries the destination's baggage (ENABLE_RESPONSE_BAGGAGE).
     pub enable_response_baggage: bool,
+    /// Authorization decisions and dry-run matches are logged at info, not debug (AUTHZ_POLICY_INFO_LOGGING, ztunnel's
+    /// `authpol_log!`).
+    pub authz_policy_info_logging: bool,
     /// The control side's own listening ports (admin, stats, readiness): never a tunnel destination either.
     pub own_ports: Vec<u16>,
     pub dns: DnsConfig,
@@ -202,6 +205,7 @@ impl Default for Config {
             missing_policy_grace_ms: 1_000,
             localhost_app_tunnel: true,
             enable_response_baggage: true,
+            authz_policy_info_logging: false,
             own_ports: Vec::new(),
             dns: DnsConfig::default(),
             stream_buffer_budget: crate::budget::DEFAULT_LIMIT,

@@ -33,6 +33,11 @@ localhostAppTunnel: boolean,
  */
 enableResponseBaggage: boolean, 
 /**
+ * Authorization decisions and dry-run matches are logged at info, not debug (AUTHZ_POLICY_INFO_LOGGING, ztunnel's
+ * `authpol_log!`).
+ */
+authzPolicyInfoLogging: boolean, 
+/**
  * The control side's own listening ports (admin, stats, readiness): never a tunnel destination either.
  */
 ownPorts: Array<number>, dns: DnsConfig, 

@@ -23,6 +23,7 @@ export const DATAPLANE_DEFAULTS: DataplaneConfig = {
   "missingPolicyGraceMs": 1000,
   "localhostAppTunnel": true,
   "enableResponseBaggage": true,
+  "authzPolicyInfoLogging": false,
   "ownPorts": [],
   "dns": {
     "enabled": false,

@@ -640,17 +640,7 @@ async fn establish_stream(
         let st = pi.state.read();
         let resolved = local_ref.resolve(&st);
         let current = resolved.as_ref().unwrap_or(&local);
-        if st.has_dry_run_policies() {
-            for (policy, action) in rbac::dry_run_matches(&st, current, &conn) {
-                pi.events.log(
-                    Level::Info,
-                    "dry-run policy matched",
-                    fields! {"policy" => policy, "action" => format!("{action:?}"), "src.identity" => peer_id.to_string(),
-                        "dst.addr" => target.to_string()},
-                );
-            }
-        }
-        rbac::authorize(&st, current, &conn)
+        super::authorize_logged(pi, &st, current, &conn, target)
     };
     // destination_service: the service the authority named, else (an address authority) the destination workload's
     // service that delivers to this port, as ztunnel infers it, so service dashboards see inbound traffic too.

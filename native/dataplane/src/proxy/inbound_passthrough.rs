@@ -120,7 +120,7 @@ async fn establish(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr) -> Opt
     let track = pi.tracker.register(local_ref.clone(), conn.clone(), "TCP");
     let decision = {
         let st = pi.state.read();
-        rbac::authorize(&st, &local, &conn)
+        super::authorize_logged(pi, &st, &local, &conn, dst)
     };
     let (source, service) = {
         let st = pi.state.read();

@@ -169,3 +169,39 @@ pub struct ProxyInputs {
     /// Where live connections meet a successor daemon (one per process).
     pub handover: Arc<crate::handover::Hub>,
 }
+
+/// An inbound connection's authorization, logged as ztunnel's `authpol_log!` logs it: each dry-run policy that
+/// matched (what enforcing it would do), then the decision with the policy that made it; at debug, or at info with
+/// AUTHZ_POLICY_INFO_LOGGING. Nothing is formatted unless the line would be written.
+pub fn authorize_logged(
+    pi: &ProxyInputs,
+    st: &State,
+    w: &crate::state::Workload,
+    conn: &crate::rbac::Connection,
+    dst: std::net::SocketAddr,
+) -> crate::rbac::Decision {
+    use crate::events::Level;
+    let level = if pi.cfg.authz_policy_info_logging { Level::Info } else { Level::Debug };
+    let decision = crate::rbac::authorize(st, w, conn);
+    if !pi.events.enabled("log", level) {
+        return decision;
+    }
+    let src = || conn.src_identity.as_ref().map(|i| i.to_string()).unwrap_or_default();
+    if st.has_dry_run_policies() {
+        for (policy, action) in crate::rbac::dry_run_matches(st, w, conn) {
+            let f = crate::fields! {"policy" => policy, "action" => format!("{action:?}"), "src.identity" => src(),
+            "src.addr" => conn.src_ip.to_string(), "dst.addr" => dst.to_string()};
+            pi.events.log(level, "dry-run policy matched", f);
+        }
+    }
+    let message = if decision.allowed {
+        "authorization policy allowed the connection"
+    } else {
+        "authorization policy denied the connection"
+    };
+    let f = crate::fields! {"policy" => decision.policy.clone().unwrap_or_default(), "reason" => decision.reason.clone(),
+    "src.identity" => src(), "src.addr" => conn.src_ip.to_string(), "dst.addr" => dst.to_string(),
+    "dst.workload" => w.name.to_string()};
+    pi.events.log(level, message, f);
+    decision
+}
