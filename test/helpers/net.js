@@ -75,6 +75,7 @@ export const BLOCKS = Object.freeze({
   'compressed-answers': 78,
   'tls-policy': 79,
   'authz-logging': 80,
+  'dns-only': 81,
 });
 
 /** Addresses of one file's block. */

@@ -66,6 +66,8 @@ export interface Config {
   readonly enableResponseBaggage: boolean;
   /** AUTHZ_POLICY_INFO_LOGGING: authorization decisions logged at info (ztunnel's `authpol_log!`), else debug. */
   readonly authzPolicyInfoLogging: boolean;
+  /** ENABLE_PROXY: false is ztunnel's DNS-only mode (every workload's DNS proxy, none of its proxies). */
+  readonly enableProxy: boolean;
   readonly terminationDeadlineMs: number;
   readonly numWorkerThreads: number;
   readonly secretTtlMs: number;
@@ -251,6 +253,7 @@ function resolve(
     localhostAppTunnel: raw.LOCALHOST_APP_TUNNEL ?? true,
     enableResponseBaggage: raw.ENABLE_RESPONSE_BAGGAGE ?? true,
     authzPolicyInfoLogging: raw.AUTHZ_POLICY_INFO_LOGGING ?? false,
+    enableProxy: raw.ENABLE_PROXY ?? true,
     terminationDeadlineMs: terminationDeadlineMs(raw.CONNECTION_TERMINATION_DEADLINE, raw.TERMINATION_GRACE_PERIOD_SECONDS),
     numWorkerThreads: workerThreads(raw, cpuCount),
     secretTtlMs: Math.ceil(raw.SECRET_TTL ?? D.DEFAULT_SECRET_TTL_MS),

@@ -24,6 +24,8 @@ export interface LocalWorkloadsOptions {
   certs: CertificateManager;
   /** Bind per-workload listeners (local mode); false: certificates only (prefetch, shared mode). */
   listeners: {
+    /** false: ENABLE_PROXY=false, the DNS proxy alone (no HBONE or SOCKS5 listener, no certificate needed). */
+    proxies?: boolean;
     socks5: boolean;
     /** The DNS proxy's port on each workload's IP; null: none. Optional (none) for callers without DNS. */
     dnsPort?: number | null;
@@ -76,7 +78,9 @@ export class LocalWorkloads {
       if ((this.wanted.get(t.uid) ?? null) === key) continue;
       if (key === null) this.wanted.delete(t.uid);
       else this.wanted.set(t.uid, key);
-      this.claim(t.uid, after !== undefined && wantsCertificate(after, listeners !== null) ? workloadIdentity(after) : null);
+      // DNS alone (ENABLE_PROXY=false) needs no certificate.
+      const proxies = listeners?.proxies !== false;
+      this.claim(t.uid, proxies && after !== undefined && wantsCertificate(after, listeners !== null) ? workloadIdentity(after) : null);
       this.enqueue(t.uid, () => this.converge(t.uid, after));
     }
   }
@@ -123,9 +127,12 @@ export class LocalWorkloads {
     const served: Served = { spec: null, key };
     this.served.set(uid, served);
     const identity = workloadIdentity(want);
-    if (this.claims.get(uid) !== identity) return; // no certificate needed (prefetch only), or no longer wanted
-    const ok = await certs.ensure(identity, 'Warmup');
-    if (!ok || this.stopped || this.served.get(uid) !== served || this.wanted.get(uid) !== key) return;
+    const proxies = listeners?.proxies !== false;
+    if (proxies) {
+      if (this.claims.get(uid) !== identity) return; // no certificate needed (prefetch only), or no longer wanted
+      const ok = await certs.ensure(identity, 'Warmup');
+      if (!ok || this.stopped || this.served.get(uid) !== served || this.wanted.get(uid) !== key) return;
+    }
     if (listeners === null) return;
     const ip = want.workloadIps[0];
     if (ip === undefined) {
@@ -136,8 +143,8 @@ export class LocalWorkloads {
     // may go to HBONE destinations (and so it holds a certificate too).
     const spec: LocalWorkloadSpec = {
       uid,
-      ...(want.protocol === 'HBONE' ? { hboneAddr: joinHostPort(ip, HBONE_PORT) } : {}),
-      ...(listeners.socks5 ? { socksAddr: joinHostPort(ip, SOCKS5_PORT) } : {}),
+      ...(proxies && want.protocol === 'HBONE' ? { hboneAddr: joinHostPort(ip, HBONE_PORT) } : {}),
+      ...(proxies && listeners.socks5 ? { socksAddr: joinHostPort(ip, SOCKS5_PORT) } : {}),
       ...(listeners.dnsPort != null ? { dnsAddr: joinHostPort(ip, listeners.dnsPort) } : {}),
     };
     const bound = await listeners.add(spec);

@@ -180,6 +180,7 @@ export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameserve
     localhostAppTunnel: config.localhostAppTunnel,
     enableResponseBaggage: config.enableResponseBaggage,
     authzPolicyInfoLogging: config.authzPolicyInfoLogging,
+    proxyEnabled: config.enableProxy,
     socks5Enabled: config.socks5Enabled,
     bindSourceIp: config.proxyMode === 'local',
     ownPorts: [config.adminAddr.port, config.statsAddr.port, config.readinessAddr.port].filter((p) => p !== 0),
@@ -700,6 +701,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         listeners:
           config.proxyMode === 'local'
             ? {
+                proxies: config.enableProxy,
                 socks5: config.socks5Enabled,
                 dnsPort: config.dns.enabled ? config.dns.addr.port : null,
                 add: (spec) => plane.addLocalWorkload(spec),

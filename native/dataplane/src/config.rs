@@ -154,6 +154,9 @@ pub struct Config {
     #[cfg_attr(test, ts(type = "number"))]
     pub connect_timeout_ms: u64,
     pub socks5_enabled: bool,
+    /// The proxies (outbound capture, inbound plaintext, inbound HBONE, SOCKS5) of each in-pod workload; false is
+    /// ztunnel's DNS-only mode (ENABLE_PROXY=false): its DNS proxy alone.
+    pub proxy_enabled: bool,
     /// How long an inbound peer may take to finish the TLS handshake and the HTTP/2 preface. ztunnel has no such
     /// deadline on its 15008 listener; without one a peer can hold sockets open for free.
     #[cfg_attr(test, ts(type = "number"))]
@@ -200,6 +203,7 @@ impl Default for Config {
             http2: Http2Config::default(),
             connect_timeout_ms: 10_000,
             socks5_enabled: true,
+            proxy_enabled: true,
             handshake_timeout_ms: 10_000,
             bind_source_ip: false,
             missing_policy_grace_ms: 1_000,

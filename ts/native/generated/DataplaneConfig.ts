@@ -10,6 +10,11 @@ export type DataplaneConfig = { nodeName: string, clusterId: string, network: st
  */
 hbonePort: number, poolMaxStreamsPerConnection: number, poolUnusedReleaseTimeoutMs: number, http2: Http2Config, connectTimeoutMs: number, socks5Enabled: boolean, 
 /**
+ * The proxies (outbound capture, inbound plaintext, inbound HBONE, SOCKS5) of each in-pod workload; false is
+ * ztunnel's DNS-only mode (ENABLE_PROXY=false): its DNS proxy alone.
+ */
+proxyEnabled: boolean, 
+/**
  * How long an inbound peer may take to finish the TLS handshake and the HTTP/2 preface. ztunnel has no such
  * deadline on its 15008 listener; without one a peer can hold sockets open for free.
  */

@@ -18,6 +18,7 @@ export const DATAPLANE_DEFAULTS: DataplaneConfig = {
   },
   "connectTimeoutMs": 10000,
   "socks5Enabled": true,
+  "proxyEnabled": true,
   "handshakeTimeoutMs": 10000,
   "bindSourceIp": false,
   "missingPolicyGraceMs": 1000,

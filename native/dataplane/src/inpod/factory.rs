@@ -118,17 +118,37 @@ impl InPodProxies {
             listen_with(&*sockets, SocketAddr::new(v4, port), opts)
                 .map_err(|e| format!("binding port {port} in {uid}'s netns: {e}"))
         };
-        let outbound = bind(OUTBOUND_CAPTURE_PORT, false)?;
-        let inbound_plain = bind(INBOUND_PLAINTEXT_PORT, false)?;
-        let hbone = bind(HBONE_PORT, false)?;
-        let socks = if base.cfg.socks5_enabled { Some(bind(SOCKS5_PORT, true)?) } else { None };
-        tokio::spawn(crate::proxy::outbound::serve_capture(outbound, pi.clone(), local.clone(), drain.clone()));
-        tokio::spawn(crate::proxy::inbound_passthrough::serve(inbound_plain, pi.clone(), local.clone(), drain.clone()));
-        tokio::spawn(crate::proxy::inbound::serve(hbone, pi.clone(), local.clone(), (tls, identity), drain.clone()));
         // The pod's DNS proxy resolver: its listeners when DNS is on, and the SOCKS5 entry's domain names.
         let dns = crate::dns::Server::new(pi.clone(), local.clone(), sockets.clone(), self.cfg.dedicated)?;
-        if let Some(l) = socks {
-            tokio::spawn(crate::proxy::socks5::serve(l, pi.clone(), local.clone(), Some(dns.clone()), drain.clone()));
+        // ENABLE_PROXY=false (ztunnel's DNS-only mode): none of the proxies, the DNS proxy alone.
+        if base.cfg.proxy_enabled {
+            let outbound = bind(OUTBOUND_CAPTURE_PORT, false)?;
+            let inbound_plain = bind(INBOUND_PLAINTEXT_PORT, false)?;
+            let hbone = bind(HBONE_PORT, false)?;
+            let socks = if base.cfg.socks5_enabled { Some(bind(SOCKS5_PORT, true)?) } else { None };
+            tokio::spawn(crate::proxy::outbound::serve_capture(outbound, pi.clone(), local.clone(), drain.clone()));
+            tokio::spawn(crate::proxy::inbound_passthrough::serve(
+                inbound_plain,
+                pi.clone(),
+                local.clone(),
+                drain.clone(),
+            ));
+            tokio::spawn(crate::proxy::inbound::serve(
+                hbone,
+                pi.clone(),
+                local.clone(),
+                (tls, identity),
+                drain.clone(),
+            ));
+            if let Some(l) = socks {
+                tokio::spawn(crate::proxy::socks5::serve(
+                    l,
+                    pi.clone(),
+                    local.clone(),
+                    Some(dns.clone()),
+                    drain.clone(),
+                ));
+            }
         }
         if base.cfg.dns.enabled {
             let dns_opts = ListenOptions { reuse_port: self.cfg.reuse_port, transparent: false };
