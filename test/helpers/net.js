@@ -76,6 +76,7 @@ export const BLOCKS = Object.freeze({
   'tls-policy': 79,
   'authz-logging': 80,
   'dns-only': 81,
+  'baggage-labels': 82,
 });
 
 /** Addresses of one file's block. */

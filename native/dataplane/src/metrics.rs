@@ -62,6 +62,50 @@ pub struct ConnectionInfo<'a> {
     pub destination_identity: Option<&'a Identity>,
     pub destination_service: Option<&'a Service>,
     pub mutual_tls: bool,
+    /// What the peer's `baggage` says of the source, for a source workload not known here (ztunnel's derived source).
+    pub derived_source: Option<&'a Baggage>,
+}
+
+/// A peer's W3C `baggage` header as ztunnel reads it (`src/baggage.rs`): the keys ztunnel writes, an empty value
+/// as absent, later values winning, anything else ignored.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Baggage {
+    pub cluster_id: Option<String>,
+    pub namespace: Option<String>,
+    pub workload_name: Option<String>,
+    pub service_name: Option<String>,
+    pub revision: Option<String>,
+    pub region: Option<String>,
+    pub zone: Option<String>,
+}
+
+impl Baggage {
+    /// Every `baggage` header of `headers`; None when there is none (or none is text).
+    pub fn parse(headers: &http::HeaderMap) -> Option<Baggage> {
+        let mut b = Baggage::default();
+        let mut any = false;
+        for v in headers.get_all("baggage").iter().filter_map(|v| v.to_str().ok()) {
+            any = true;
+            for member in v.split(',') {
+                let Some((key, value)) = member.split_once('=') else { continue };
+                let value = value.split(';').next().unwrap_or("").trim();
+                let value = (!value.is_empty()).then(|| value.to_string());
+                match key.trim() {
+                    "k8s.cluster.name" => b.cluster_id = value,
+                    "k8s.namespace.name" => b.namespace = value,
+                    "k8s.deployment.name" | "k8s.cronjob.name" | "k8s.pod.name" | "k8s.job.name" => {
+                        b.workload_name = value
+                    }
+                    "service.name" => b.service_name = value,
+                    "service.version" => b.revision = value,
+                    "cloud.region" => b.region = value,
+                    "cloud.availability_zone" => b.zone = value,
+                    _ => {}
+                }
+            }
+        }
+        any.then_some(b)
+    }
 }
 
 impl TrafficLabels {
@@ -77,8 +121,7 @@ impl TrafficLabels {
             connection_security_policy: if info.mutual_tls { "mutual_tls" } else { "unknown" }.into(),
             ..Default::default()
         };
-        if let Some(w) = info.source {
-            let side = Side::of(w);
+        if let Some(side) = info.source.map(Side::of).or_else(|| info.derived_source.map(Side::of_baggage)) {
             (l.source_app, l.source_version) = (side.canonical_service.clone(), side.canonical_revision.clone());
             (l.source_workload, l.source_canonical_service, l.source_canonical_revision) =
                 (side.workload, side.canonical_service, side.canonical_revision);
@@ -208,6 +251,20 @@ struct Side {
 }
 
 impl Side {
+    /// ztunnel's derived workload: the baggage's workload, service (app), version, namespace, cluster and locality.
+    fn of_baggage(b: &Baggage) -> Side {
+        let s = |v: &Option<String>| v.clone().unwrap_or_default();
+        Side {
+            workload: s(&b.workload_name),
+            canonical_service: s(&b.service_name),
+            canonical_revision: s(&b.revision),
+            namespace: s(&b.namespace),
+            cluster: s(&b.cluster_id),
+            region: s(&b.region),
+            zone: s(&b.zone),
+        }
+    }
+
     fn of(w: &Workload) -> Side {
         Side {
             workload: w.workload_name.to_string(),
@@ -555,6 +612,53 @@ impl Drop for ConnectionGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn baggage_is_read_as_ztunnel_reads_it_and_describes_an_unknown_source() {
+        let mut h = http::HeaderMap::new();
+        h.append("baggage", "k8s.cluster.name=east,k8s.namespace.name=shop,k8s.deployment.name=cart".parse().unwrap());
+        h.append(
+            "baggage",
+            "service.name=cart-svc,service.version=v7;p=1,cloud.region=eu-1,other=x,k8s.pod.name=".parse().unwrap(),
+        );
+        let b = Baggage::parse(&h).expect("baggage");
+        assert_eq!(
+            b,
+            Baggage {
+                cluster_id: Some("east".into()),
+                namespace: Some("shop".into()),
+                workload_name: None,
+                service_name: Some("cart-svc".into()),
+                revision: Some("v7".into()),
+                region: Some("eu-1".into()),
+                zone: None,
+            },
+            "a later empty k8s.pod.name clears the workload, as ztunnel's parser does; properties after ';' dropped"
+        );
+        assert_eq!(Baggage::parse(&http::HeaderMap::new()), None);
+        let info = |derived| ConnectionInfo {
+            reporter: Reporter::Destination,
+            source: None,
+            source_identity: None,
+            destination: None,
+            destination_identity: None,
+            destination_service: None,
+            mutual_tls: true,
+            derived_source: derived,
+        };
+        let l = TrafficLabels::new(&info(Some(&b)));
+        assert_eq!(
+            [
+                &*l.source_cluster,
+                &*l.source_workload_namespace,
+                &*l.source_canonical_service,
+                &*l.source_canonical_revision,
+                &*l.source_region
+            ],
+            ["east", "shop", "cart-svc", "v7", "eu-1"]
+        );
+        assert_eq!(TrafficLabels::new(&info(None)).source_cluster, "");
+    }
 
     #[test]
     fn traffic_text_is_openmetrics_with_every_label_in_order_and_escaped_values() {

@@ -137,6 +137,7 @@ async fn establish(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr) -> Opt
         destination_identity: Some(&local.identity()),
         destination_service: service.as_deref(),
         mutual_tls: false,
+        derived_source: None,
     });
     let mut result = super::access::ConnectionResult::open(pi, labels, started);
     if !decision.allowed {

@@ -773,6 +773,7 @@ pub fn labels(routed: Option<&Routed>, source: Option<&Workload>) -> crate::metr
         destination_identity: dst_id.as_ref().filter(|_| hbone),
         destination_service: routed.and_then(|r| r.request.service.as_deref()),
         mutual_tls: hbone,
+        derived_source: None,
     })
 }
 
