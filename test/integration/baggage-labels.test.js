@@ -34,6 +34,8 @@ test('an unknown source is labelled from its baggage at the destination; without
     source_workload_namespace: 'shop',
     source_canonical_service: 'cart-svc',
     source_canonical_revision: 'v7',
+    source_app: 'cart',
+    source_version: 'v7',
     source_cluster: 'east',
     source_region: 'eu-1',
     source_zone: 'eu-1a',

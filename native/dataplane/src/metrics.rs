@@ -66,8 +66,9 @@ pub struct ConnectionInfo<'a> {
     pub derived_source: Option<&'a Baggage>,
 }
 
-/// A peer's W3C `baggage` header as ztunnel reads it (`src/baggage.rs`): the keys ztunnel writes, an empty value
-/// as absent, later values winning, anything else ignored.
+/// A peer's W3C `baggage` header as ztunnel reads it (`src/baggage.rs` `parse_baggage_header`): members split at
+/// `,`, key and value at `=` (the text between the first and second), nothing trimmed, an empty value absent, later
+/// values winning, unknown keys ignored.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Baggage {
     pub cluster_id: Option<String>,
@@ -87,10 +88,10 @@ impl Baggage {
         for v in headers.get_all("baggage").iter().filter_map(|v| v.to_str().ok()) {
             any = true;
             for member in v.split(',') {
-                let Some((key, value)) = member.split_once('=') else { continue };
-                let value = value.split(';').next().unwrap_or("").trim();
+                let mut parts = member.split('=');
+                let (Some(key), Some(value)) = (parts.next(), parts.next()) else { continue };
                 let value = (!value.is_empty()).then(|| value.to_string());
-                match key.trim() {
+                match key {
                     "k8s.cluster.name" => b.cluster_id = value,
                     "k8s.namespace.name" => b.namespace = value,
                     "k8s.deployment.name" | "k8s.cronjob.name" | "k8s.pod.name" | "k8s.job.name" => {
@@ -122,7 +123,7 @@ impl TrafficLabels {
             ..Default::default()
         };
         if let Some(side) = info.source.map(Side::of).or_else(|| info.derived_source.map(Side::of_baggage)) {
-            (l.source_app, l.source_version) = (side.canonical_service.clone(), side.canonical_revision.clone());
+            (l.source_app, l.source_version) = (side.app.clone(), side.canonical_revision.clone());
             (l.source_workload, l.source_canonical_service, l.source_canonical_revision) =
                 (side.workload, side.canonical_service, side.canonical_revision);
             (l.source_workload_namespace, l.source_cluster) = (side.namespace, side.cluster);
@@ -133,8 +134,7 @@ impl TrafficLabels {
         }
         if let Some(w) = info.destination {
             let side = Side::of(w);
-            (l.destination_app, l.destination_version) =
-                (side.canonical_service.clone(), side.canonical_revision.clone());
+            (l.destination_app, l.destination_version) = (side.app.clone(), side.canonical_revision.clone());
             (l.destination_workload, l.destination_canonical_service, l.destination_canonical_revision) =
                 (side.workload, side.canonical_service, side.canonical_revision);
             (l.destination_workload_namespace, l.destination_cluster) = (side.namespace, side.cluster);
@@ -242,6 +242,8 @@ fn escape_label_value(out: &mut String, v: &str) {
 /// version repeat the canonical service and revision.
 struct Side {
     workload: String,
+    /// `*_app`: the canonical service, but a derived source's workload name (ztunnel's `with_derived_source`).
+    app: String,
     canonical_service: String,
     canonical_revision: String,
     namespace: String,
@@ -251,11 +253,13 @@ struct Side {
 }
 
 impl Side {
-    /// ztunnel's derived workload: the baggage's workload, service (app), version, namespace, cluster and locality.
+    /// ztunnel's derived workload (`with_derived_source`): the baggage's workload (also the app), service (the
+    /// canonical service), version, namespace, cluster and locality.
     fn of_baggage(b: &Baggage) -> Side {
         let s = |v: &Option<String>| v.clone().unwrap_or_default();
         Side {
             workload: s(&b.workload_name),
+            app: s(&b.workload_name),
             canonical_service: s(&b.service_name),
             canonical_revision: s(&b.revision),
             namespace: s(&b.namespace),
@@ -268,6 +272,7 @@ impl Side {
     fn of(w: &Workload) -> Side {
         Side {
             workload: w.workload_name.to_string(),
+            app: w.canonical_name.to_string(),
             canonical_service: w.canonical_name.to_string(),
             canonical_revision: w.canonical_revision.to_string(),
             namespace: w.namespace.to_string(),
@@ -619,8 +624,9 @@ mod tests {
         h.append("baggage", "k8s.cluster.name=east,k8s.namespace.name=shop,k8s.deployment.name=cart".parse().unwrap());
         h.append(
             "baggage",
-            "service.name=cart-svc,service.version=v7;p=1,cloud.region=eu-1,other=x,k8s.pod.name=".parse().unwrap(),
+            "service.name=cart-svc,service.version=v7,cloud.region=eu-1,other=x,k8s.pod.name=".parse().unwrap(),
         );
+        h.append("baggage", "cloud.availability_zone=eu-1a=x, k8s.cluster.name=ignored".parse().unwrap());
         let b = Baggage::parse(&h).expect("baggage");
         assert_eq!(
             b,
@@ -631,9 +637,10 @@ mod tests {
                 service_name: Some("cart-svc".into()),
                 revision: Some("v7".into()),
                 region: Some("eu-1".into()),
-                zone: None,
+                zone: Some("eu-1a".into()),
             },
-            "a later empty k8s.pod.name clears the workload, as ztunnel's parser does; properties after ';' dropped"
+            "a later empty k8s.pod.name clears the workload; the value ends at a second '='; a key after ', ' is \
+             another key (nothing trimmed), as ztunnel's parser has it"
         );
         assert_eq!(Baggage::parse(&http::HeaderMap::new()), None);
         let info = |derived| ConnectionInfo {
@@ -657,6 +664,7 @@ mod tests {
             ],
             ["east", "shop", "cart-svc", "v7", "eu-1"]
         );
+        assert_eq!(l.source_app, "", "a derived source's app is its workload name, here none");
         assert_eq!(TrafficLabels::new(&info(None)).source_cluster, "");
     }
 

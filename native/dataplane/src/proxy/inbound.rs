@@ -602,7 +602,6 @@ async fn establish_stream(
         .get("x-forwarded-network")
         .and_then(|v| v.to_str().ok())
         .is_some_and(|n| !n.eq_ignore_ascii_case(&pi.cfg.network));
-    let derived_source = crate::metrics::Baggage::parse(req.headers());
     let (local, source, resolved) = {
         let st = pi.state.read();
         let local = local_ref.resolve(&st);
@@ -616,6 +615,8 @@ async fn establish_stream(
         let resolved = resolve_connect(&req, local.as_deref(), ctx.dst_ip, &st, &pi.cfg.illegal_ports());
         (local, source, resolved)
     };
+    // The source as its baggage describes it, read only when its workload is not known here (another cluster's).
+    let derived_source = source.is_none().then(|| crate::metrics::Baggage::parse(req.headers())).flatten();
     let InboundTarget { upstream: target, tunnel, service } = match resolved {
         Ok(t) => t,
         Err(e) => {
@@ -657,7 +658,6 @@ async fn establish_stream(
         destination_identity: Some(&local.identity()),
         destination_service: service.as_deref(),
         mutual_tls: true,
-        // The source as its baggage describes it, when its workload is not known here (another cluster's).
         derived_source: derived_source.as_ref(),
     });
     let mut result = super::access::ConnectionResult::open(pi, labels, started);
