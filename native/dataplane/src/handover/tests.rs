@@ -254,13 +254,7 @@ async fn a_kept_connection_pauses_again_for_the_next_successor() {
     let give = tokio::task::spawn_blocking(move || h.give(p, "node-a", || ()));
     let (taken, received) = tokio::task::spawn_blocking(move || take_on(s, "node-a")).await.unwrap();
     assert_eq!((give.await.unwrap().connections, taken.connections), (1, 1));
-    let pi = crate::inpod::testutil::inputs();
-    for r in received {
-        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, arrival()));
-    }
-    assert_eq!(f.relay.await.unwrap(), "handed over");
-    assert_eq!(f.server.await.unwrap(), (UP, 0));
-    assert_eq!(f.client.await.unwrap(), (DOWN, 0));
+    carried_on_intact(received, f).await;
 }
 
 #[test]
@@ -351,6 +345,18 @@ async fn a_connection_that_comes_after_the_exchange_flows_on_in_the_predecessor(
     assert_eq!(late.client.await.unwrap(), (DOWN, 0));
     assert_eq!(first.relay.await.unwrap(), "handed over");
     assert_eq!(first.server.await.unwrap(), (UP, 0));
+}
+
+/// The successor's side: what it `received` resumed on inputs of its own, and `f`'s relay handed over with every
+/// byte through, each way.
+async fn carried_on_intact(received: Vec<Received>, f: Flow) {
+    let pi = crate::inpod::testutil::inputs();
+    for r in received {
+        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, arrival()));
+    }
+    assert_eq!(f.relay.await.unwrap(), "handed over");
+    assert_eq!(f.server.await.unwrap(), (UP, 0));
+    assert_eq!(f.client.await.unwrap(), (DOWN, 0));
 }
 
 /// A successor's token for one connection taken in (its pass, once dropped, judges nothing here).
@@ -589,13 +595,7 @@ async fn an_offer_whose_task_is_gone_is_not_sent() {
     let given = give.await.unwrap();
     assert_eq!((given.error.as_deref(), given.connections), (None, 1), "{given:?}");
     assert_eq!((taken.error.as_deref(), taken.connections, received.len()), (None, 1, 1), "{taken:?}");
-    let pi = crate::inpod::testutil::inputs();
-    for r in received {
-        tokio::spawn(resume(pi.clone(), CancellationToken::new(), r, arrival()));
-    }
-    assert_eq!(f.relay.await.unwrap(), "handed over");
-    assert_eq!(f.server.await.unwrap(), (UP, 0));
-    assert_eq!(f.client.await.unwrap(), (DOWN, 0));
+    carried_on_intact(received, f).await;
 }
 
 /// The daemon's drain waits for a hand-over under way (its streams' tasks may all have ended, their connection's
