@@ -63,3 +63,11 @@ test('a mesh config file where ztunnel reads one is refused, not ignored', () =>
   );
   assert.doesNotThrow(() => loadConfig({ env: {}, exists: () => false }));
 });
+
+test('ENABLE_PROXY=false refuses a SOCKS5 entry asked for by name (it is a proxy), and runs without one by default', () => {
+  assert.throws(
+    () => loadConfig({ exists: () => false, env: { PROXY_MODE: 'local', NODE_NAME: 'n', LOCAL_CA_DIR: '/x', ENABLE_PROXY: 'false', UNSTABLE_ENABLE_SOCKS5: 'true' } }),
+    (e) => e instanceof ConfigError && /UNSTABLE_ENABLE_SOCKS5/.test(e.message) && /ENABLE_PROXY=false/.test(e.message),
+  );
+  assert.equal(loadConfig({ exists: () => false, env: { PROXY_MODE: 'local', NODE_NAME: 'n', LOCAL_CA_DIR: '/x', ENABLE_PROXY: 'false' } }).enableProxy, false);
+});

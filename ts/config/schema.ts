@@ -272,6 +272,9 @@ export const configSchema = z.object(fields).superRefine((raw, ctx) => {
   if (raw.LOCAL_XDS_PATH !== undefined && raw.LOCAL_XDS !== undefined) {
     ctx.addIssue({ code: 'custom', path: ['LOCAL_XDS'], message: 'is exclusive with LOCAL_XDS_PATH; set only one' });
   }
+  if (raw.ENABLE_PROXY === false && raw.UNSTABLE_ENABLE_SOCKS5 === true) {
+    ctx.addIssue({ code: 'custom', path: ['UNSTABLE_ENABLE_SOCKS5'], message: 'is a proxy: ENABLE_PROXY=false runs the DNS proxy alone (unset one of them)' });
+  }
   const mode = raw.PROXY_MODE ?? 'shared';
   if (mode === 'dedicated' && raw.PROXY_WORKLOAD_INFO === undefined) {
     ctx.addIssue({ code: 'custom', path: ['PROXY_WORKLOAD_INFO'], message: 'is required when PROXY_MODE=dedicated' });
