@@ -77,6 +77,7 @@ export const BLOCKS = Object.freeze({
   'authz-logging': 80,
   'dns-only': 81,
   'baggage-labels': 82,
+  'crl-live': 83,
 });
 
 /** Addresses of one file's block. */

@@ -51,7 +51,28 @@ export function makeLeaf(dir, ca, uris, name = `leaf${serial}`) {
   openssl(['x509', '-req', '-in', csrPath, '-CA', ca.certPath, '-CAkey', ca.keyPath, '-set_serial', String(serial++),
     '-days', '1', '-extfile', extPath, '-out', certPath], dir);
   const certPem = readFileSync(certPath, 'utf8');
-  return { certPem, keyPem: readFileSync(keyPath, 'utf8'), chainPem: certPem + ca.certPem };
+  return { certPem, keyPem: readFileSync(keyPath, 'utf8'), chainPem: certPem + ca.certPem, serial: BigInt(serial - 1) };
+}
+
+/**
+ * A CRL (PEM) signed by `ca` revoking the certificates of `serials` (BigInts), made by `openssl ca -gencrl` from an
+ * index of its own: a list as Istio's CA publishes one, by a program other than ours.
+ */
+export function makeCrl(dir, ca, serials) {
+  const d = mkdtempSync(join(dir, 'crl-'));
+  const hex = (n) => {
+    const h = n.toString(16).toUpperCase();
+    return h.length % 2 === 0 ? h : `0${h}`;
+  };
+  writeFileSync(join(d, 'index.txt'), serials.map((n) => `R\t491231235959Z\t240101000000Z\t${hex(n)}\tunknown\t/O=test\n`).join(''));
+  writeFileSync(join(d, 'crlnumber'), '01\n');
+  writeFileSync(join(d, 'ca.cnf'), [
+    '[ca]', 'default_ca = ca_default', '[ca_default]', 'database = index.txt', 'crlnumber = crlnumber',
+    'default_md = sha256', 'default_crl_days = 30', '',
+  ].join('\n'));
+  const out = join(d, 'crl.pem');
+  openssl(['ca', '-gencrl', '-config', 'ca.cnf', '-keyfile', ca.keyPath, '-cert', ca.certPath, '-out', out], d);
+  return readFileSync(out, 'utf8');
 }
 
 export const spiffe = (ns, sa, td = 'cluster.local') => `spiffe://${td}/ns/${ns}/sa/${sa}`;

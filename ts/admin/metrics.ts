@@ -20,7 +20,7 @@
 import { createRequire } from 'node:module';
 import type * as PromClient from 'prom-client';
 import type { RegistryContentType } from 'prom-client';
-import type { AuthorizationCounters, DnsCounters, MetricsSnapshot, TunnelCounters } from '../native/types.js';
+import type { AuthorizationCounters, CrlCounters, DnsCounters, MetricsSnapshot, TunnelCounters } from '../native/types.js';
 import type { XdsCounters } from '../xds/metrics.js';
 
 export type { TunnelCounters };
@@ -40,6 +40,7 @@ export type ScrapeSnapshot = Pick<MetricsSnapshot, 'socketsOpen'> &
   Partial<Pick<MetricsSnapshot, 'runtime' | 'dns' | 'buffers' | 'traffic'>> & {
     tunnels?: Partial<TunnelCounters>;
     authorization?: Partial<AuthorizationCounters>;
+    crl?: CrlCounters;
   };
 
 /** The in-pod workload proxy manager's counters (native inpodState), rendered under ztunnel's names. */
@@ -373,6 +374,25 @@ export class Metrics {
         collect() {
           this.reset();
           this.inc(current().authorization?.[a.field] ?? 0);
+        },
+      });
+    }
+    // ztunnel's CRL counters (src/proxy/metrics.rs), by reporter: source outbound, destination inbound.
+    const CRL = [
+      { name: 'istio_crl_policy_rejections_total', help: 'Connections refused or closed because a certificate revocation list revokes the peer', field: 'policyRejections' },
+      { name: 'istio_crl_untracked_connections_total', help: 'HBONE connections whose peer chain could not be followed for revocation', field: 'untrackedConnections' },
+    ] as const;
+    for (const c of CRL) {
+      new Counter({
+        name: c.name,
+        help: c.help,
+        labelNames: ['reporter'],
+        registers: [reg],
+        collect() {
+          this.reset();
+          const n = current().crl?.[c.field];
+          this.inc({ reporter: 'source' }, n?.source ?? 0);
+          this.inc({ reporter: 'destination' }, n?.destination ?? 0);
         },
       });
     }

@@ -65,6 +65,7 @@ export type { ConnectionCounters } from './generated/ConnectionCounters.js';
 export type { TrafficLabels } from './generated/TrafficLabels.js';
 export type { TunnelCounters } from './generated/TunnelCounters.js';
 export type { AuthorizationCounters } from './generated/AuthorizationCounters.js';
+export type { CrlCounters } from './generated/CrlCounters.js';
 export type { BufferCounters } from './generated/BufferCounters.js';
 export type { RuntimeCounters } from './generated/RuntimeCounters.js';
 export type { DnsCounters } from './generated/DnsCounters.js';

@@ -255,7 +255,7 @@ impl Dataplane {
         let handle = rt.handle().clone();
         let drain = Drain::new();
         let certs = Arc::new(CertStore::new(tls::provider_for(cfg.tls).map_err(DataplaneError::Spec)?));
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Metrics::with_crl(certs.revocations().counters.clone()));
         let events = Arc::new(Events::default());
         metrics.budget.configure(cfg.stream_buffer_budget, events.clone());
         let pool = Pool::new(cfg.clone(), certs.clone(), metrics.clone(), events.clone(), drain.clone());
@@ -480,8 +480,22 @@ impl Dataplane {
 
     /// Replaces the certificate revocation lists every handshake checks peers against (CRL_PATH's PEM; empty: none).
     /// A PEM that does not parse is refused whole and the lists in force stay. Returns how many lists are in force.
+    /// The live HBONE connections the new lists revoke are then closed, on the runtime (`tls::revocation`).
     pub fn set_crls(&self, pem: &str) -> Result<usize, DataplaneError> {
-        self.pi.certs.crls().set(pem).map_err(DataplaneError::Crl)
+        let set = self.pi.certs.crls().set(pem).map_err(DataplaneError::Crl)?;
+        let (pi, n) = (self.pi.clone(), set.len());
+        self.handle.spawn(async move {
+            let algs = pi.certs.provider().signature_verification_algorithms.all;
+            let closed = pi.certs.revocations().sweep(&set, algs);
+            if closed > 0 {
+                pi.events.log(
+                    events::Level::Warn,
+                    "HBONE connections closed: a certificate revocation list revokes their peer",
+                    fields! {"connections" => closed},
+                );
+            }
+        });
+        Ok(n)
     }
 
     /// Free an identity's key and certificate (the control side forgot it). True if there was one.

@@ -313,6 +313,8 @@ pub struct Metrics {
     pub inbound_refused_peer_limit: AtomicU64,
     /// The DNS proxy's counters.
     pub dns: crate::dns::metrics::DnsMetrics,
+    /// Revocation (CRL_PATH): the counters of the certificate store's `Revocations`.
+    pub crl: Arc<crate::tls::revocation::CrlCounters>,
     /// The node's budget for stream data buffered toward peers (shared by every proxy).
     pub budget: Arc<crate::budget::Budget>,
 }
@@ -357,6 +359,7 @@ pub struct SnapshotJson<'a> {
     sockets_open: SocketsOpenJson,
     tunnels: TunnelsJson,
     authorization: AuthorizationJson,
+    crl: CrlJson,
     dns: &'a crate::dns::metrics::DnsSnapshot<'a>,
     buffers: BuffersJson,
     /// When asked for (`metrics({ trafficText: true })`, the scrape): the traffic counters as OpenMetrics text
@@ -435,6 +438,31 @@ struct AuthorizationJson {
     closed_by_policy_change: u64,
 }
 
+/// ztunnel's CRL counters by reporter (`source`: outbound, `destination`: inbound).
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "CrlCounters"))]
+#[serde(rename_all = "camelCase")]
+struct CrlJson {
+    /// Handshakes refused because a peer certificate is revoked, and live connections closed for it.
+    #[cfg_attr(test, ts(type = "{ source: number; destination: number }"))]
+    policy_rejections: ReporterPair,
+    /// HBONE connections whose peer chain could not be followed for revocation.
+    #[cfg_attr(test, ts(type = "{ source: number; destination: number }"))]
+    untracked_connections: ReporterPair,
+}
+
+#[derive(Serialize)]
+struct ReporterPair {
+    source: u64,
+    destination: u64,
+}
+
+impl From<&crate::tls::revocation::ByReporter> for ReporterPair {
+    fn from(b: &crate::tls::revocation::ByReporter) -> ReporterPair {
+        ReporterPair { source: b.source(), destination: b.destination() }
+    }
+}
+
 /// The node's budget for stream data buffered toward HBONE peers (budget.rs).
 #[derive(Serialize)]
 #[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "BufferCounters"))]
@@ -449,6 +477,11 @@ struct BuffersJson {
 }
 
 impl Metrics {
+    /// Counters sharing the certificate store's CRL counters.
+    pub fn with_crl(crl: Arc<crate::tls::revocation::CrlCounters>) -> Metrics {
+        Metrics { crl, ..Metrics::default() }
+    }
+
     /// The bucket of a label set: its shared key (one allocation per distinct label set, not per connection) and
     /// its counters.
     fn bucket(&self, labels: TrafficLabels) -> (Arc<TrafficLabels>, Arc<Counters>) {
@@ -566,6 +599,10 @@ impl Metrics {
                 authorization: AuthorizationJson {
                     denied: load(&self.authz_denied),
                     closed_by_policy_change: load(&self.authz_closed_by_policy),
+                },
+                crl: CrlJson {
+                    policy_rejections: (&self.crl.rejections).into(),
+                    untracked_connections: (&self.crl.untracked).into(),
                 },
                 dns,
                 buffers: BuffersJson {

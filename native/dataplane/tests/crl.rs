@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use dataplane::identity::{CertStore, Identity};
+use dataplane::tls::revocation::Peer;
 use dataplane::tls::{self, ExpectedIdentities};
 use rcgen::{
     date_time_ymd, BasicConstraints, CertificateParams, CertificateRevocationListParams,
@@ -132,7 +133,7 @@ async fn without_lists_both_sides_accept() {
 #[tokio::test]
 async fn a_revoked_server_certificate_is_refused_by_the_client() {
     let p = pair();
-    assert_eq!(p.client.crls().set(&p.ca.crl(&[20])).unwrap(), 1);
+    assert_eq!(p.client.crls().set(&p.ca.crl(&[20])).unwrap().len(), 1);
     let err = handshake(&p.client, p.server.clone()).await.unwrap_err();
     assert_eq!(err, "client: invalid peer certificate: Revoked");
     // A list that names another serial: accepted.
@@ -148,7 +149,7 @@ async fn a_revoked_client_certificate_is_refused_by_the_server() {
     let err = handshake(&p.client, p.server.clone()).await.unwrap_err();
     assert!(err.contains("fatal alert: CertificateRevoked"), "{err}");
     // Cleared: accepted again (lists apply to each new handshake).
-    assert_eq!(p.server.crls().set("").unwrap(), 0);
+    assert_eq!(p.server.crls().set("").unwrap().len(), 0);
     handshake(&p.client, p.server.clone()).await.unwrap();
 }
 
@@ -174,4 +175,80 @@ async fn a_list_that_does_not_parse_is_refused_and_the_lists_in_force_stay() {
     }
     assert_eq!(p.client.crls().current().len(), 1);
     assert!(handshake(&p.client, p.server.clone()).await.is_err(), "the revocation still applies");
+}
+
+/// What a live connection's peer presented: `store`'s certificate chain for `who`.
+fn chain_of(store: &CertStore, who: &str) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    store.get(&id(who)).unwrap().certified.cert.clone()
+}
+
+#[test]
+fn a_live_connection_is_closed_when_a_new_list_revokes_its_peer_and_counted_once() {
+    let p = pair();
+    let algs = p.server.provider().signature_verification_algorithms.all;
+    let roots = Some(p.server.get(&id("echo")).unwrap().roots.clone());
+    // The server follows its client (sleep, serial 10); the client its server (echo, serial 20).
+    let inbound = p.server.watch_revocation(Some(&chain_of(&p.client, "sleep")), roots.clone(), Peer::Client);
+    let outbound = p.client.watch_revocation(
+        Some(&chain_of(&p.server, "echo")),
+        Some(p.client.get(&id("sleep")).unwrap().roots.clone()),
+        Peer::Server,
+    );
+    assert_eq!(p.server.revocations().len(), 1);
+    // A list naming another serial closes nothing.
+    let other = p.server.crls().set(&p.ca.crl(&[99])).unwrap();
+    assert_eq!(p.server.revocations().sweep(&other, algs), 0);
+    assert!(!inbound.revoked.is_cancelled());
+    // The list revoking serial 10: the inbound connection is closed, and counted once however often it is swept.
+    let set = p.server.crls().set(&p.ca.crl(&[10])).unwrap();
+    assert_eq!(p.server.revocations().sweep(&set, algs), 1);
+    assert!(inbound.revoked.is_cancelled());
+    assert_eq!(p.server.revocations().sweep(&set, algs), 0);
+    let c = &p.server.revocations().counters;
+    assert_eq!((c.rejections.destination(), c.rejections.source()), (1, 0));
+    // The client side, revoking serial 20: reporter source.
+    let set = p.client.crls().set(&p.ca.crl(&[20])).unwrap();
+    assert_eq!(p.client.revocations().sweep(&set, algs), 1);
+    assert!(outbound.revoked.is_cancelled());
+    assert_eq!(p.client.revocations().counters.rejections.source(), 1);
+    drop(inbound);
+    assert!(p.server.revocations().is_empty(), "a closed connection's registration goes with it");
+}
+
+#[test]
+fn a_list_that_only_names_the_serial_closes_nothing_webpki_judges() {
+    let p = pair();
+    let algs = p.server.provider().signature_verification_algorithms.all;
+    let roots = Some(p.server.get(&id("echo")).unwrap().roots.clone());
+    let watch = p.server.watch_revocation(Some(&chain_of(&p.client, "sleep")), roots, Peer::Client);
+    // Same issuer name, another key: the list names serial 10 under the mesh root's name but is not its list.
+    let impostor = Ca::new("mesh root");
+    let set = p.server.crls().set(&impostor.crl(&[10])).unwrap();
+    assert_eq!(p.server.revocations().sweep(&set, algs), 0);
+    assert!(!watch.revoked.is_cancelled());
+    assert_eq!(p.server.revocations().counters.rejections.destination(), 0);
+}
+
+#[test]
+fn a_connection_registered_after_the_list_changed_is_checked_at_once() {
+    let p = pair();
+    p.server.crls().set(&p.ca.crl(&[10])).unwrap();
+    let roots = Some(p.server.get(&id("echo")).unwrap().roots.clone());
+    let watch = p.server.watch_revocation(Some(&chain_of(&p.client, "sleep")), roots, Peer::Client);
+    assert!(watch.revoked.is_cancelled(), "a list that arrived during the handshake still applies");
+    assert_eq!(p.server.revocations().counters.rejections.destination(), 1);
+}
+
+#[test]
+fn a_chain_that_cannot_be_followed_is_counted_untracked() {
+    let p = pair();
+    let garbage = vec![rustls::pki_types::CertificateDer::from(vec![1u8, 2, 3])];
+    let a =
+        p.server.watch_revocation(Some(&garbage), Some(p.server.get(&id("echo")).unwrap().roots.clone()), Peer::Client);
+    let b = p.server.watch_revocation(Some(&chain_of(&p.client, "sleep")), None, Peer::Server);
+    let c = p.server.watch_revocation(None, None, Peer::Client);
+    let counters = &p.server.revocations().counters;
+    assert_eq!((counters.untracked.destination(), counters.untracked.source()), (2, 1));
+    assert!(p.server.revocations().is_empty());
+    drop((a, b, c));
 }

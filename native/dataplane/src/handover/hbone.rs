@@ -63,6 +63,23 @@ pub struct ConnParcel {
     /// The receive windows the connection keeps open (ours: `config.http2`).
     pub conn_window: i64,
     pub streams: Vec<StreamParcel>,
+    /// The peer's certificate chain as its handshake verified it, and when: the successor follows the connection for
+    /// revocation as the predecessor did (`tls::revocation`). Empty from a predecessor that had none to give.
+    #[serde(default, skip_serializing_if = "PeerChain::is_empty")]
+    pub peer: PeerChain,
+}
+
+/// A connection's peer chain (DER, leaf first) and the Unix time its handshake verified it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PeerChain {
+    pub chain: Vec<Vec<u8>>,
+    pub verified_at: u64,
+}
+
+impl PeerChain {
+    pub fn is_empty(&self) -> bool {
+        self.chain.is_empty()
+    }
 }
 
 /// How one stream ended, and the bytes it moved (application → peer, peer → application).
@@ -102,6 +119,8 @@ pub struct Engine {
     peer_gone: Option<io::Error>,
     closing: bool,
     ended: Vec<StreamEnd>,
+    /// The peer's chain, handed on with the connection.
+    peer: PeerChain,
 }
 
 fn frame(out: &mut Vec<u8>, typ: u8, flags: u8, stream: u32, payload: &[u8]) {
@@ -166,7 +185,13 @@ impl Engine {
             peer_gone: None,
             closing: false,
             ended: Vec::new(),
+            peer: parcel.peer,
         })
+    }
+
+    /// The peer's chain as the connection's first handshake verified it.
+    pub fn peer(&self) -> &PeerChain {
+        &self.peer
     }
 
     /// Carry the connection until its last stream ends; `on_end` is told of each stream's end. Then, with
@@ -273,6 +298,7 @@ impl Engine {
             plaintext: self.rx_plain,
             conn_window: self.conn_window,
             streams,
+            peer: self.peer,
         };
         (self.tcp, conn, apps)
     }
@@ -942,13 +968,39 @@ impl Open {
         counters.sent.fetch_add(response, std::sync::atomic::Ordering::Relaxed);
     }
 
-    fn finish(mut self, pi: &crate::proxy::ProxyInputs, moved: (u64, u64), error: Option<String>) {
+    /// `revoked`: the connection was closed because a revocation list revoked its peer.
+    fn finish(mut self, pi: &crate::proxy::ProxyInputs, moved: (u64, u64), error: Option<String>, revoked: bool) {
         self.count(moved);
-        let flag = if self.track.close.is_cancelled() { "DENY" } else { "CONNECT" };
+        let flag = match (revoked, self.track.close.is_cancelled()) {
+            (true, _) => "CERT_REVOKED",
+            (false, true) => "DENY",
+            (false, false) => "CONNECT",
+        };
         let Open { meta, result, track } = self;
         drop(track);
         result.finish_with(pi, meta.record, moved.0, moved.1, error.map(|e| (flag, e)));
     }
+}
+
+/// A connection carried on here is followed for revocation as it was where its handshake ran: the chain it came with,
+/// against the roots of its local workload's identity (inbound: the peer is the client; outbound: the server).
+fn follow_revocation(
+    pi: &crate::proxy::ProxyInputs,
+    engine: &Engine,
+    meta: Option<&super::ConnMeta>,
+) -> crate::tls::revocation::Watch {
+    use crate::tls::revocation::Peer;
+    let Some(meta) = meta else { return crate::tls::revocation::Watch::none() };
+    let peer = if meta.kind == super::ConnKind::InboundHbone { Peer::Client } else { Peer::Server };
+    let local: crate::proxy::LocalRef = (&meta.local).into();
+    let identity = local.resolve(&pi.state.read()).map(|w| w.identity());
+    let roots = identity.and_then(|id| pi.certs.get(&id)).map(|c| c.roots.clone());
+    let chain: Vec<rustls::pki_types::CertificateDer<'static>> =
+        engine.peer().chain.iter().map(|d| rustls::pki_types::CertificateDer::from(d.clone())).collect();
+    let since =
+        rustls::pki_types::UnixTime::since_unix_epoch(std::time::Duration::from_secs(engine.peer().verified_at));
+    let chain = (!chain.is_empty()).then_some(chain.as_slice());
+    pi.certs.watch_revocation_since(chain, roots, peer, Some(since))
 }
 
 /// Carry a handed-over HBONE connection (`engine`) to its end: each stream (`ids`, `metas` in one order) counted
@@ -967,6 +1019,8 @@ pub async fn run_streams(
     use futures_util::stream::{FuturesUnordered, StreamExt};
     // A kept connection's streams have no task of their own left: the daemon's drain waits for this one.
     let _carrying = pi.handover.carrying();
+    let revocation = follow_revocation(&pi, &engine, metas.first());
+    let mut revoked = false;
     let mut open: std::collections::HashMap<u32, Open> =
         ids.into_iter().zip(metas).map(|(id, m)| (id, Open::new(&pi, m))).collect();
     drop(arrival);
@@ -988,7 +1042,7 @@ pub async fn run_streams(
             done = engine.step() => {
                 for e in engine.take_ended() {
                     if let Some(o) = open.remove(&e.id) {
-                        o.finish(&pi, e.moved, e.result.err().map(|err| err.to_string()));
+                        o.finish(&pi, e.moved, e.result.err().map(|err| err.to_string()), revoked);
                     }
                 }
                 if done {
@@ -997,6 +1051,14 @@ pub async fn run_streams(
             }
             Some(id) = closes.next(), if !closes.is_empty() => {
                 engine.close_stream(id, io::Error::other("connection closed due to policy change"));
+            }
+            _ = revocation.revoked.cancelled(), if !revoked => {
+                // Every stream ends, and with the last the connection (CERT_REVOKED, as on an h2 connection).
+                revoked = true;
+                let ids: Vec<u32> = open.keys().copied().collect();
+                for id in ids {
+                    engine.close_stream(id, io::Error::other(crate::proxy::inbound::REVOKED));
+                }
             }
             _ = force.cancelled() => break false,
             _ = round.describe.cancelled(), if described != Some(round.generation) => {
@@ -1023,7 +1085,7 @@ pub async fn run_streams(
     // Drained: the streams still open end here.
     for (_, o) in open.drain() {
         let moved = (o.meta.legs[0].moved, o.meta.legs[1].moved);
-        o.finish(&pi, moved, Some("drained".to_string()));
+        o.finish(&pi, moved, Some("drained".to_string()), revoked);
     }
 }
 

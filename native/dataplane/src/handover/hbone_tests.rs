@@ -278,9 +278,13 @@ async fn an_hbone_connection_carries_on_after_its_session_is_taken_from_h2_and_r
         plaintext: taken.plaintext,
         conn_window: 65_535,
         streams: streams_out,
+        peer: hbone::PeerChain { chain: vec![vec![0x30, 1, 2], vec![0x30, 3]], verified_at: 1_700_000_000 },
     };
     let (mut engine, ids) = cross(taken.tcp, conn, apps).await;
     assert_eq!(ids.len(), STREAMS as usize);
+    // The peer's chain crosses with the connection, for the successor to follow it for revocation.
+    assert_eq!(engine.peer().chain, [vec![0x30, 1, 2], vec![0x30, 3]]);
+    assert_eq!(engine.peer().verified_at, 1_700_000_000);
     let ends = Arc::new(Mutex::new(Vec::new()));
 
     // The peer updates its keys (and asks for ours) while the first successor carries the connection.
@@ -361,6 +365,7 @@ async fn engine_pair() -> ((hbone::Engine, TcpStream), (hbone::Engine, TcpStream
         ciphertext: Vec::new(),
         plaintext: Vec::new(),
         conn_window: 65_535,
+        peer: Default::default(),
         streams: vec![StreamParcel {
             id: 1,
             to_peer: Vec::new(),

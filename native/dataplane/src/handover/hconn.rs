@@ -174,7 +174,7 @@ pub async fn offer_connection<S: Session>(
     shared: &http2::Shared<S>,
     logged: &Mutex<tls13::Secrets>,
     poll_conn: impl FnMut(&mut Context<'_>) -> Poll<bool>,
-    conn_window: i64,
+    (conn_window, peer): (i64, &crate::tls::revocation::Watch),
     events: &crate::events::Events,
 ) -> Offered {
     let decline = || async {
@@ -252,6 +252,7 @@ pub async fn offer_connection<S: Session>(
         plaintext: taken.plaintext,
         conn_window,
         streams,
+        peer: peer.peer_chain(),
     };
     offer_parcel((ticket, round), taken.tcp, conn, apps, metas, events).await
 }

@@ -64,6 +64,8 @@ pub struct CertStore {
     wanted: Notify,
     /// The revocation lists every handshake checks peers against (CRL_PATH).
     crls: crate::tls::crl::Crls,
+    /// The live HBONE connections those lists may revoke.
+    revocations: Arc<crate::tls::revocation::Revocations>,
 }
 
 fn parse_pem_certs(what: &str, pem: &str) -> Result<Vec<CertificateDer<'static>>, StoreError> {
@@ -85,6 +87,7 @@ impl CertStore {
             wants: Mutex::new(Vec::new()),
             wanted: Notify::new(),
             crls: Default::default(),
+            revocations: Default::default(),
         }
     }
 
@@ -224,6 +227,33 @@ impl CertStore {
 
     pub fn crls(&self) -> &crate::tls::crl::Crls {
         &self.crls
+    }
+
+    pub fn revocations(&self) -> &Arc<crate::tls::revocation::Revocations> {
+        &self.revocations
+    }
+
+    /// Follow a connection whose `peer` presented `chain`, verified against `roots`, for revocation.
+    pub fn watch_revocation(
+        &self,
+        chain: Option<&[rustls::pki_types::CertificateDer<'_>]>,
+        roots: Option<Arc<RootCertStore>>,
+        peer: crate::tls::revocation::Peer,
+    ) -> crate::tls::revocation::Watch {
+        self.watch_revocation_since(chain, roots, peer, None)
+    }
+
+    /// `watch_revocation` for a chain verified at `established` (a connection taken in from a predecessor).
+    pub fn watch_revocation_since(
+        &self,
+        chain: Option<&[rustls::pki_types::CertificateDer<'_>]>,
+        roots: Option<Arc<RootCertStore>>,
+        peer: crate::tls::revocation::Peer,
+        established: Option<UnixTime>,
+    ) -> crate::tls::revocation::Watch {
+        let crls = self.crls.current();
+        let algs = self.provider.signature_verification_algorithms.all;
+        self.revocations.register(chain.unwrap_or(&[]), roots, peer, established, &crls, algs)
     }
 }
 

@@ -100,6 +100,14 @@ impl AsyncWrite for H2Io {
 /// The inner HTTP/2 connection: its driver task is aborted when this is dropped (the stream ended).
 pub struct InnerConnection {
     driver: JoinHandle<()>,
+    revoked: tokio_util::sync::CancellationToken,
+}
+
+impl InnerConnection {
+    /// Whether a revocation list revoked the destination's certificate (the inner connection is then closed).
+    pub fn revoked(&self) -> bool {
+        self.revoked.is_cancelled()
+    }
 }
 
 impl Drop for InnerConnection {
@@ -129,20 +137,35 @@ pub async fn connect_inner(
     io: H2Io,
     cert: &InstalledCert,
     expected: ExpectedIdentities,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-    crls: Arc<crate::tls::crl::CrlSet>,
+    certs: &crate::identity::CertStore,
     req: http::Request<()>,
 ) -> Result<(SendStream<Bytes>, RecvStream, InnerConnection), InnerError> {
-    let tls_cfg = client_config(cert, expected, provider, crls).map_err(|e| InnerError::Config(e.to_string()))?;
+    let tls_cfg = client_config(cert, expected, certs.provider().clone(), certs.crls().current())
+        .map_err(|e| InnerError::Config(e.to_string()))?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(tls_cfg));
     // No SNI is sent (enable_sni = false); the name only satisfies the API.
     let name = rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([0, 0, 0, 0]).into());
-    let tls = connector.connect(name, io).await.map_err(InnerError::Tls)?;
+    let tls = connector.connect(name, io).await.map_err(|e| {
+        if crate::tls::revocation::is_revoked_error(&e) {
+            certs.revocations().refused(crate::tls::revocation::Peer::Server);
+        }
+        InnerError::Tls(e)
+    })?;
+    // The destination behind the gateway is followed for revocation like a pooled connection's server.
+    let revocation = certs.watch_revocation(
+        tls.get_ref().1.peer_certificates(),
+        Some(cert.roots.clone()),
+        crate::tls::revocation::Peer::Server,
+    );
+    let revoked = revocation.revoked.clone();
     let (send_req, conn) = builder(cfg).handshake::<_, Bytes>(tls).await.map_err(InnerError::H2)?;
     let driver = tokio::spawn(async move {
-        let _ = conn.await;
+        tokio::select! {
+            _ = conn => {}
+            _ = revocation.revoked.cancelled() => {}
+        }
     });
-    let inner = InnerConnection { driver };
+    let inner = InnerConnection { driver, revoked };
     let mut send_req = send_req.ready().await.map_err(InnerError::Request)?;
     let (resp, send) = send_req.send_request(req, false).map_err(InnerError::Request)?;
     let resp = resp.await.map_err(InnerError::Request)?;

@@ -41,6 +41,8 @@ use crate::metrics::{ConnectionInfo, Reporter, TrafficLabels};
 use crate::rbac;
 use crate::state::{AppTunnelProtocol, GatewayDestination, Service, State, Workload};
 
+/// The error of a stream ended because its connection's peer certificate was revoked.
+pub const REVOKED: &str = "the peer's certificate was revoked";
 /// Streams of one HBONE connection being set up at once (authorization and upstream connect): more wait for a place,
 /// so one connection cannot hold more than this many upstream dials.
 pub const MAX_PENDING_STREAMS: usize = 64;
@@ -333,6 +335,9 @@ async fn serve_connection(
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             pi.metrics.tls_handshake_failures_inbound.fetch_add(1, Ordering::Relaxed);
+            if crate::tls::revocation::is_revoked_error(&e) {
+                pi.certs.revocations().refused(crate::tls::revocation::Peer::Client);
+            }
             return warn("TLS handshake failed", e.to_string());
         }
         Err(_) => {
@@ -352,6 +357,12 @@ async fn serve_connection(
         Some(Ok(id)) => Arc::new(id),
         _ => return warn("TLS handshake failed", "no verified peer identity".into()),
     };
+    // A revocation list that revokes the peer closes the connection (`tls::revocation`).
+    let revocation = pi.certs.watch_revocation(
+        tls.get_ref().1.peer_certificates(),
+        pi.certs.get(&identity).map(|c| c.roots.clone()),
+        crate::tls::revocation::Peer::Client,
+    );
     let buffers = pi.metrics.budget.connection(peer);
     // The tap under h2 follows the HTTP/2 state a hand-over carries (`handover::http2`).
     let (tap, session) = crate::handover::http2::Tap::new(tls, false);
@@ -382,6 +393,7 @@ async fn serve_connection(
         calm: CancellationToken::new(),
         buffers,
         streams_end: CancellationToken::new(),
+        revoked: revocation.revoked.clone(),
         gate: Arc::default(),
     });
     let mut going_away = false;
@@ -408,7 +420,7 @@ async fn serve_connection(
                     }
                 };
                 let window = pi.cfg.http2.connection_window_size as i64;
-                match offer_connection((&ticket, &round), &ctx.gate, &session, &secrets, poll_conn, window, &pi.events).await {
+                match offer_connection((&ticket, &round), &ctx.gate, &session, &secrets, poll_conn, (window, &revocation), &pi.events).await {
                     Offered::Declined => declined = Some(round.generation),
                     Offered::Gone => break,
                     Offered::Kept(k) => {
@@ -450,10 +462,23 @@ async fn serve_connection(
                 conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
                 break;
             }
+            _ = ctx.revoked.cancelled() => {
+                // A security event: the connection closes at once, and its streams with it, as ztunnel's.
+                conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                pi.events.log(
+                    Level::Warn,
+                    "HBONE connection closed: its peer's certificate was revoked",
+                    fields! {"src.addr" => peer.to_string(), "src.identity" => ctx.peer_id.to_string()},
+                );
+                break;
+            }
             _ = drain.force.cancelled() => break,
         }
     }
-    super::h2::end_streams(ctx.streams_end.clone(), ctx.buffers.shed.is_cancelled(), drain.force.clone());
+    drop(revocation);
+    // Revoked: the streams end now (their records say CERT_REVOKED), not after the grace.
+    let now = ctx.buffers.shed.is_cancelled() || ctx.revoked.is_cancelled();
+    super::h2::end_streams(ctx.streams_end.clone(), now, drain.force.clone());
     drop(ticket);
     if let Some((engine, ids, metas)) = kept {
         // It left h2 for a successor that did not take it: carried on here to its end.
@@ -491,6 +516,9 @@ struct StreamContext {
     /// Ends the streams: at once when the connection is drained or shed, CLOSED_STREAM_GRACE after it ended
     /// otherwise, to deliver what h2 still held (`h2::end_streams`).
     streams_end: CancellationToken,
+    /// Fired when a revocation list revokes the peer's certificate: the connection closes, its streams end at once
+    /// (through `streams_end`) and say CERT_REVOKED.
+    revoked: CancellationToken,
     /// Where the streams stop for a hand-over of the connection.
     gate: Arc<crate::handover::hconn::Gate>,
 }
@@ -563,9 +591,15 @@ async fn stream_task(ctx: Arc<StreamContext>, establish: EstablishFuture) {
             }
         }
     };
-    let flag = if track.close.is_cancelled() { "DENY" } else { "CONNECT" };
+    let flag = if ctx.revoked.is_cancelled() {
+        "CERT_REVOKED"
+    } else if track.close.is_cancelled() {
+        "DENY"
+    } else {
+        "CONNECT"
+    };
     drop(track);
-    let error = copied.err().map(|e| (flag, e.to_string()));
+    let error = copied.err().map(|e| (flag, if flag == "CERT_REVOKED" { REVOKED.to_string() } else { e.to_string() }));
     let record = access_record(ctx.peer, &ctx.peer_id, &local, target);
     result.finish(&ctx.pi, &record, to_peer.get(), from_peer.get(), error);
 }
@@ -792,6 +826,7 @@ mod tests {
             established: AtomicU32::new(0),
             calm: CancellationToken::new(),
             streams_end: CancellationToken::new(),
+            revoked: CancellationToken::new(),
             gate: Arc::default(),
         });
         let size = std::mem::size_of_val(&stream_task(ctx, Box::pin(async { None })));

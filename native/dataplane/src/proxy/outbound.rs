@@ -718,8 +718,7 @@ pub async fn connect(
                 req.headers_mut().insert("x-forwarded-network", v);
             }
             let io = super::double_hbone::H2Io::new(send, recv);
-            let (provider, crls) = (pi.certs.provider().clone(), pi.certs.crls().current());
-            match super::double_hbone::connect_inner(&pi.cfg, io, &cert, inner.expected, provider, crls, req).await {
+            match super::double_hbone::connect_inner(&pi.cfg, io, &cert, inner.expected, &pi.certs, req).await {
                 Ok((send, recv, conn)) => {
                     Ok((routed, Upstream::Hbone { send, recv, _lease: lease, _inner: Some(conn) }))
                 }
@@ -904,7 +903,13 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
             },
         }
     };
-    let error = copied.err().map(|e| ("CONNECT", e.to_string()));
+    // Ended because a revocation list revoked the server (the pooled connection's, or the inner one's behind a
+    // gateway): flagged CERT_REVOKED, as ztunnel's.
+    let revoked = _lease.as_ref().is_some_and(|(l, inner)| l.revoked() || inner.as_ref().is_some_and(|i| i.revoked()));
+    let error = copied.err().map(|e| match revoked {
+        true => ("CERT_REVOKED", super::inbound::REVOKED.to_string()),
+        false => ("CONNECT", e.to_string()),
+    });
     result.finish(pi, &access_record(client_addr, &routed), sent.get(), recv.get(), error);
 }
 

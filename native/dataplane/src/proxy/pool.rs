@@ -87,6 +87,8 @@ pub struct PooledConn {
     /// Ends the connection's streams: at once when it was shed or drained, CLOSED_STREAM_GRACE after it ended
     /// otherwise (`h2::end_streams`).
     streams_end: tokio_util::sync::CancellationToken,
+    /// Fired when a revocation list revokes the server's certificate (the streams then end at once).
+    revoked: tokio_util::sync::CancellationToken,
     /// Where its streams stop for a hand-over of the connection.
     gate: Arc<crate::handover::hconn::Gate>,
 }
@@ -133,6 +135,11 @@ impl StreamLease {
     /// ones carry on.
     pub fn refused(&self) {
         self.conn.dead.store(true, Ordering::Release);
+    }
+
+    /// Whether a revocation list revoked the leased connection's server.
+    pub fn revoked(&self) -> bool {
+        self.conn.revoked.is_cancelled()
     }
 
     /// Cancelled when the leased connection's streams must end (`PooledConn::streams_end`).
@@ -367,9 +374,19 @@ impl Pool {
         .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")))
         .map_err(|e| {
             self.metrics.tls_handshake_failures_outbound.fetch_add(1, Ordering::Relaxed);
+            if crate::tls::revocation::is_revoked_error(&e) {
+                self.certs.revocations().refused(crate::tls::revocation::Peer::Server);
+            }
             PoolError::Tls(key.dst, e)
         })?;
         tls.get_mut().1.set_buffer_limit(Some(crate::tls::TLS_SEND_BUFFER));
+        // A revocation list that revokes the server closes the connection and its streams (`tls::revocation`).
+        let revocation = self.certs.watch_revocation(
+            tls.get_ref().1.peer_certificates(),
+            Some(cert.roots.clone()),
+            crate::tls::revocation::Peer::Server,
+        );
+        let revoked = revocation.revoked.clone();
         let buffers = self.metrics.budget.connection(key.dst);
         // The tap under h2 follows the HTTP/2 state a hand-over carries (`handover::http2`).
         let (tap, session) = crate::handover::http2::Tap::new(tls, true);
@@ -417,6 +434,15 @@ impl Pool {
                     why = &mut ping_fut => break Some(why.to_string()),
                     _ = force.cancelled() => break Some("drained".to_string()),
                     _ = shed.cancelled() => break Some("shed: the node's buffered stream data is over its budget".to_string()),
+                    _ = revocation.revoked.cancelled() => {
+                        dead2.store(true, Ordering::Release);
+                        events.log(
+                            Level::Warn,
+                            "HBONE pool connection closed: the server's certificate was revoked",
+                            fields! {"dst.addr" => dst.to_string(), "id" => id},
+                        );
+                        break Some("the server's certificate was revoked".to_string());
+                    }
                     _ = cancelled(describe.as_ref()), if described != generation => {
                         described = generation;
                         if let Some(t) = &ticket {
@@ -429,7 +455,7 @@ impl Pool {
                             std::task::Poll::Ready(_) => std::task::Poll::Ready(false),
                             std::task::Poll::Pending => std::task::Poll::Pending,
                         };
-                        match offer_connection((t, round), &gate2, &session, &secrets, poll_conn, window, &events).await {
+                        match offer_connection((t, round), &gate2, &session, &secrets, poll_conn, (window, &revocation), &events).await {
                             Offered::Declined => declined = generation,
                             Offered::Gone => break Some("handed over".to_string()),
                             Offered::Kept(k) => {
@@ -447,7 +473,9 @@ impl Pool {
                 crate::handover::hbone::run_streams(pi.clone(), force.clone(), engine, ids, metas, None).await;
             }
             dead2.store(true, Ordering::Release);
-            super::h2::end_streams(streams_end2, shed.is_cancelled(), force);
+            let revoked = revocation.revoked.is_cancelled();
+            drop(revocation);
+            super::h2::end_streams(streams_end2, shed.is_cancelled() || revoked, force);
             metrics.tunnels_active_outbound.fetch_sub(1, Ordering::Relaxed);
             if let Some(why) = why {
                 events.log(
@@ -464,6 +492,7 @@ impl Pool {
             max: self.cfg.pool_max_streams_per_connection as usize,
             buffers,
             streams_end,
+            revoked,
             gate,
         }))
     }

@@ -48,6 +48,12 @@ impl CrlSet {
         self.der.len()
     }
 
+    /// Whether a list issued by `issuer` names `serial` (webpki's encodings); only a pre-filter: the list's
+    /// signature is checked when a chain is verified with it.
+    pub fn names(&self, issuer: &[u8], serial: &[u8]) -> bool {
+        self.owned.iter().any(|l| l.issuer() == issuer && matches!(l.find_serial(serial), Ok(Some(_))))
+    }
+
     /// Runs `f` with webpki's revocation options over these lists (None when there are none).
     pub fn with_options<R>(&self, f: impl FnOnce(Option<webpki::RevocationOptions<'_>>) -> R) -> R {
         if self.owned.is_empty() {
@@ -70,11 +76,10 @@ impl Crls {
         self.0.read().clone()
     }
 
-    /// Replaces the lists with those of `pem` (empty: none); a refused `pem` changes nothing.
-    pub fn set(&self, pem: &str) -> Result<usize, String> {
-        let set = CrlSet::parse(pem)?;
-        let n = set.len();
-        *self.0.write() = Arc::new(set);
-        Ok(n)
+    /// Replaces the lists with those of `pem` (empty: none) and returns them; a refused `pem` changes nothing.
+    pub fn set(&self, pem: &str) -> Result<Arc<CrlSet>, String> {
+        let set = Arc::new(CrlSet::parse(pem)?);
+        *self.0.write() = set.clone();
+        Ok(set)
     }
 }

@@ -2,6 +2,7 @@
 //! verification both ways.
 
 pub mod crl;
+pub mod revocation;
 mod verify;
 
 pub use verify::{ExpectedIdentities, SpiffeClientVerifier, SpiffeServerVerifier};
