@@ -192,7 +192,7 @@ test('IPv6 admin addresses', () => {
 });
 
 test('configForDump is camelCase and renders durations and addresses', () => {
-  const d = configForDump(loadConfig({ env: { ...LOCAL, CONNECTION_TIMEOUT: '1500ms' }, cpuCount: 8 }));
+  const d = configForDump(loadConfig({ env: { ...LOCAL, CONNECTION_TIMEOUT: '1500ms' }, cpuCount: 8 })).ztunnelNode;
   assert.equal(d.proxyMode, 'local');
   assert.equal(d.numWorkerThreads, 2);
   assert.equal(d.adminAddr, '127.0.0.1:15000');
@@ -227,5 +227,5 @@ test('DNS proxy settings: on by default; ISTIO_META_DNS_CAPTURE other than "true
   assert.throws(() => loadConfig({ env: { IPV6_ENABLED: 'maybe' } }), (e) => e instanceof ConfigError && /IPV6_ENABLED/.test(e.message));
   const c = loadConfig({ env: { IPV6_ENABLED: 'false', PREFERED_SERVICE_NAMESPACE: 'prod', DNS_RESOLV_CONF: '/tmp/r.conf' } }).dns;
   assert.deepEqual([c.ipv6Enabled, c.preferedServiceNamespace, c.resolvConf], [false, 'prod', '/tmp/r.conf']);
-  assert.equal(configForDump(loadConfig({ env: {} })).dns.addr, 'localhost:15053');
+  assert.equal(configForDump(loadConfig({ env: {} })).ztunnelNode.dns.addr, 'localhost:15053');
 });

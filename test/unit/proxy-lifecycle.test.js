@@ -102,7 +102,8 @@ test('local mode: certificates, then listeners, then ready; dumps and metrics; q
   const dump = JSON.parse((await get(proxy.addresses.admin, '/config_dump')).body);
   assert.deepEqual(dump.workloads.map((w) => w.uid), ['u-echo', 'u-sleep']);
   assert.deepEqual(dump.certificates.map((c) => [c.identity, c.state]), [['spiffe://cluster.local/ns/default/sa/sleep', 'Available']]);
-  assert.equal(dump.config.nodeName, 'node-a');
+  assert.equal(dump.config.ztunnelNode.nodeName, 'node-a');
+  assert.equal(dump.config.localNode, 'node-a', "ztunnel's key");
   assert.equal(dump.version.cryptoProvider, 'tls-ring', "ztunnel's name of the provider (its cargo feature)");
   assert.equal(dump.version.rustVersion, '1.95.0', "the bare version, as ztunnel's");
   assert.deepEqual(dump.stagedServices, {});

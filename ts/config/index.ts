@@ -1,5 +1,6 @@
 // Config is parsed once (here), validated once (schema.ts), frozen, and passed in. Nothing else in ts/ reads
 // process.env. Precedence: CLI flag > environment variable > default (defaults.ts).
+import { existsSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import type { z } from 'zod';
 import { ConfigError } from '../errors.js';
@@ -10,6 +11,7 @@ import { formatDurationMs } from './duration.js';
 import { parseFlags } from './flags.js';
 import { refusedSettings } from './istio-env.js';
 import { controlPlaneTlsProblem, type TlsPolicy } from './tls.js';
+import { readResolverFacts, ztunnelConfigDump } from './ztunnel-dump.js';
 import {
   CONFIG_KEYS,
   MAX_WORKER_THREADS,
@@ -333,8 +335,18 @@ export function workerThreads(
   return Math.min(MAX_WORKER_THREADS, Math.max(1, n));
 }
 
-/** The `config` key of /config_dump: the whole runtime config, camelCase, with durations and addresses rendered. */
+/**
+ * The `config` key of /config_dump: ztunnel's keys in ztunnel's forms (ztunnel-dump.ts), and under `ztunnelNode` our
+ * whole runtime config, camelCase, with durations and addresses rendered. Reads the resolver file, as ztunnel's
+ * dump shows what it read from it.
+ */
 export function configForDump(cfg: Config): Record<string, unknown> {
+  const facts = { resolver: readResolverFacts(cfg.dns.resolvConf), exists: existsSync };
+  return { ...ztunnelConfigDump(cfg, facts), ztunnelNode: ownConfigForDump(cfg) };
+}
+
+/** Our own settings under their own names (config_dump's `config.ztunnelNode`). */
+function ownConfigForDump(cfg: Config): Record<string, unknown> {
   return {
     ...cfg,
     // Inline YAML can be long and is already visible under staticConfig; say whether it was given.
