@@ -56,12 +56,12 @@ test('each refused variable stops the start, naming it; the values that ask for 
   assert.match(err?.message ?? '', /XDS_ON_DEMAND=true.*FAKE_CA=true|FAKE_CA=true.*XDS_ON_DEMAND=true/);
 });
 
-test('a mesh config file where ztunnel reads one is refused, not ignored', () => {
-  assert.throws(
-    () => loadConfig({ env: {}, exists: (p) => p === MESH_CONFIG_FILE }),
-    (err) => err instanceof ConfigError && err.message.includes(MESH_CONFIG_FILE),
-  );
-  assert.doesNotThrow(() => loadConfig({ env: {}, exists: () => false }));
+test('a mesh config file where ztunnel reads one is read (test/unit/proxy-config.test.js), and PROXY_CONFIG is not refused', () => {
+  const mesh = 'defaultConfig:\n  proxyAdminPort: 15099\n';
+  const c = loadConfig({ env: {}, exists: (p) => p === MESH_CONFIG_FILE, readFile: (p) => (p === MESH_CONFIG_FILE ? mesh : '') });
+  assert.equal(c.adminAddr.port, 15099);
+  assert.equal(loadConfig({ env: { PROXY_CONFIG: 'statsPort: 15888' }, exists: () => false }).statsAddr.port, 15888);
+  assert.ok(!('PROXY_CONFIG' in REFUSED));
 });
 
 test('ENABLE_PROXY=false refuses a SOCKS5 entry asked for by name (it is a proxy), and runs without one by default', () => {

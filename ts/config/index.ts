@@ -1,5 +1,6 @@
 // Config is parsed once (here), validated once (schema.ts), frozen, and passed in. Nothing else in ts/ reads
-// process.env. Precedence: CLI flag > environment variable > default (defaults.ts).
+// process.env. Precedence: CLI flag > environment variable > ztunnel's ProxyConfig (PROXY_CONFIG over the mesh
+// config file's defaultConfig, for the few settings it has: proxy-config.ts) > default (defaults.ts).
 import { existsSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import type { z } from 'zod';
@@ -10,6 +11,7 @@ import * as D from './defaults.js';
 import { formatDurationMs } from './duration.js';
 import { parseFlags } from './flags.js';
 import { refusedSettings } from './istio-env.js';
+import { loadProxyConfig, proxyConfigSettings, withPort, type ProxyConfigSettings } from './proxy-config.js';
 import { controlPlaneTlsProblem, type TlsPolicy } from './tls.js';
 import { readResolverFacts, ztunnelConfigDump } from './ztunnel-dump.js';
 import {
@@ -131,12 +133,14 @@ export interface ConfigInput {
   cpuCount?: number;
   /** Whether a file exists (the mesh config file ztunnel would read; tests pass their own). */
   exists?: (path: string) => boolean;
+  /** A file's text (the mesh config file, when `exists` says it is there; tests pass their own). */
+  readFile?: (path: string) => string;
 }
 
 /** Parses env + flags into a frozen Config. Throws ConfigError naming every bad variable/flag. */
 export function loadConfig(input: ConfigInput): Config {
   // ztunnel's settings that ztunnel-node does not implement are refused by name, never ignored (istio-env.ts).
-  const refused = refusedSettings(input.env, input.exists);
+  const refused = refusedSettings(input.env);
   if (refused.length > 0) throw new ConfigError(`unsupported configuration: ${refused.join('; ')}`);
   const args = input.args ?? [];
   const flags = parseFlags(args);
@@ -166,22 +170,34 @@ export function loadConfig(input: ConfigInput): Config {
     const lines = prefixed.error.issues.map((i) => `${String(i.path[0])}${String(i.path[1] ?? '')}: ${i.message}`);
     throw new ConfigError(`invalid configuration: ${lines.join('; ')}`);
   }
-  const config = resolve(parsed.data, fromFlag, input.cpuCount ?? availableParallelism(), input.allArgs ?? args, input.env.XDG_RUNTIME_DIR);
+  // ztunnel's ProxyConfig, for the settings no variable or flag gave (proxy-config.ts).
+  const proxyConfig = loadProxyConfig({
+    env: parsed.data.PROXY_CONFIG,
+    envName: fromFlag.has('PROXY_CONFIG') ? flagFor('PROXY_CONFIG') : 'PROXY_CONFIG',
+    exists: input.exists,
+    readFile: input.readFile,
+  });
+  const pc = proxyConfigSettings(proxyConfig, parsed.data);
+  const config = resolve(parsed.data, pc, fromFlag, input.cpuCount ?? availableParallelism(), input.allArgs ?? args, input.env.XDG_RUNTIME_DIR);
   const unmet = controlPlaneTlsProblem(config.tls, [config.xdsAddress, config.caAddress]);
   if (unmet !== null) throw new ConfigError(`invalid configuration: COMPLIANCE_POLICY=pqc: ${unmet}`);
-  return deepFreeze({ ...config, ...resolvePrefixed(prefixed.data) });
+  return deepFreeze({ ...config, ...resolvePrefixed(prefixed.data, pc.metadata) });
 }
 
 function lowerKeys(r: Record<string, string>): Record<string, string> {
   return Object.fromEntries(Object.entries(r).map(([k, v]) => [k.toLowerCase(), v]));
 }
 
-function resolvePrefixed(p: RawPrefixed): Pick<Config, 'xdsHeaders' | 'caHeaders' | 'proxyMetadata'> {
+function resolvePrefixed(
+  p: RawPrefixed,
+  /** ProxyConfig's proxyMetadata (prefix stripped): under the variables, as in ztunnel. */
+  fromProxyConfig: Readonly<Record<string, string>>,
+): Pick<Config, 'xdsHeaders' | 'caHeaders' | 'proxyMetadata'> {
   return {
     xdsHeaders: lowerKeys(p.XDS_HEADER_),
     caHeaders: lowerKeys(p.CA_HEADER_),
     // ISTIO_METAJSON_ values are not strings, and win over an ISTIO_META_ of the same key (as in ztunnel).
-    proxyMetadata: { ...p.ISTIO_META_, ...p.ISTIO_METAJSON_ },
+    proxyMetadata: { ...fromProxyConfig, ...p.ISTIO_META_, ...p.ISTIO_METAJSON_ },
   };
 }
 
@@ -200,6 +216,8 @@ function formatIssues(issues: readonly z.core.$ZodIssue[], raw: Partial<Record<C
 
 function resolve(
   raw: RawConfig,
+  /** What ztunnel's ProxyConfig sets where no variable or flag did. */
+  pc: ProxyConfigSettings,
   fromFlag: Set<ConfigKey>,
   cpuCount: number,
   allArgs: readonly string[],
@@ -213,7 +231,7 @@ function resolve(
     : raw.KUBERNETES_SERVICE_HOST
       ? D.DEFAULT_ISTIOD_IN_CLUSTER
       : D.DEFAULT_ISTIOD_LOCAL;
-  const xds = raw.XDS_ADDRESS ?? istiod;
+  const xds = raw.XDS_ADDRESS ?? pc.xdsAddress ?? istiod;
   const ca = raw.CA_ADDRESS ?? istiod;
   // ISTIO_META_CLUSTER_ID wins over CLUSTER_ID (ztunnel), except that a --cluster-id flag wins over any env.
   const clusterId =
@@ -257,7 +275,7 @@ function resolve(
     authzPolicyInfoLogging: raw.AUTHZ_POLICY_INFO_LOGGING ?? false,
     enableProxy: raw.ENABLE_PROXY ?? true,
     terminationDeadlineMs: terminationDeadlineMs(raw.CONNECTION_TERMINATION_DEADLINE, raw.TERMINATION_GRACE_PERIOD_SECONDS),
-    numWorkerThreads: workerThreads(raw, cpuCount),
+    numWorkerThreads: workerThreads({ ...raw, ZTUNNEL_WORKER_THREADS: raw.ZTUNNEL_WORKER_THREADS ?? pc.workerThreads }, cpuCount),
     secretTtlMs: Math.ceil(raw.SECRET_TTL ?? D.DEFAULT_SECRET_TTL_MS),
     logFilter: raw.RUST_LOG ?? { level: 'info', targets: {} },
     logFormat: raw.LOG_FORMAT ?? 'plain',
@@ -266,8 +284,8 @@ function resolve(
     localCaDir: raw.LOCAL_CA_DIR ?? null,
     crlPath: raw.CRL_PATH ?? null,
     dns: {
-      enabled: raw.ISTIO_META_DNS_CAPTURE === undefined || raw.ISTIO_META_DNS_CAPTURE === 'true',
-      addr: raw.ISTIO_META_DNS_PROXY_ADDR ?? raw.DNS_PROXY_ADDR ?? D.DEFAULT_DNS_PROXY_ADDR,
+      enabled: dnsCaptureEnabled(raw.ISTIO_META_DNS_CAPTURE ?? pc.dnsCapture),
+      addr: raw.ISTIO_META_DNS_PROXY_ADDR ?? raw.DNS_PROXY_ADDR ?? pc.dnsProxyAddr ?? D.DEFAULT_DNS_PROXY_ADDR,
       ipv6Enabled: raw.IPV6_ENABLED ?? true,
       preferedServiceNamespace: raw.PREFERED_SERVICE_NAMESPACE ?? null,
       resolvConf: raw.DNS_RESOLV_CONF ?? D.DEFAULT_RESOLV_CONF,
@@ -284,8 +302,8 @@ function resolve(
       portReuse: raw.INPOD_PORT_REUSE ?? true,
       origSrc: raw.ENABLE_ORIG_SRC === undefined ? 'auto' : raw.ENABLE_ORIG_SRC ? 'required' : 'never',
     },
-    adminAddr: raw.ADMIN_ADDR ?? D.DEFAULT_ADMIN_ADDR,
-    statsAddr: raw.STATS_ADDR ?? (proxyMode === 'local' ? D.LOCAL_STATS_ADDR : D.DEFAULT_STATS_ADDR),
+    adminAddr: raw.ADMIN_ADDR ?? withPort(D.DEFAULT_ADMIN_ADDR, pc.adminPort),
+    statsAddr: raw.STATS_ADDR ?? withPort(proxyMode === 'local' ? D.LOCAL_STATS_ADDR : D.DEFAULT_STATS_ADDR, pc.statsPort),
     readinessAddr: raw.READINESS_ADDR ?? (proxyMode === 'local' ? D.LOCAL_READINESS_ADDR : D.DEFAULT_READINESS_ADDR),
     proxyArgs: allArgs.join(' '),
     xdsRootCa: raw.XDS_ROOT_CA ?? D.DEFAULT_ROOT_CA_PATH,
@@ -298,6 +316,14 @@ function resolve(
     podNamespace: raw.POD_NAMESPACE ?? null,
     serviceAccount: raw.SERVICE_ACCOUNT ?? null,
   };
+}
+
+/**
+ * ISTIO_META_DNS_CAPTURE, or proxyMetadata DNS_CAPTURE: the DNS proxy is on unless set to other than "true", compared
+ * case-insensitively as ztunnel does (`True` is on).
+ */
+function dnsCaptureEnabled(value: string | undefined): boolean {
+  return value === undefined || value.toLowerCase() === 'true';
 }
 
 /**

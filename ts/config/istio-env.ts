@@ -3,8 +3,8 @@
 // honour, so that no operator's setting is silently ignored. The sources: ../shared/spec/istio-ambient.md § 6.2, and
 // istio/ztunnel's src/config.rs (its env constants and `construct_config`), src/tls (TLS12_ENABLED,
 // COMPLIANCE_POLICY) and src/rbac (AUTHZ_POLICY_INFO_LOGGING). README's configuration tables list the same, and
-// test/unit/istio-env.test.js walks both.
-import { existsSync } from 'node:fs';
+// test/unit/istio-env.test.js walks both. ztunnel's ProxyConfig (PROXY_CONFIG and the mesh config file) is read as
+// ztunnel reads it: proxy-config.ts.
 
 /** A variable ztunnel reads that ztunnel-node does not implement. */
 export interface Refusal {
@@ -30,7 +30,7 @@ export const IMPLEMENTED = [
   'ZTUNNEL_RESOURCE_CPU_REQUEST', 'RUST_LOG', 'LOG_FORMAT', 'KUBERNETES_SERVICE_HOST', 'RUST_BACKTRACE',
   'ENABLE_CLUSTER_TRUST_BUNDLE_API', 'KEEPALIVE_ENABLED', 'KEEPALIVE_TIME', 'KEEPALIVE_INTERVAL', 'KEEPALIVE_RETRIES',
   'USER_TIMEOUT_ENABLED', 'TLS12_ENABLED', 'COMPLIANCE_POLICY', 'AUTHZ_POLICY_INFO_LOGGING',
-  'ENABLE_PROXY',
+  'ENABLE_PROXY', 'PROXY_CONFIG',
 ] as const;
 
 /** ztunnel's prefix families that schema.ts implements. */
@@ -41,29 +41,21 @@ export const REFUSED: Readonly<Record<string, Refusal>> = {
   XDS_ON_DEMAND: refuse('on-demand xDS is not implemented: every address is pushed', 'false'),
   FAKE_CA: refuse("ztunnel's fake CA is not implemented (local mode has a built-in CA: LOCAL_CA_DIR)", 'false'),
   TRANSPARENT_NETWORK_POLICIES: refuse('transparent network policies are not implemented', 'false'),
-  PROXY_CONFIG: refuse('ProxyConfig is not read (set the variables it would set instead)'),
 };
 
-/** ztunnel reads its mesh config here (relative to its working directory) for ProxyConfig's `defaultConfig`. */
-export const MESH_CONFIG_FILE = './etc/istio/config/mesh';
+export { MESH_CONFIG_FILE } from './proxy-config.js';
 
 /**
  * One line per refused setting in `env` (empty when none): the variable, its value, and why. An empty value is unset
- * here, as for every other variable. `exists` answers whether the mesh config file is there.
+ * here, as for every other variable.
  */
-export function refusedSettings(
-  env: Readonly<Record<string, string | undefined>>,
-  exists: (path: string) => boolean = existsSync,
-): string[] {
+export function refusedSettings(env: Readonly<Record<string, string | undefined>>): string[] {
   const out: string[] = [];
   for (const [name, r] of Object.entries(REFUSED)) {
     const value = env[name]?.trim();
     if (value === undefined || value === '' || r.accepts.includes(value.toLowerCase())) continue;
     const allowed = r.accepts.length > 0 ? ` (only ${r.accepts.map((a) => `${name}=${a}`).join(' or ')} is accepted)` : '';
     out.push(`${name}=${value} is not supported by ztunnel-node: ${r.reason}${allowed}`);
-  }
-  if (exists(MESH_CONFIG_FILE)) {
-    out.push(`${MESH_CONFIG_FILE} is not supported by ztunnel-node: the mesh config file is not read (remove it, and set the variables its defaultConfig would set)`);
   }
   return out;
 }

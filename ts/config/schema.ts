@@ -210,6 +210,8 @@ const fields = {
   IPV6_ENABLED: bool().optional().describe('AAAA questions answered from the mesh (true)'),
   PREFERED_SERVICE_NAMESPACE: nonEmpty().optional().describe('DNS proxy tie-breaker among services with the same hostname (sic, as ztunnel)'),
   DNS_RESOLV_CONF: nonEmpty().optional().describe('resolver file whose nameservers get the questions the mesh does not answer (/etc/resolv.conf)'),
+  // Parsed and merged over the mesh config file's defaultConfig in proxy-config.ts (it is YAML, not one value).
+  PROXY_CONFIG: text().optional().describe('YAML ProxyConfig merged over the mesh config file\'s defaultConfig: discoveryAddress, proxyAdminPort, statsPort, concurrency, proxyMetadata (variables win over both)'),
 };
 
 /**
@@ -246,6 +248,19 @@ export function describePrefix(key: PrefixKey): string {
 }
 
 export type ConfigKey = keyof typeof fields;
+
+/**
+ * One key's string through its own schema, for a value that came from elsewhere than env or flags (a ProxyConfig
+ * field feeding the same setting): the parsed value, or the problem in the words the schema uses.
+ */
+export function parseField<K extends ConfigKey>(
+  key: K,
+  value: string,
+): { ok: true; value: Exclude<z.output<(typeof fields)[K]>, undefined> } | { ok: false; message: string } {
+  const r = fields[key].safeParse(value);
+  if (r.success) return { ok: true, value: r.data as Exclude<z.output<(typeof fields)[K]>, undefined> };
+  return { ok: false, message: r.error.issues.map((i) => i.message).join('; ') };
+}
 
 /** Keys whose CLI flag may be given without a value (`--unstable-enable-socks5` means true). */
 export const BOOLEAN_KEYS: ReadonlySet<ConfigKey> = new Set<ConfigKey>([
