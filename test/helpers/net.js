@@ -78,6 +78,7 @@ export const BLOCKS = Object.freeze({
   'dns-only': 81,
   'baggage-labels': 82,
   'crl-live': 83,
+  'fake-ca': 84,
 });
 
 /** Addresses of one file's block. */

@@ -48,12 +48,12 @@ test('each refused variable stops the start, naming it; the values that ask for 
   // Several at once: each is named.
   const err = (() => {
     try {
-      loadConfig({ env: { XDS_ON_DEMAND: 'true', FAKE_CA: 'true' }, exists: () => false });
+      loadConfig({ env: { XDS_ON_DEMAND: 'true', TRANSPARENT_NETWORK_POLICIES: 'true' }, exists: () => false });
     } catch (e) {
       return e;
     }
   })();
-  assert.match(err?.message ?? '', /XDS_ON_DEMAND=true.*FAKE_CA=true|FAKE_CA=true.*XDS_ON_DEMAND=true/);
+  assert.match(err?.message ?? '', /XDS_ON_DEMAND=true.*TRANSPARENT_NETWORK_POLICIES=true|TRANSPARENT_NETWORK_POLICIES=true.*XDS_ON_DEMAND=true/);
 });
 
 test('a mesh config file where ztunnel reads one is read (test/unit/proxy-config.test.js), and PROXY_CONFIG is not refused', () => {

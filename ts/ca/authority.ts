@@ -29,6 +29,12 @@ export class LocalCertificateAuthority implements CertificateAuthority {
     return new LocalCertificateAuthority(ca, ca.rootPem());
   }
 
+  /** A root made in memory for this daemon's life (FAKE_CA without LOCAL_CA_DIR): only its own workloads trust it. */
+  static ephemeral(trustDomain: string): LocalCertificateAuthority {
+    const ca = LocalCa.ephemeral(trustDomain);
+    return new LocalCertificateAuthority(ca, ca.rootPem());
+  }
+
   async sign(csrPem: string, identity: string, ttlSeconds: number): Promise<SignedCertificate> {
     const signed = this.ca.sign(csrPem, identity, ttlSeconds);
     // The native CA returns leaf then root; the dataplane wants roots separately, so drop the root copies.

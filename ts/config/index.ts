@@ -79,6 +79,8 @@ export interface Config {
   readonly logFormat: LogFormat;
   readonly socks5Enabled: boolean;
   readonly localCaDir: string | null;
+  /** ztunnel's FAKE_CA: the built-in CA signs (LOCAL_CA_DIR's root, else one in memory); caAddress is then null. */
+  readonly fakeCa: boolean;
   /** The DNS proxy (15053). */
   readonly dns: {
     /** ISTIO_META_DNS_CAPTURE: on unless set to something other than "true". */
@@ -232,7 +234,8 @@ function resolve(
       ? D.DEFAULT_ISTIOD_IN_CLUSTER
       : D.DEFAULT_ISTIOD_LOCAL;
   const xds = raw.XDS_ADDRESS ?? pc.xdsAddress ?? istiod;
-  const ca = raw.CA_ADDRESS ?? istiod;
+  // FAKE_CA: no CA address, as ztunnel's (CA_ADDRESS beside it is refused by the schema).
+  const ca = raw.FAKE_CA === true ? '' : (raw.CA_ADDRESS ?? istiod);
   // ISTIO_META_CLUSTER_ID wins over CLUSTER_ID (ztunnel), except that a --cluster-id flag wins over any env.
   const clusterId =
     (fromFlag.has('CLUSTER_ID') ? raw.CLUSTER_ID : undefined) ??
@@ -282,6 +285,7 @@ function resolve(
     // Local mode has no traffic capture: SOCKS5 is the only way a local workload's traffic enters the mesh.
     socks5Enabled: raw.UNSTABLE_ENABLE_SOCKS5 ?? proxyMode === 'local',
     localCaDir: raw.LOCAL_CA_DIR ?? null,
+    fakeCa: raw.FAKE_CA ?? false,
     crlPath: raw.CRL_PATH ?? null,
     dns: {
       enabled: dnsCaptureEnabled(raw.ISTIO_META_DNS_CAPTURE ?? pc.dnsCapture),

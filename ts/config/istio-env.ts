@@ -30,7 +30,7 @@ export const IMPLEMENTED = [
   'ZTUNNEL_RESOURCE_CPU_REQUEST', 'RUST_LOG', 'LOG_FORMAT', 'KUBERNETES_SERVICE_HOST', 'RUST_BACKTRACE',
   'ENABLE_CLUSTER_TRUST_BUNDLE_API', 'KEEPALIVE_ENABLED', 'KEEPALIVE_TIME', 'KEEPALIVE_INTERVAL', 'KEEPALIVE_RETRIES',
   'USER_TIMEOUT_ENABLED', 'TLS12_ENABLED', 'COMPLIANCE_POLICY', 'AUTHZ_POLICY_INFO_LOGGING',
-  'ENABLE_PROXY', 'PROXY_CONFIG',
+  'ENABLE_PROXY', 'PROXY_CONFIG', 'FAKE_CA',
 ] as const;
 
 /** ztunnel's prefix families that schema.ts implements. */
@@ -39,7 +39,6 @@ export const IMPLEMENTED_PREFIXES = ['XDS_HEADER_', 'CA_HEADER_', 'ISTIO_META_',
 /** ztunnel's variables that ztunnel-node refuses, unless set to what it does anyway. */
 export const REFUSED: Readonly<Record<string, Refusal>> = {
   XDS_ON_DEMAND: refuse('on-demand xDS is not implemented: every address is pushed', 'false'),
-  FAKE_CA: refuse("ztunnel's fake CA is not implemented (local mode has a built-in CA: LOCAL_CA_DIR)", 'false'),
   TRANSPARENT_NETWORK_POLICIES: refuse('transparent network policies are not implemented', 'false'),
 };
 

@@ -178,6 +178,7 @@ const fields = {
   LOG_FORMAT: oneOf(LOG_FORMATS).optional().describe('plain | json (plain)'),
   UNSTABLE_ENABLE_SOCKS5: bool().optional().describe('SOCKS5 listener on :15080 per local workload (default: on in local mode)'),
   LOCAL_CA_DIR: nonEmpty().optional().describe('directory of the built-in CA root (created if absent; required in local mode)'),
+  FAKE_CA: bool().optional().describe("ztunnel's fake CA: certificates signed in the daemon by the built-in CA instead of istiod's (LOCAL_CA_DIR's root, else one made in memory); not for production (false)"),
   CRL_PATH: nonEmpty().optional().describe('certificate revocation lists (PEM) checked in every HBONE handshake; reloaded when the file changes'),
   ENABLE_CLUSTER_TRUST_BUNDLE_API: bool().optional().describe("chart switch: istiod's root comes from a ClusterTrustBundle, mounted where the ConfigMap would be; nothing changes for the daemon"),
   INPOD_ENABLED: bool().optional().describe("set by Istio's chart; accepted and ignored, as by ztunnel (shared mode is always in-pod)"),
@@ -290,6 +291,10 @@ export const configSchema = z.object(fields).superRefine((raw, ctx) => {
   if (raw.ENABLE_PROXY === false && raw.UNSTABLE_ENABLE_SOCKS5 === true) {
     ctx.addIssue({ code: 'custom', path: ['UNSTABLE_ENABLE_SOCKS5'], message: 'is a proxy: ENABLE_PROXY=false runs the DNS proxy alone (unset one of them)' });
   }
+  if (raw.FAKE_CA === true && raw.CA_ADDRESS !== undefined) {
+    // ztunnel drops CA_ADDRESS under FAKE_CA without a word; here one of them would be ignored, so neither is.
+    ctx.addIssue({ code: 'custom', path: ['CA_ADDRESS'], message: 'names a CA, and FAKE_CA=true signs certificates in the daemon instead (unset one of them)' });
+  }
   const mode = raw.PROXY_MODE ?? 'shared';
   if (mode === 'dedicated' && raw.PROXY_WORKLOAD_INFO === undefined) {
     ctx.addIssue({ code: 'custom', path: ['PROXY_WORKLOAD_INFO'], message: 'is required when PROXY_MODE=dedicated' });
@@ -298,7 +303,7 @@ export const configSchema = z.object(fields).superRefine((raw, ctx) => {
     if (raw.NODE_NAME === undefined) {
       ctx.addIssue({ code: 'custom', path: ['NODE_NAME'], message: 'is required when PROXY_MODE=local (it selects the local workloads)' });
     }
-    if (raw.LOCAL_CA_DIR === undefined && (raw.CA_ADDRESS === undefined || raw.CA_ADDRESS === '')) {
+    if (raw.LOCAL_CA_DIR === undefined && raw.FAKE_CA !== true && (raw.CA_ADDRESS === undefined || raw.CA_ADDRESS === '')) {
       ctx.addIssue({ code: 'custom', path: ['LOCAL_CA_DIR'], message: 'is required when PROXY_MODE=local without CA_ADDRESS (the built-in CA signs the local workloads\' certificates)' });
     }
   }

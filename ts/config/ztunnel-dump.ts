@@ -177,7 +177,7 @@ export function ztunnelConfigDump(cfg: Config, facts: Partial<DumpFacts> = {}): 
     preferedServiceNamespace: cfg.dns.preferedServiceNamespace,
     secretTtl: duration(cfg.secretTtlMs),
     xdsOnDemand: false, // XDS_ON_DEMAND is refused unless false
-    fakeCa: false, // FAKE_CA is refused unless false (local mode's CA is not ztunnel's fake CA)
+    fakeCa: cfg.fakeCa,
     fakeSelfInbound: false, // a test-only switch of ztunnel's, always false outside its tests
     selfTerminationDeadline: duration(cfg.terminationDeadlineMs),
     // HashMap<String, String>: ISTIO_META_<K> as strings. ztunnel does not read ISTIO_METAJSON_ (JSON values).

@@ -97,13 +97,14 @@ export type DataplanePort = Pick<
 /** What runProxy needs from the native module; injectable so the lifecycle can run against fakes. */
 export interface ProxyDeps {
   openDataplane(cfg: DataplaneConfig): DataplanePort;
-  openLocalCa(dir: string, trustDomain: string): CertificateAuthority;
+  /** The built-in CA: its root in `dir`, or (null) made in memory for this process. */
+  openLocalCa(dir: string | null, trustDomain: string): CertificateAuthority;
   nativeVersion(): NativeVersion;
 }
 
 const NATIVE_DEPS: ProxyDeps = {
   openDataplane: (cfg) => Dataplane.open(cfg),
-  openLocalCa: (dir, td) => LocalCertificateAuthority.open(dir, td),
+  openLocalCa: (dir, td) => (dir === null ? LocalCertificateAuthority.ephemeral(td) : LocalCertificateAuthority.open(dir, td)),
   nativeVersion,
 };
 
@@ -227,8 +228,8 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
 
   if (config.proxyMode === 'local') {
     // Validated by the config schema; re-checked so a programmatic Config cannot slip through.
-    if ((config.localCaDir === null && config.caAddress === null) || config.nodeName === null) {
-      throw new ConfigError('NODE_NAME, and LOCAL_CA_DIR or CA_ADDRESS, are required when PROXY_MODE=local');
+    if ((config.localCaDir === null && config.caAddress === null && !config.fakeCa) || config.nodeName === null) {
+      throw new ConfigError('NODE_NAME, and LOCAL_CA_DIR, FAKE_CA or CA_ADDRESS, are required when PROXY_MODE=local');
     }
     if (config.localXds === null && config.localXdsPath === null && config.xdsAddress === null) {
       log.warn('PROXY_MODE=local without LOCAL_XDS_PATH, LOCAL_XDS or XDS_ADDRESS: there are no workloads to serve');
@@ -661,6 +662,16 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         headers: config.caHeaders,
         impersonate: config.proxyMode !== 'dedicated',
       });
+    }
+    if (config.fakeCa) {
+      // ztunnel's FAKE_CA: no istiod CA (CA_ADDRESS is refused beside it), certificates signed in the daemon.
+      log.warn(
+        { rootDir: config.localCaDir },
+        config.localCaDir === null
+          ? 'FAKE_CA=true: certificates are signed by a built-in CA whose root exists only in this process; only its own workloads trust it (not for production)'
+          : 'FAKE_CA=true: certificates are signed by the built-in CA of LOCAL_CA_DIR; peers trust only that root (not for production)',
+      );
+      ca = deps.openLocalCa(config.localCaDir, config.trustDomain);
     }
     if (config.proxyMode === 'local' && ca === null) ca = deps.openLocalCa(config.localCaDir as string, config.trustDomain);
     // The built-in CA serves any mode when LOCAL_CA_DIR is set and no remote CA is (e.g. the namespace tests).

@@ -123,6 +123,8 @@ export declare class Dataplane {
 
 export declare class LocalCa {
   static open(dir: string, trustDomain: string): LocalCa
+  /** A root made in memory for this process (FAKE_CA without LOCAL_CA_DIR); its key is never written. */
+  static ephemeral(trustDomain: string): LocalCa
   rootPem(): string
   sign(csrPem: string, identity: string, ttlSeconds: number): string
 }

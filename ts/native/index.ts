@@ -425,7 +425,10 @@ export function openDataplane(cfg: DataplaneConfig): Dataplane {
   return Dataplane.open(cfg);
 }
 
-/** The built-in CA (LOCAL_CA_DIR): a root key and certificate kept on disk, shared by the daemons of one host. */
+/**
+ * The built-in CA (LOCAL_CA_DIR): a root key and certificate kept on disk, shared by the daemons of one host; or
+ * (FAKE_CA alone) a root made in memory for this process.
+ */
 export class LocalCa {
   private constructor(private readonly inner: B.LocalCa) {}
 
@@ -433,6 +436,12 @@ export class LocalCa {
   static open(dir: string, trustDomain: string): LocalCa {
     const { LocalCa: Native } = load();
     return new LocalCa(call(() => Native.open(dir, trustDomain)));
+  }
+
+  /** A root made in memory for this process only; its key is never written. Throws CA_ERROR. */
+  static ephemeral(trustDomain: string): LocalCa {
+    const { LocalCa: Native } = load();
+    return new LocalCa(call(() => Native.ephemeral(trustDomain)));
   }
 
   rootPem(): string {

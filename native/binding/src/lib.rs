@@ -322,6 +322,12 @@ impl LocalCa {
         Ok(LocalCa { inner: dataplane::ca::LocalCa::open(Path::new(&dir), &trust_domain).map_err(err)? })
     }
 
+    /// A root made in memory for this process (FAKE_CA without LOCAL_CA_DIR); its key is never written.
+    #[napi(factory)]
+    pub fn ephemeral(trust_domain: String) -> Result<Self> {
+        Ok(LocalCa { inner: dataplane::ca::LocalCa::ephemeral(&trust_domain).map_err(err)? })
+    }
+
     #[napi]
     pub fn root_pem(&self) -> String {
         self.inner.root_pem().to_string()

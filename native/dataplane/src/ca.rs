@@ -1,8 +1,10 @@
-//! The built-in CA of local mode (`LOCAL_CA_DIR`).
+//! The built-in CA of local mode (`LOCAL_CA_DIR`), and of `FAKE_CA=true` in any mode.
 //!
 //! Its root key and certificate live in a directory the operator names; nothing is embedded in the code or the
 //! repository. Two daemons given the same directory share the root and so trust each other. Creation is
-//! serialized with an exclusive file lock so two daemons starting together end up with one root.
+//! serialized with an exclusive file lock so two daemons starting together end up with one root. Without a
+//! directory (`FAKE_CA=true` alone) the root is made in memory for the process's life and never written anywhere:
+//! only this daemon's own workloads trust it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -86,7 +88,22 @@ impl LocalCa {
         Ok(LocalCa { root_pem, issuer })
     }
 
+    /// A root made in memory, for this process only (its key is never written).
+    pub fn ephemeral(trust_domain: &str) -> Result<LocalCa, CaError> {
+        let (root_pem, key) = Self::new_root(trust_domain)?;
+        let issuer = Issuer::from_ca_cert_pem(&root_pem, key).map_err(crypto)?;
+        Ok(LocalCa { root_pem, issuer })
+    }
+
     fn create(cert_path: &Path, key_path: &Path, trust_domain: &str) -> Result<(), CaError> {
+        let (cert_pem, key) = Self::new_root(trust_domain)?;
+        write_new(key_path, key.serialize_pem().as_bytes(), 0o600)?;
+        write_new(cert_path, cert_pem.as_bytes(), 0o644)?;
+        Ok(())
+    }
+
+    /// A new self-signed root: its certificate's PEM and its key.
+    fn new_root(trust_domain: &str) -> Result<(String, KeyPair), CaError> {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(crypto)?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
@@ -101,9 +118,7 @@ impl LocalCa {
         params.not_after = now + ROOT_VALIDITY;
         params.serial_number = Some(random_serial());
         let cert = params.self_signed(&key).map_err(crypto)?;
-        write_new(key_path, key.serialize_pem().as_bytes(), 0o600)?;
-        write_new(cert_path, cert.pem().as_bytes(), 0o644)?;
-        Ok(())
+        Ok((cert.pem(), key))
     }
 
     pub fn root_pem(&self) -> &str {
@@ -202,6 +217,17 @@ mod tests {
         assert!(cert.not_after - cert.not_before >= 3600);
         let _ = Arc::clone(&cert);
         fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_ephemeral_root_signs_and_is_new_each_time() {
+        let ca = LocalCa::ephemeral("cluster.local").unwrap();
+        let store = CertStore::new(crate::tls::provider());
+        let id = Identity::new("cluster.local", "default", "sleep");
+        let csr = store.create_csr(&id).unwrap();
+        let chain = ca.sign(&csr, &id.to_string(), Duration::from_secs(600)).unwrap();
+        store.install(&id, &chain, ca.root_pem()).unwrap();
+        assert_ne!(ca.root_pem(), LocalCa::ephemeral("cluster.local").unwrap().root_pem());
     }
 
     #[test]
