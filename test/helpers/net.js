@@ -79,6 +79,7 @@ export const BLOCKS = Object.freeze({
   'baggage-labels': 82,
   'crl-live': 83,
   'fake-ca': 84,
+  'root-rotation': 85,
 });
 
 /** Addresses of one file's block. */
