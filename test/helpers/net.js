@@ -80,6 +80,7 @@ export const BLOCKS = Object.freeze({
   'crl-live': 83,
   'fake-ca': 84,
   'root-rotation': 85,
+  'trust-domains': 86,
 });
 
 /** Addresses of one file's block. */

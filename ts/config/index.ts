@@ -47,6 +47,8 @@ export interface Config {
   readonly clusterId: string;
   readonly clusterDomain: string;
   readonly trustDomain: string;
+  /** TRUST_DOMAINS: accepted as aliases of each workload's own trust domain (handshakes and policy principals). */
+  readonly trustDomainAliases: readonly string[];
   readonly network: string;
   readonly istioVersion: string | null;
   readonly poolMaxStreamsPerConnection: number;
@@ -253,6 +255,7 @@ function resolve(
     clusterId,
     clusterDomain: raw.CLUSTER_DOMAIN ?? D.DEFAULT_CLUSTER_DOMAIN,
     trustDomain: raw.TRUST_DOMAIN ?? D.DEFAULT_TRUST_DOMAIN,
+    trustDomainAliases: raw.TRUST_DOMAINS ?? [],
     network: raw.NETWORK ?? '',
     istioVersion: raw.ISTIO_META_ISTIO_VERSION ?? null,
     poolMaxStreamsPerConnection: raw.POOL_MAX_STREAMS_PER_CONNECTION ?? D.DEFAULT_POOL_MAX_STREAMS_PER_CONNECTION,

@@ -95,6 +95,21 @@ const workerThreads = () =>
     return fail(ctx, s, `"${s}" is not a thread count, "N%" of the cores, or 0 (all cores)`);
   });
 
+/**
+ * TRUST_DOMAINS: trust domains, comma separated (istio/ztunnel#2092's form). Each as SPIFFE spells one: lowercase
+ * letters, digits, `.`, `-`, `_`. `*` (every trust domain) is refused: it would make any trusted issuer's domain an
+ * alias of the mesh's in policies.
+ */
+const trustDomains = () =>
+  z.string().transform((s, ctx): string[] => {
+    const list = s.split(',').map((d) => d.trim()).filter((d) => d !== '');
+    const star = list.find((d) => d.includes('*'));
+    if (star !== undefined) return fail(ctx, s, `"${star}": accepting every trust domain is not supported; list them`);
+    const bad = list.find((d) => !/^[a-z0-9._-]+$/.test(d));
+    if (bad !== undefined) return fail(ctx, s, `"${bad}" is not a trust domain (lowercase letters, digits, ".", "-", "_")`);
+    return [...new Set(list)];
+  });
+
 const logFilter = () =>
   z.string().transform((s, ctx): LogFilter => {
     const f = parseLogFilter(s);
@@ -145,6 +160,7 @@ const fields = {
   ISTIO_META_ISTIO_VERSION: nonEmpty().optional().describe('Istio version for the istio_build metric tag'),
   CLUSTER_DOMAIN: nonEmpty().optional().describe('cluster DNS domain (default cluster.local)'),
   TRUST_DOMAIN: nonEmpty().optional().describe('trust domain of our own identity (default cluster.local)'),
+  TRUST_DOMAINS: trustDomains().optional().describe("trust domains accepted as aliases of each workload's own, comma separated: peers of any accepted both ways, and policy principals match across them (none)"),
   NETWORK: text().optional().describe('network of this node (default "")'),
   KUBERNETES_SERVICE_HOST: text().optional().describe('set inside Kubernetes; selects the in-cluster istiod address'),
   POOL_MAX_STREAMS_PER_CONNECTION: positiveInt(2 ** 31 - 1).optional().describe('HBONE streams per pooled connection (100)'),

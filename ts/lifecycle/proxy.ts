@@ -168,6 +168,7 @@ export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameserve
     clusterId: config.clusterId,
     network: config.network,
     trustDomain: config.trustDomain,
+    trustDomainAliases: [...config.trustDomainAliases],
     workerThreads: config.numWorkerThreads,
     hbonePort: HBONE_PORT,
     poolMaxStreamsPerConnection: config.poolMaxStreamsPerConnection,

@@ -144,6 +144,9 @@ pub struct Config {
     pub cluster_id: String,
     pub network: String,
     pub trust_domain: String,
+    /// TRUST_DOMAINS: trust domains accepted as aliases of each workload's own, in handshakes both ways and in
+    /// policy principals (`identity::TrustDomains`); empty (the default) is ztunnel's behaviour.
+    pub trust_domain_aliases: Vec<String>,
     pub worker_threads: usize,
     /// The port dialed on HBONE peers.
     pub hbone_port: u16,
@@ -196,6 +199,7 @@ impl Default for Config {
             cluster_id: "Kubernetes".into(),
             network: String::new(),
             trust_domain: "cluster.local".into(),
+            trust_domain_aliases: Vec::new(),
             worker_threads: 2,
             hbone_port: HBONE_PORT,
             pool_max_streams_per_connection: 100,

@@ -254,7 +254,10 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Runtime(e.to_string()))?;
         let handle = rt.handle().clone();
         let drain = Drain::new();
-        let certs = Arc::new(CertStore::new(tls::provider_for(cfg.tls).map_err(DataplaneError::Spec)?));
+        let certs = Arc::new(
+            CertStore::new(tls::provider_for(cfg.tls).map_err(DataplaneError::Spec)?)
+                .with_trust_domains(identity::TrustDomains::new(cfg.trust_domain_aliases.clone())),
+        );
         let metrics = Arc::new(Metrics::with_crl(certs.revocations().counters.clone()));
         let events = Arc::new(Events::default());
         metrics.budget.configure(cfg.stream_buffer_budget, events.clone());
@@ -675,7 +678,8 @@ impl Dataplane {
         let w = state
             .workload_by_addr(&self.pi.cfg.network, req.dst.ip())
             .ok_or_else(|| DataplaneError::Spec(format!("no workload has the address {}", req.dst.ip())))?;
-        let conn = rbac::Connection::new(src_identity, req.src_ip, req.dst.ip(), req.dst.port());
+        let conn = rbac::Connection::new(src_identity, req.src_ip, req.dst.ip(), req.dst.port())
+            .with_trust_domains(self.pi.certs.trust_domains(), &w.trust_domain);
         let explanation = rbac::explain(&state, w, &conn);
         let out = AuthorizeOut {
             workload: AuthorizeWorkload::of(w),

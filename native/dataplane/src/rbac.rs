@@ -36,8 +36,9 @@ use crate::state::{State, Workload};
 pub struct Connection {
     /// The verified peer identity; None for plaintext.
     pub src_identity: Option<Identity>,
-    /// The identity as principals are written: without `spiffe://` (computed once, not per match).
-    principal: Option<String>,
+    /// The identity as principals are written, without `spiffe://` (computed once, not per match); then, with
+    /// TRUST_DOMAINS, the same identity in each trust domain a principal may name it by (`with_trust_domains`).
+    principals: Vec<String>,
     /// The TCP peer address (never a header).
     pub src_ip: IpAddr,
     pub dst_ip: IpAddr,
@@ -47,11 +48,25 @@ pub struct Connection {
 
 impl Connection {
     pub fn new(src_identity: Option<Identity>, src_ip: IpAddr, dst_ip: IpAddr, dst_port: u16) -> Connection {
-        let principal = src_identity.as_ref().map(|i| {
-            let s = i.to_string();
-            s.strip_prefix("spiffe://").map(str::to_string).unwrap_or(s)
-        });
-        Connection { src_identity, principal, src_ip, dst_ip, dst_port }
+        let principals = src_identity
+            .as_ref()
+            .map(|i| {
+                let s = i.to_string();
+                s.strip_prefix("spiffe://").map(str::to_string).unwrap_or(s)
+            })
+            .into_iter()
+            .collect();
+        Connection { src_identity, principals, src_ip, dst_ip, dst_port }
+    }
+
+    /// The connection as judged at a destination in trust domain `own` with TRUST_DOMAINS `aliases`: a principal
+    /// written in `own`, an alias or `cluster.local` matches a peer in any of them (Istio's trust-domain aliases);
+    /// without aliases, unchanged.
+    pub fn with_trust_domains(mut self, aliases: &crate::identity::TrustDomains, own: &str) -> Connection {
+        if let Some(id) = &self.src_identity {
+            self.principals.extend(aliases.alias_principals(own, id));
+        }
+        self
     }
 }
 
@@ -109,6 +124,11 @@ fn string_matches(list: &[StringMatch], value: Option<&str>) -> bool {
     }
 }
 
+/// Whether any of the peer's principals (none for plaintext) matches any of `list`.
+fn principal_matches(list: &[StringMatch], principals: &[String]) -> bool {
+    principals.iter().any(|v| list.iter().any(|m| m.matches(v)))
+}
+
 /// One field type: positive list empty or one matches, and no negative one matches.
 fn field<T>(pos: &[T], neg: &[T], any: impl Fn(&[T]) -> bool) -> bool {
     (pos.is_empty() || any(pos)) && (neg.is_empty() || !any(neg))
@@ -126,7 +146,7 @@ fn match_holds(m: &Match, c: &Connection) -> bool {
                 l.iter().any(|sa| sa.namespace == i.namespace && sa.service_account == i.service_account)
             })
         })
-        && field(&m.principals, &m.not_principals, |l| string_matches(l, c.principal.as_deref()))
+        && field(&m.principals, &m.not_principals, |l| principal_matches(l, &c.principals))
 }
 
 /// The index of the first matching rule, if any.
@@ -404,6 +424,51 @@ mod tests {
         // The explain path must agree with enforcement on every row.
         assert_eq!(explain(st, w, c).decision, d, "explain and authorize disagree");
         d.allowed
+    }
+
+    /// TRUST_DOMAINS: a principal in the destination's trust domain, an alias or `cluster.local` matches a peer of
+    /// any of them (ALLOW and DENY alike); another trust domain only as written; no aliases, ztunnel's exact match.
+    #[test]
+    fn principals_match_across_trust_domain_aliases() {
+        use crate::identity::TrustDomains;
+        let aliases = TrustDomains::new(vec!["old.td".into()]);
+        let peer = |td: &str| {
+            Connection::new(
+                Some(Identity::new(td, "ns2", "sleep")),
+                "10.1.0.5".parse().unwrap(),
+                DST.parse().unwrap(),
+                80,
+            )
+        };
+        let allow = |principal: &str| {
+            state_with(json!([policy("p", "Allow", json!({"principals": [{"exact": principal}]}))]), &[])
+        };
+        // (principal, peer trust domain, with aliases?, allowed?)
+        let rows = [
+            ("new.td/ns/ns2/sa/sleep", "old.td", true, true),
+            ("old.td/ns/ns2/sa/sleep", "new.td", true, true),
+            ("cluster.local/ns/ns2/sa/sleep", "old.td", true, true),
+            ("new.td/ns/ns2/sa/sleep", "old.td", false, false),
+            ("other.td/ns/ns2/sa/sleep", "old.td", true, false),
+            ("new.td/ns/ns2/sa/admin", "old.td", true, false),
+            ("new.td/ns/ns2/sa/sleep", "other.td", true, false),
+        ];
+        for (principal, td, with, want) in rows {
+            let c = if with { peer(td).with_trust_domains(&aliases, "new.td") } else { peer(td) };
+            assert_eq!(decide(&allow(principal), &c), want, "{principal} vs a peer of {td} (aliases: {with})");
+        }
+        // A DENY written in the old domain still stops the peer that moved to the new one.
+        let deny =
+            state_with(json!([policy("d", "Deny", json!({"principals": [{"exact": "old.td/ns/ns2/sa/sleep"}]}))]), &[]);
+        assert!(!decide(&deny, &peer("new.td").with_trust_domains(&aliases, "new.td")));
+        let not = state_with(
+            json!([policy("n", "Deny", json!({"notPrincipals": [{"exact": "old.td/ns/ns2/sa/sleep"}]}))]),
+            &[],
+        );
+        assert!(
+            decide(&not, &peer("new.td").with_trust_domains(&aliases, "new.td")),
+            "notPrincipals sees the alias too"
+        );
     }
 
     /// One ALLOW policy with one match; (match, connection, allowed?) for every field and its not_ form.

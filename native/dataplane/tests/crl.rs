@@ -88,13 +88,7 @@ async fn handshake(client: &CertStore, server: Arc<CertStore>) -> Result<(), Str
         Ok::<_, String>(())
     });
     let cert = client.get(&id("sleep")).unwrap();
-    let cfg = tls::client_config(
-        &cert,
-        ExpectedIdentities::new(vec![id("echo")]),
-        client.provider().clone(),
-        client.crls().current(),
-    )
-    .unwrap();
+    let cfg = tls::client_config(&cert, ExpectedIdentities::new(vec![id("echo")]), client).unwrap();
     let tcp = TcpStream::connect(addr).await.unwrap();
     let name = ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
     let outcome = async {

@@ -4,7 +4,12 @@ import type { Http2Config } from "./Http2Config.js";
 import type { SocketConfig } from "./SocketConfig.js";
 import type { TlsPolicy } from "./TlsPolicy.js";
 
-export type DataplaneConfig = { nodeName: string, clusterId: string, network: string, trustDomain: string, workerThreads: number, 
+export type DataplaneConfig = { nodeName: string, clusterId: string, network: string, trustDomain: string, 
+/**
+ * TRUST_DOMAINS: trust domains accepted as aliases of each workload's own, in handshakes both ways and in
+ * policy principals (`identity::TrustDomains`); empty (the default) is ztunnel's behaviour.
+ */
+trustDomainAliases: Array<string>, workerThreads: number, 
 /**
  * The port dialed on HBONE peers.
  */

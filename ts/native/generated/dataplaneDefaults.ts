@@ -7,6 +7,7 @@ export const DATAPLANE_DEFAULTS: DataplaneConfig = {
   "clusterId": "Kubernetes",
   "network": "",
   "trustDomain": "cluster.local",
+  "trustDomainAliases": [],
   "workerThreads": 2,
   "hbonePort": 15008,
   "poolMaxStreamsPerConnection": 100,

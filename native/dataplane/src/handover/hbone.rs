@@ -924,6 +924,12 @@ impl Open {
         let track = match meta.kind {
             super::ConnKind::InboundHbone | super::ConnKind::InboundPlaintext => {
                 let (conn, verified) = authorizable(&meta);
+                // Judged as a new connection to its workload would be: with the trust-domain aliases of its domain.
+                let own = local.resolve(&pi.state.read()).map(|w| w.trust_domain.to_string());
+                let conn = match own {
+                    Some(own) => conn.with_trust_domains(pi.certs.trust_domains(), &own),
+                    None => conn,
+                };
                 let track = pi.tracker.register(local, conn, "HBONE");
                 if !verified {
                     // Fail closed: without the peer's identity no policy can be held to it (a DENY naming it would

@@ -62,6 +62,60 @@ impl Identity {
     }
 }
 
+/// Istio's name for "the local trust domain" in policies: a principal written in it stands for the local trust domain
+/// and its aliases (Istio's `trustdomain.Bundle`, which expands such principals for Envoy).
+const CLUSTER_LOCAL: &str = "cluster.local";
+
+/// The trust domains accepted as aliases of each local workload's own (`TRUST_DOMAINS`, as istio/ztunnel#2092
+/// proposes it). Empty, the default: a peer must be in the workload's own trust domain, and a principal matches only
+/// as written (ztunnel's behaviour). Otherwise, with `S` = the workload's own trust domain and the aliases:
+/// - a peer whose trust domain is in `S` is accepted, inbound (a client) and outbound (a server whose namespace and
+///   service account are an expected identity's, in a trust domain of `S`);
+/// - a principal written in a trust domain of `S`, or in `cluster.local`, matches such a peer in any trust domain of
+///   `S` (Istio's `trustDomainAliases` for sidecars); one in another trust domain matches only as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustDomains {
+    aliases: std::sync::Arc<[String]>,
+}
+
+impl TrustDomains {
+    pub fn new(aliases: Vec<String>) -> TrustDomains {
+        let mut aliases = aliases;
+        aliases.sort();
+        aliases.dedup();
+        TrustDomains { aliases: aliases.into() }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.aliases.is_empty()
+    }
+
+    pub fn aliases(&self) -> &[String] {
+        &self.aliases
+    }
+
+    /// Whether `peer` is `own` or one of its aliases.
+    pub fn accepts(&self, own: &str, peer: &str) -> bool {
+        peer == own || self.aliases.iter().any(|a| a == peer)
+    }
+
+    /// `id` written in each other trust domain a principal may name it by (see the type), without `spiffe://`;
+    /// nothing when there are no aliases or `id` is not in `own`'s set.
+    pub fn alias_principals(&self, own: &str, id: &Identity) -> Vec<String> {
+        if self.is_empty() || !self.accepts(own, &id.trust_domain) {
+            return Vec::new();
+        }
+        let mut domains: Vec<&str> = std::iter::once(own)
+            .chain(self.aliases.iter().map(String::as_str))
+            .chain(std::iter::once(CLUSTER_LOCAL))
+            .filter(|d| *d != id.trust_domain)
+            .collect();
+        domains.sort_unstable();
+        domains.dedup();
+        domains.into_iter().map(|d| format!("{d}/ns/{}/sa/{}", id.namespace, id.service_account)).collect()
+    }
+}
+
 /// The URI SANs of a DER certificate, in order. Errors only if the certificate does not parse.
 pub fn uri_sans(der: &[u8]) -> Result<Vec<String>, String> {
     use x509_parser::prelude::*;

@@ -66,6 +66,8 @@ pub struct CertStore {
     crls: crate::tls::crl::Crls,
     /// The live HBONE connections those lists may revoke.
     revocations: Arc<crate::tls::revocation::Revocations>,
+    /// The trust domains accepted as aliases of each workload's own (TRUST_DOMAINS).
+    trust_domains: super::TrustDomains,
 }
 
 fn parse_pem_certs(what: &str, pem: &str) -> Result<Vec<CertificateDer<'static>>, StoreError> {
@@ -88,7 +90,18 @@ impl CertStore {
             wanted: Notify::new(),
             crls: Default::default(),
             revocations: Default::default(),
+            trust_domains: Default::default(),
         }
+    }
+
+    /// With `trust_domains` accepted as aliases of each workload's own, in every handshake and policy match.
+    pub fn with_trust_domains(mut self, trust_domains: super::TrustDomains) -> CertStore {
+        self.trust_domains = trust_domains;
+        self
+    }
+
+    pub fn trust_domains(&self) -> &super::TrustDomains {
+        &self.trust_domains
     }
 
     /// The certificate of `identity`, waiting up to `deadline` for one to be installed, and asking the control side

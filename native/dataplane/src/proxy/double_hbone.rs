@@ -140,8 +140,7 @@ pub async fn connect_inner(
     certs: &crate::identity::CertStore,
     req: http::Request<()>,
 ) -> Result<(SendStream<Bytes>, RecvStream, InnerConnection), InnerError> {
-    let tls_cfg = client_config(cert, expected, certs.provider().clone(), certs.crls().current())
-        .map_err(|e| InnerError::Config(e.to_string()))?;
+    let tls_cfg = client_config(cert, expected, certs).map_err(|e| InnerError::Config(e.to_string()))?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(tls_cfg));
     // No SNI is sent (enable_sni = false); the name only satisfies the API.
     let name = rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([0, 0, 0, 0]).into());

@@ -670,7 +670,8 @@ async fn establish_stream(
     };
     let local = local.expect("validated");
     // Register, then check: a policy change from here on re-evaluates this connection (tracker.rs).
-    let conn = rbac::Connection::new(Some(peer_id.clone()), peer.ip(), target.ip(), target.port());
+    let conn = rbac::Connection::new(Some(peer_id.clone()), peer.ip(), target.ip(), target.port())
+        .with_trust_domains(pi.certs.trust_domains(), &local.trust_domain);
     let track = pi.tracker.register(local_ref.clone(), conn.clone(), "HBONE");
     let decision = {
         let st = pi.state.read();

@@ -349,8 +349,7 @@ impl Pool {
                 .ok_or_else(|| PoolError::NoCertificate(key.src_id.to_string()))?,
         };
         let tls_cfg =
-            client_config(&cert, key.dst_ids.clone(), self.certs.provider().clone(), self.certs.crls().current())
-                .map_err(|e| PoolError::Config(e.to_string()))?;
+            client_config(&cert, key.dst_ids.clone(), &self.certs).map_err(|e| PoolError::Config(e.to_string()))?;
         // Pool connections never spoof the source; they bind the workload IP only in local mode.
         let opts = socket::ConnectOptions {
             bind: self.cfg.bind_source_ip.then_some(std::net::SocketAddr::new(key.src, 0)),

@@ -168,10 +168,17 @@ impl rustls::client::ResolvesClientCert for FixedClientCert {
 pub fn client_config(
     cert: &InstalledCert,
     expected: ExpectedIdentities,
-    provider: Arc<CryptoProvider>,
-    crls: Arc<crl::CrlSet>,
+    certs: &CertStore,
 ) -> Result<ClientConfig, TlsError> {
-    let verifier = Arc::new(SpiffeServerVerifier::new(cert.roots.clone(), expected, provider.clone(), crls));
+    let provider = certs.provider().clone();
+    let verifier = Arc::new(SpiffeServerVerifier::new(
+        cert.roots.clone(),
+        expected,
+        provider.clone(),
+        certs.crls().current(),
+        certs.trust_domains().clone(),
+        cert.identity.trust_domain.clone(),
+    ));
     let versions = versions(&provider);
     let mut cfg = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(versions)?

@@ -1,12 +1,14 @@
 //! SPIFFE certificate verification for HBONE.
 //!
 //! Server side (inbound): the client certificate must chain to the local workload's trust bundle, carry exactly
-//! one SPIFFE URI SAN, and that identity must be in the local workload's trust domain. The identity used for
-//! authorization and metrics is that same SAN (re-read from the verified certificate after the handshake).
+//! one SPIFFE URI SAN, and that identity must be in the local workload's trust domain (or, with TRUST_DOMAINS, one
+//! of its aliases). The identity used for authorization and metrics is that same SAN (re-read from the verified
+//! certificate after the handshake).
 //!
 //! Client side (outbound): the server certificate must chain to our trust bundle and its single SPIFFE identity
-//! must be one of the expected identities (the destination workload ∪ the service's subjectAltNames). The DNS
-//! server name is ignored (we send no SNI). A mismatch fails the handshake; the caller never falls back to TCP.
+//! must be one of the expected identities (the destination workload ∪ the service's subjectAltNames), or, with
+//! TRUST_DOMAINS, one of them in an alias of its trust domain. The DNS server name is ignored (we send no SNI). A
+//! mismatch fails the handshake; the caller never falls back to TCP.
 
 use std::sync::Arc;
 
@@ -18,7 +20,7 @@ use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, Error, RootCertStore, SignatureScheme};
 
 use super::crl::CrlSet;
-use crate::identity::{spiffe_identity, CertStore, Identity};
+use crate::identity::{spiffe_identity, CertStore, Identity, TrustDomains};
 
 fn identity_error(msg: String) -> Error {
     Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(Arc::new(IdentityRejected(msg)))))
@@ -62,11 +64,23 @@ impl SpiffeClientVerifier {
     }
 }
 
-/// Checks the SPIFFE SAN rule of an already chain-verified client certificate against the local trust domain.
-pub fn check_client_identity(end_entity: &[u8], trust_domain: &str) -> Result<Identity, String> {
+/// Checks the SPIFFE SAN rule of an already chain-verified client certificate against the local trust domain and
+/// its aliases.
+pub fn check_client_identity(
+    end_entity: &[u8],
+    trust_domain: &str,
+    aliases: &TrustDomains,
+) -> Result<Identity, String> {
     let id = spiffe_identity(end_entity)?;
-    if id.trust_domain != trust_domain {
-        return Err(format!("peer identity {id} is not in the trust domain {trust_domain:?}"));
+    if !aliases.accepts(trust_domain, &id.trust_domain) {
+        return Err(if aliases.is_empty() {
+            format!("peer identity {id} is not in the trust domain {trust_domain:?}")
+        } else {
+            format!(
+                "peer identity {id} is not in the trust domain {trust_domain:?} nor its aliases {:?}",
+                aliases.aliases()
+            )
+        });
     }
     Ok(id)
 }
@@ -92,7 +106,8 @@ impl ClientCertVerifier for SpiffeClientVerifier {
         now: UnixTime,
     ) -> Result<ClientCertVerified, Error> {
         self.webpki()?.verify_client_cert(end_entity, intermediates, now)?;
-        check_client_identity(end_entity, &self.local.trust_domain).map_err(identity_error)?;
+        check_client_identity(end_entity, &self.local.trust_domain, self.store.trust_domains())
+            .map_err(identity_error)?;
         Ok(ClientCertVerified::assertion())
     }
 
@@ -133,8 +148,22 @@ impl ExpectedIdentities {
 
     /// The SAN rule on its own, for table tests: exactly one SPIFFE SAN, and it must be expected.
     pub fn check(&self, end_entity: &[u8]) -> Result<Identity, String> {
+        self.check_aliased(end_entity, &TrustDomains::default(), "")
+    }
+
+    /// The SAN rule with trust-domain aliases: an expected identity, or (aliases set) one with an expected
+    /// identity's namespace and service account where both trust domains are `own` or its aliases.
+    pub fn check_aliased(&self, end_entity: &[u8], aliases: &TrustDomains, own: &str) -> Result<Identity, String> {
         let id = spiffe_identity(end_entity)?;
-        if self.0.contains(&id) {
+        let aliased = || {
+            aliases.accepts(own, &id.trust_domain)
+                && self.0.iter().any(|e| {
+                    e.namespace == id.namespace
+                        && e.service_account == id.service_account
+                        && aliases.accepts(own, &e.trust_domain)
+                })
+        };
+        if self.0.contains(&id) || (!aliases.is_empty() && aliased()) {
             Ok(id)
         } else {
             let want: Vec<String> = self.0.iter().map(|i| i.to_string()).collect();
@@ -149,6 +178,9 @@ pub struct SpiffeServerVerifier {
     expected: ExpectedIdentities,
     provider: Arc<CryptoProvider>,
     crls: Arc<CrlSet>,
+    /// TRUST_DOMAINS, and the trust domain they alias: the client's own.
+    aliases: TrustDomains,
+    own_trust_domain: String,
 }
 
 impl SpiffeServerVerifier {
@@ -157,8 +189,10 @@ impl SpiffeServerVerifier {
         expected: ExpectedIdentities,
         provider: Arc<CryptoProvider>,
         crls: Arc<CrlSet>,
+        aliases: TrustDomains,
+        own_trust_domain: String,
     ) -> Self {
-        SpiffeServerVerifier { roots, expected, provider, crls }
+        SpiffeServerVerifier { roots, expected, provider, crls, aliases, own_trust_domain }
     }
 
     /// The chain check with revocation: what rustls' chain check does, plus the CRLs (webpki, as rustls does).
@@ -222,7 +256,7 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         } else {
             self.verify_chain_with_crls(end_entity, intermediates, now)?;
         }
-        self.expected.check(end_entity).map_err(identity_error)?;
+        self.expected.check_aliased(end_entity, &self.aliases, &self.own_trust_domain).map_err(identity_error)?;
         Ok(ServerCertVerified::assertion())
     }
 
@@ -287,7 +321,7 @@ mod tests {
         ]);
         let expected = ExpectedIdentities::new(vec![id("default", "echo")]);
         assert!(expected.check(&two).unwrap_err().contains("2 SPIFFE URI SANs"));
-        assert!(check_client_identity(&two, "cluster.local").is_err());
+        assert!(check_client_identity(&two, "cluster.local", &TrustDomains::default()).is_err());
         // A non-SPIFFE URI beside one SPIFFE SAN is fine: only SPIFFE SANs count.
         let mixed = cert_with_sans(&["https://example.com/", "spiffe://cluster.local/ns/default/sa/echo"]);
         assert_eq!(expected.check(&mixed).unwrap(), id("default", "echo"));
@@ -295,9 +329,33 @@ mod tests {
 
     #[test]
     fn client_identity_must_be_in_the_local_trust_domain() {
+        let none = TrustDomains::default();
         let c = cert_with_sans(&["spiffe://cluster.local/ns/a/sa/b"]);
-        assert_eq!(check_client_identity(&c, "cluster.local").unwrap(), id("a", "b"));
+        assert_eq!(check_client_identity(&c, "cluster.local", &none).unwrap(), id("a", "b"));
         let foreign = cert_with_sans(&["spiffe://other.domain/ns/a/sa/b"]);
-        assert!(check_client_identity(&foreign, "cluster.local").unwrap_err().contains("trust domain"));
+        assert!(check_client_identity(&foreign, "cluster.local", &none).unwrap_err().contains("trust domain"));
+    }
+
+    #[test]
+    fn trust_domain_aliases_admit_their_peers_both_ways_and_nothing_else() {
+        let aliases = TrustDomains::new(vec!["old.domain".into(), "partner.domain".into()]);
+        let from = |td: &str| cert_with_sans(&[&format!("spiffe://{td}/ns/a/sa/b")]);
+        // Inbound: the local trust domain and each alias; not another domain.
+        for td in ["cluster.local", "old.domain", "partner.domain"] {
+            assert_eq!(check_client_identity(&from(td), "cluster.local", &aliases).unwrap().trust_domain, td);
+        }
+        let err = check_client_identity(&from("evil.domain"), "cluster.local", &aliases).unwrap_err();
+        assert!(err.contains("nor its aliases"), "{err}");
+        // Outbound: the expected namespace and service account in an aliased domain; never another identity.
+        let expected = ExpectedIdentities::new(vec![id("a", "b")]);
+        assert!(expected.check_aliased(&from("old.domain"), &aliases, "cluster.local").is_ok());
+        assert!(expected.check_aliased(&from("evil.domain"), &aliases, "cluster.local").is_err());
+        let other = cert_with_sans(&["spiffe://old.domain/ns/a/sa/admin"]);
+        assert!(expected.check_aliased(&other, &aliases, "cluster.local").is_err());
+        // Without aliases, exactly as ever.
+        assert!(expected.check_aliased(&from("old.domain"), &TrustDomains::default(), "cluster.local").is_err());
+        // An expected identity outside the alias set is not widened (only domains of the set stand for each other).
+        let foreign = ExpectedIdentities::new(vec![Identity::new("far.domain", "a", "b")]);
+        assert!(foreign.check_aliased(&from("old.domain"), &aliases, "cluster.local").is_err());
     }
 }
