@@ -212,6 +212,28 @@ test('dig, as an operator would ask, over UDP and TCP', async () => {
   }
 });
 
+test('a headless service\'s pod by its own name, and SRV from the mesh\'s ports (dig, with its additional section)', async () => {
+  const dig = async (...args) => (await run('dig', ['+noall', '+answer', '+additional', '+comments', '-p', String(DNS_PORT), `@${SLEEP_IP}`, ...args])).stdout;
+  // <pod>.<service>.<ns>.svc.<domain>: that endpoint alone (ztunnel forwards these).
+  const pod = await dig('db-3.db.default.svc.cluster.local', 'A');
+  assert.match(pod, /status: NOERROR/);
+  assert.match(pod, /flags: qr aa rd ra/);
+  assert.match(pod, /^db-3\.db\.default\.svc\.cluster\.local\.\s+30\s+IN\s+A\s+127\.67\.2\.4$/m);
+  assert.equal(pod.match(/\sIN\s+A\s/g).length, 1);
+  assert.match(await dig('db-99.db.default.svc.cluster.local', 'A'), /status: SERVFAIL/, 'no such endpoint: forwarded (no upstream here)');
+  // A service with a VIP: one record per port, the target its name, the VIPs as additional records.
+  const echo = await dig('echo.default.svc.cluster.local', 'SRV');
+  assert.match(echo, /^echo\.default\.svc\.cluster\.local\.\s+30\s+IN\s+SRV\s+0 100 80 echo\.default\.svc\.cluster\.local\.$/m);
+  assert.match(echo, new RegExp(`^echo\\.default\\.svc\\.cluster\\.local\\.\\s+30\\s+IN\\s+A\\s+${vip(1).replaceAll('.', '\\.')}$`, 'm'));
+  assert.match(echo, new RegExp(`IN\\s+AAAA\\s+${V6_VIP}$`, 'm'));
+  // Headless: every endpoint by its pod name at its target port, over TCP (too large for 512 bytes).
+  const db = await dig('db.default.svc.cluster.local', 'SRV', '+tcp');
+  assert.equal(db.match(/\sIN\s+SRV\s+0 2 5432 db-\d+\.db\.default\.svc\.cluster\.local\.$/gm).length, HEADLESS_ENDPOINTS);
+  assert.match(db, /^db-7\.db\.default\.svc\.cluster\.local\.\s+30\s+IN\s+A\s+127\.67\.2\.8$/m);
+  // Port names are not in the mesh's state: Kubernetes' _<name>._<proto> form is forwarded.
+  assert.match(await dig('_http._tcp.echo.default.svc.cluster.local', 'SRV'), /status: SERVFAIL/);
+});
+
 /** Send raw bytes over UDP; resolve the first reply, or null after `ms`. */
 function udpRaw(bytes, ms = 500) {
   return new Promise((resolve) => {

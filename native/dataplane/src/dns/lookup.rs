@@ -9,6 +9,15 @@
 //!   VIP, or is a Kubernetes headless service (hostname under `.svc.<domain>`: its endpoints' addresses answer).
 //! - Among several, the one in the client's namespace, then a canonical one, then PREFERED_SERVICE_NAMESPACE's,
 //!   then the first.
+//! - Where ztunnel has a TODO (it forwards them): a pod of a Kubernetes headless service by its DNS name,
+//!   `<pod>.<service>.<ns>.svc.<domain>` (Kubernetes' name for a pod whose subdomain is the service, as a
+//!   StatefulSet's are), answers that endpoint's addresses. The first label is matched, case-insensitively, against
+//!   the names of the service's endpoint workloads (the pod name, which is the hostname Kubernetes gives unless the
+//!   pod sets `spec.hostname`: WDS does not carry that one, so a name matching no endpoint is forwarded).
+//! - Beyond ztunnel: SRV questions for a mesh service's name are answered from its ports (`resolve_srv`): one
+//!   record per port, the target the service's name (its VIPs in the additional section), or, for a Kubernetes
+//!   headless service, each endpoint's pod name under the service (its addresses and target ports). Names of the
+//!   form `_<port-name>._<proto>.<name>` are forwarded: WDS carries no port names.
 //!
 //! One deliberate difference from ztunnel: when the match came through a stripped search domain, the CNAME points
 //! at the fully-qualified name that matched (`echo.default.svc.cluster.local.`), not at the stripped short name
@@ -140,6 +149,31 @@ struct Alias {
     stripped: bool,
 }
 
+/// What a name found: a service, or pods of a headless service by their own name.
+enum Target<'s> {
+    Service(&'s Arc<Service>),
+    Pods(&'s Arc<Service>, Vec<&'s Arc<Workload>>),
+}
+
+impl<'s> Target<'s> {
+    fn service(&self) -> &'s Arc<Service> {
+        match self {
+            Target::Service(s) | Target::Pods(s, _) => s,
+        }
+    }
+}
+
+/// One SRV answer: the records (port, target) and the addresses of their targets.
+#[derive(Debug, PartialEq)]
+pub struct Srv {
+    /// `Some(target)`: the question's name is an alias of `target`, which the records are for.
+    pub cname: Option<Name>,
+    /// (port, target), in answer order.
+    pub records: Vec<(u16, Name)>,
+    /// The targets' addresses (the additional section).
+    pub additional: Vec<(Name, IpAddr)>,
+}
+
 /// What a question resolved to.
 #[derive(Debug, PartialEq)]
 pub enum Found {
@@ -155,50 +189,136 @@ pub enum Found {
 
 /// Resolve an A or AAAA question for `client`. Other record types are the caller's to forward.
 pub fn resolve(state: &State, d: &Domains, client: &Workload, qname: &Name, qtype: RecordType) -> Found {
-    let Some((service, alias, wildcard)) = find(state, d, client, qname) else { return Found::Forward };
+    let Some((target, alias, wildcard)) = find(state, d, client, qname) else { return Found::Forward };
+    let service = target.service();
     let v6 = qtype == RecordType::AAAA;
-    let family_allowed = (d.ipv6_enabled || !v6)
-        && !matches!((service.ip_families, v6), (Some(IpFamilies::IPv4), true) | (Some(IpFamilies::IPv6), false));
     let cname = (alias.stripped && !wildcard).then(|| alias.name.clone());
-    if !family_allowed {
+    if !family_allowed(d, service, v6) {
         return Found::Answer { cname, addresses: Vec::new() };
     }
     let of_family = |ip: &IpAddr| ip.is_ipv6() == v6;
-    let mut addresses: Vec<IpAddr> = if service.vips.is_empty() {
+    let mut addresses: Vec<IpAddr> = match &target {
+        // A pod by its name: its addresses of the family.
+        Target::Pods(_, pods) => pods.iter().flat_map(|w| w.ips.iter().copied().filter(of_family)).collect(),
         // Headless: each endpoint's first address of the family.
-        state.endpoints(&service.key).filter_map(|(w, _)| w.ips.iter().copied().find(of_family)).collect()
-    } else {
-        service.vips.iter().filter(|(net, ip)| *net == *client.network && of_family(ip)).map(|(_, ip)| *ip).collect()
+        Target::Service(s) if s.vips.is_empty() => {
+            state.endpoints(&s.key).filter_map(|(w, _)| w.ips.iter().copied().find(of_family)).collect()
+        }
+        Target::Service(s) => {
+            s.vips.iter().filter(|(net, ip)| *net == *client.network && of_family(ip)).map(|(_, ip)| *ip).collect()
+        }
     };
     addresses.shuffle(&mut rand::rng());
     Found::Answer { cname, addresses }
 }
 
-fn find<'s>(state: &'s State, d: &Domains, client: &Workload, qname: &Name) -> Option<(&'s Arc<Service>, Alias, bool)> {
+/// Whether the service answers questions of that family (IPV6_ENABLED and its IP families).
+fn family_allowed(d: &Domains, service: &Service, v6: bool) -> bool {
+    (d.ipv6_enabled || !v6)
+        && !matches!((service.ip_families, v6), (Some(IpFamilies::IPv4), true) | (Some(IpFamilies::IPv6), false))
+}
+
+/// Resolve an SRV question for `client` from a mesh service's ports (see the module's notes); None: forward it.
+pub fn resolve_srv(state: &State, d: &Domains, client: &Workload, qname: &Name) -> Option<Srv> {
+    if qname.iter().next().is_some_and(|l| l.starts_with(b"_")) {
+        return None; // `_<port-name>._<proto>.`: no port names in the mesh's state
+    }
+    let (Target::Service(service), alias, wildcard) = find(state, d, client, qname)? else { return None };
+    let cname = (alias.stripped && !wildcard).then(|| alias.name.clone());
+    let mut ports: Vec<(u16, u16)> = service.ports.iter().map(|(p, t)| (*p, *t)).collect();
+    ports.sort_unstable();
+    let usable = |ip: &IpAddr| family_allowed(d, service, ip.is_ipv6());
+    let mut records = Vec::new();
+    let mut additional = Vec::new();
+    if service.vips.is_empty() {
+        // Kubernetes headless: each endpoint by its pod name under the service, at the port it listens on.
+        let mut endpoints: Vec<_> = state.endpoints(&service.key).collect();
+        endpoints.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        for (w, ep_ports) in endpoints {
+            let Some(target) = pod_name(w, &service.key.hostname) else { continue };
+            let ips: Vec<IpAddr> = w.ips.iter().copied().filter(usable).collect();
+            if ips.is_empty() {
+                continue;
+            }
+            for (port, svc_target) in &ports {
+                let p = ep_ports.get(port).copied().filter(|p| *p != 0).unwrap_or(if *svc_target != 0 {
+                    *svc_target
+                } else {
+                    *port
+                });
+                records.push((p, target.clone()));
+            }
+            additional.extend(ips.into_iter().map(|ip| (target.clone(), ip)));
+        }
+    } else {
+        let target = fqdn(&service.key.hostname).ok()?;
+        records.extend(ports.iter().map(|(port, _)| (*port, target.clone())));
+        additional.extend(
+            service
+                .vips
+                .iter()
+                .filter(|(net, ip)| *net == *client.network && usable(ip))
+                .map(|(_, ip)| (target.clone(), *ip)),
+        );
+    }
+    Some(Srv { cname, records, additional })
+}
+
+/// `<pod>.<service host>.`, when the workload's name is a DNS label.
+fn pod_name(w: &Workload, host: &str) -> Option<Name> {
+    let label = w.name.to_ascii_lowercase();
+    let ok = !label.is_empty()
+        && label.len() <= 63
+        && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !label.starts_with('-')
+        && !label.ends_with('-');
+    ok.then(|| fqdn(&format!("{label}.{host}")).ok()).flatten()
+}
+
+fn find<'s>(state: &'s State, d: &Domains, client: &Workload, qname: &Name) -> Option<(Target<'s>, Alias, bool)> {
     for alias in d.aliases(client, qname) {
         for (i, candidate) in wildcards(&alias.name).into_iter().enumerate() {
-            let key = host_key(&candidate);
-            let found: Vec<&Arc<Service>> = state
-                .services_by_host(&key)
-                .filter(|s| s.visibility == Visibility::Public || *s.key.namespace == *client.namespace)
-                .filter(|s| !s.vips.is_empty() || d.is_kubernetes_headless(s))
-                .collect();
-            let best = found
-                .iter()
-                .find(|s| *s.key.namespace == *client.namespace)
-                .or_else(|| found.iter().find(|s| s.canonical))
-                .or_else(|| {
-                    found
-                        .iter()
-                        .find(|s| !d.preferred_namespace.is_empty() && *s.key.namespace == *d.preferred_namespace)
-                })
-                .or_else(|| found.first());
-            if let Some(s) = best {
-                return Some((s, alias, i > 0));
+            if let Some(s) = best_service(state, d, client, &host_key(&candidate)) {
+                return Some((Target::Service(s), alias, i > 0));
+            }
+            if i == 0 {
+                if let Some(pods) = headless_pods(state, d, client, &alias.name) {
+                    return Some((pods, alias, false));
+                }
             }
         }
     }
     None
+}
+
+/// The service the client means by the hostname `key`: ztunnel's choice among those it may see.
+fn best_service<'s>(state: &'s State, d: &Domains, client: &Workload, key: &str) -> Option<&'s Arc<Service>> {
+    let found: Vec<&Arc<Service>> = state
+        .services_by_host(key)
+        .filter(|s| s.visibility == Visibility::Public || *s.key.namespace == *client.namespace)
+        .filter(|s| !s.vips.is_empty() || d.is_kubernetes_headless(s))
+        .collect();
+    found
+        .iter()
+        .find(|s| *s.key.namespace == *client.namespace)
+        .or_else(|| found.iter().find(|s| s.canonical))
+        .or_else(|| {
+            found.iter().find(|s| !d.preferred_namespace.is_empty() && *s.key.namespace == *d.preferred_namespace)
+        })
+        .or_else(|| found.first())
+        .copied()
+}
+
+/// `<pod>.<service>.<ns>.svc.<domain>.`: the endpoints of that headless service named `<pod>`.
+fn headless_pods<'s>(state: &'s State, d: &Domains, client: &Workload, name: &Name) -> Option<Target<'s>> {
+    if name.num_labels() != d.svc_domain.num_labels() + 3 || !d.svc_domain.zone_of(name) {
+        return None;
+    }
+    let pod = name.iter().next()?;
+    let service = best_service(state, d, client, &host_key(&name.base_name())).filter(|s| s.vips.is_empty())?;
+    let pods: Vec<&Arc<Workload>> =
+        state.endpoints(&service.key).map(|(w, _)| w).filter(|w| w.name.as_bytes().eq_ignore_ascii_case(pod)).collect();
+    (!pods.is_empty()).then_some(Target::Pods(service, pods))
 }
 
 /// `www.example.com.` → [`www.example.com.`, `*.example.com.`, `*.com.`].
@@ -250,6 +370,81 @@ mod tests {
 
     fn n(s: &str) -> Name {
         Name::from_ascii(s).unwrap()
+    }
+
+    /// `web` (headless, Kubernetes) with pods web-0 and web-1, `api` with a VIP and two ports, a client in `default`.
+    fn mesh() -> (State, Arc<Workload>) {
+        use crate::state::StateDelta;
+        let mut st = State::default();
+        let delta = serde_json::json!({
+            "workloads": [
+                {"uid": "c", "name": "client", "namespace": "default", "workloadIps": ["10.0.0.1"]},
+                {"uid": "w0", "name": "web-0", "namespace": "default", "workloadIps": ["10.0.1.10", "fd00::10"],
+                 "services": {"default/web.default.svc.cluster.local": {"80": 8080}}},
+                {"uid": "w1", "name": "Web-1", "namespace": "default", "workloadIps": ["10.0.1.11"],
+                 "services": {"default/web.default.svc.cluster.local": {"80": 8081}}}
+            ],
+            "services": [
+                {"name": "web", "namespace": "default", "hostname": "web.default.svc.cluster.local", "ports": {"80": 8080}},
+                {"name": "api", "namespace": "default", "hostname": "api.default.svc.cluster.local",
+                 "vips": ["/10.96.0.5"], "ports": {"443": 8443, "80": 8080}}
+            ]
+        });
+        st.apply(serde_json::from_value::<StateDelta>(delta).unwrap()).unwrap();
+        let client = st.workload("c").unwrap().clone();
+        (st, client)
+    }
+
+    #[test]
+    fn a_headless_service_s_pods_answer_by_their_own_names() {
+        let (st, client) = mesh();
+        let d = Domains::new("cluster.local", None, "", true).unwrap();
+        let a = |q: &str, t| resolve(&st, &d, &client, &n(q), t);
+        let ips = |f: Found| match f {
+            Found::Answer { addresses, .. } => addresses.iter().map(|i| i.to_string()).collect::<Vec<_>>(),
+            Found::Forward => vec!["forwarded".into()],
+        };
+        assert_eq!(ips(a("web-0.web.default.svc.cluster.local.", RecordType::A)), ["10.0.1.10"]);
+        assert_eq!(ips(a("web-0.web.default.svc.cluster.local.", RecordType::AAAA)), ["fd00::10"]);
+        assert_eq!(ips(a("WEB-1.web.default.svc.cluster.local.", RecordType::A)), ["10.0.1.11"], "case-insensitive");
+        // The short forms a pod's search list makes of it.
+        assert_eq!(ips(a("web-0.web.default.", RecordType::A)), ["10.0.1.10"]);
+        assert_eq!(ips(a("web-0.web.", RecordType::A)), ["10.0.1.10"]);
+        // No such endpoint (a pod with its own spec.hostname?), or a service with a VIP: forwarded.
+        assert_eq!(ips(a("web-9.web.default.svc.cluster.local.", RecordType::A)), ["forwarded"]);
+        assert_eq!(ips(a("x.api.default.svc.cluster.local.", RecordType::A)), ["forwarded"]);
+    }
+
+    #[test]
+    fn srv_answers_a_service_s_ports_and_a_headless_one_s_pods() {
+        let (st, client) = mesh();
+        let d = Domains::new("cluster.local", None, "", true).unwrap();
+        let srv = |q: &str| resolve_srv(&st, &d, &client, &n(q));
+        let api = srv("api.default.svc.cluster.local.").unwrap();
+        let records: Vec<(u16, String)> = api.records.iter().map(|(p, t)| (*p, t.to_ascii())).collect();
+        assert_eq!(
+            records,
+            [(80, "api.default.svc.cluster.local.".into()), (443, "api.default.svc.cluster.local.".into())]
+        );
+        assert_eq!(api.additional.iter().map(|(_, ip)| ip.to_string()).collect::<Vec<_>>(), ["10.96.0.5"]);
+        // A short name expands without a CNAME; through a search domain the resolver appended, a CNAME to the full name.
+        assert_eq!(srv("api.").unwrap().records, api.records);
+        let searched = srv("api.default.default.svc.cluster.local.").unwrap();
+        assert_eq!(searched.cname.map(|c| c.to_ascii()), Some("api.default.svc.cluster.local.".into()));
+        // Headless: each pod under the service, at its own target port, its addresses beside.
+        let web = srv("web.default.svc.cluster.local.").unwrap();
+        let records: Vec<(u16, String)> = web.records.iter().map(|(p, t)| (*p, t.to_ascii())).collect();
+        assert_eq!(
+            records,
+            [
+                (8081, "web-1.web.default.svc.cluster.local.".into()),
+                (8080, "web-0.web.default.svc.cluster.local.".into())
+            ]
+        );
+        assert_eq!(web.additional.len(), 3);
+        // Port names are not in the mesh's state; other names are not the mesh's.
+        assert!(srv("_http._tcp.api.default.svc.cluster.local.").is_none());
+        assert!(srv("example.com.").is_none());
     }
 
     #[test]

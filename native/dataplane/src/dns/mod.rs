@@ -3,7 +3,8 @@
 //!
 //! Invariants:
 //! - The client is the workload the server belongs to (`LocalRef`), never looked up from the packet's source.
-//! - A and AAAA questions for mesh names are answered from the state (`lookup`), authoritatively, TTL 30 s; then the
+//! - A and AAAA questions for mesh names are answered from the state (`lookup`), authoritatively, TTL 30 s, and so
+//!   (beyond ztunnel) are SRV questions for mesh services, with their targets' addresses as additional records; then the
 //!   special-use names a resolver answers itself (RFC 6761: `localhost.` and the loopback reverse zones, `invalid.`),
 //!   as ztunnel's forwarder (hickory's resolver) does; every other question is answered from the server's cache of
 //!   forwarded answers (`cache`) or forwarded (`forward`), and a failed forward is SERVFAIL.
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{A, AAAA, CNAME};
+use hickory_proto::rr::rdata::{A, AAAA, CNAME, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -275,16 +276,23 @@ impl Server {
         }
         let query = &request.queries[0];
         let qtype = query.query_type();
-        let (client, found) = {
+        let (client, found, srv) = {
             let st = self.pi.state.read();
             let client = self.client.resolve(&st);
+            let in_class = query.query_class() == hickory_proto::rr::DNSClass::IN;
             let found = match &client {
                 Some(c) if matches!(qtype, RecordType::A | RecordType::AAAA) => {
                     Some(lookup::resolve(&st, &self.domains, c, query.name(), qtype))
                 }
                 _ => None,
             };
-            (client, found)
+            let srv = match &client {
+                Some(c) if in_class && qtype == RecordType::SRV => {
+                    lookup::resolve_srv(&st, &self.domains, c, query.name())
+                }
+                _ => None,
+            };
+            (client, found, srv)
         };
         let labels = metrics::Labels::new(qtype, transport, client.as_deref());
         let metrics = &self.pi.metrics.dns;
@@ -295,6 +303,34 @@ impl Server {
             response.metadata.response_code = ResponseCode::ServFail;
             return reply(response);
         };
+        if let Some(srv) = srv {
+            self.log(
+                Some(&client),
+                query.name(),
+                qtype,
+                if srv.records.is_empty() { "no records" } else { "success" },
+                srv.records.len(),
+            );
+            response.metadata.authoritative = true;
+            let mut owner = query.name().clone();
+            if let Some(target) = srv.cname {
+                response.answers.push(Record::from_rdata(owner.clone(), TTL, RData::CNAME(CNAME(target.clone()))));
+                owner = target;
+            }
+            // RFC 2782's weights: the records share 100 (CoreDNS's choice for Kubernetes services).
+            let weight = u16::try_from(100 / srv.records.len().max(1)).unwrap_or(1).max(1);
+            for (port, target) in srv.records {
+                response.answers.push(Record::from_rdata(
+                    owner.clone(),
+                    TTL,
+                    RData::SRV(SRV::new(0, weight, port, target)),
+                ));
+            }
+            for (name, ip) in srv.additional {
+                response.additionals.push(Record::from_rdata(name, TTL, address_rdata(ip)));
+            }
+            return reply(response);
+        }
         let Some(lookup::Found::Answer { cname, addresses }) = found else {
             if let Some(special) = special_use(query, &mut response) {
                 self.log(Some(&client), query.name(), qtype, special, response.answers.len());
@@ -318,11 +354,7 @@ impl Server {
         let result = if addresses.is_empty() { "no records" } else { "success" };
         self.log(Some(&client), query.name(), qtype, result, addresses.len());
         for ip in addresses {
-            let rdata = match ip {
-                std::net::IpAddr::V4(v4) => RData::A(A(v4)),
-                std::net::IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
-            };
-            response.answers.push(Record::from_rdata(owner.clone(), TTL, rdata));
+            response.answers.push(Record::from_rdata(owner.clone(), TTL, address_rdata(ip)));
         }
         reply(response)
     }
@@ -444,6 +476,13 @@ fn special_use(query: &hickory_proto::op::Query, response: &mut Message) -> Opti
         response.answers.push(Record::from_rdata(name.clone(), LOCALHOST_TTL, rdata));
     }
     Some("localhost (RFC 6761)")
+}
+
+fn address_rdata(ip: std::net::IpAddr) -> RData {
+    match ip {
+        std::net::IpAddr::V4(v4) => RData::A(A(v4)),
+        std::net::IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+    }
 }
 
 /// hickory's `MAX_TTL`, what its resolver gives the loopback answers it makes.
