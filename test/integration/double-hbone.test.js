@@ -261,6 +261,17 @@ if (envoy !== null) {
       'the outbound access log of the connection');
     t.diagnostic(`node-a: ${JSON.stringify(out)}`);
     assert.equal(out.error, undefined);
+    // The destination as it described itself in the inner CONNECT's 200 (its baggage) and proved on the inner TLS,
+    // not the gateway the connection went through (ztunnel's derived destination).
+    assert.deepEqual([out['dst.workload'], out['dst.namespace'], out['dst.identity']], ['echo', 'default', ID.echo]);
+    const derived = sumSamples(await a.metrics(), 'istio_tcp_connections_opened_total', {
+      reporter: 'source',
+      destination_workload: 'echo',
+      destination_workload_namespace: 'default',
+      destination_principal: ID.echo,
+      destination_cluster: 'Kubernetes',
+    });
+    assert.ok(derived >= 1, 'node-a labels the connection with the destination behind the gateway');
 
     // The gateway: one CONNECT terminated, from node-a as sleep (the outer TLS), for the service's authority, without
     // x-forwarded-network (that is the inner CONNECT's); one upstream connection, to echo's node.

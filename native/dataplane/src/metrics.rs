@@ -64,6 +64,17 @@ pub struct ConnectionInfo<'a> {
     pub mutual_tls: bool,
     /// What the peer's `baggage` says of the source, for a source workload not known here (ztunnel's derived source).
     pub derived_source: Option<&'a Baggage>,
+    /// The final destination as it presented itself behind a network gateway (double HBONE), where this node only
+    /// knows the gateway: ztunnel's derived destination, which wins over `destination` and its identity.
+    pub derived_destination: Option<&'a DerivedPeer>,
+}
+
+/// A peer known by what it said of itself: its `baggage` (the 200 of a double-HBONE inner CONNECT), and the
+/// identity its TLS handshake proved.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DerivedPeer {
+    pub baggage: Option<Baggage>,
+    pub identity: Option<Identity>,
 }
 
 /// A peer's W3C `baggage` header as ztunnel reads it (`src/baggage.rs` `parse_baggage_header`): members split at
@@ -132,15 +143,17 @@ impl TrafficLabels {
         if let Some(id) = info.source_identity {
             l.source_principal = id.to_string();
         }
-        if let Some(w) = info.destination {
-            let side = Side::of(w);
+        let derived = info.derived_destination;
+        if let Some(side) =
+            derived.and_then(|d| d.baggage.as_ref()).map(Side::of_baggage).or_else(|| info.destination.map(Side::of))
+        {
             (l.destination_app, l.destination_version) = (side.app.clone(), side.canonical_revision.clone());
             (l.destination_workload, l.destination_canonical_service, l.destination_canonical_revision) =
                 (side.workload, side.canonical_service, side.canonical_revision);
             (l.destination_workload_namespace, l.destination_cluster) = (side.namespace, side.cluster);
             (l.destination_region, l.destination_zone) = (side.region, side.zone);
         }
-        if let Some(id) = info.destination_identity {
+        if let Some(id) = derived.and_then(|d| d.identity.as_ref()).or(info.destination_identity) {
             l.destination_principal = id.to_string();
         }
         if let Some(s) = info.destination_service {
@@ -689,6 +702,7 @@ mod tests {
             destination_service: None,
             mutual_tls: true,
             derived_source: derived,
+            derived_destination: None,
         };
         let l = TrafficLabels::new(&info(Some(&b)));
         assert_eq!(
@@ -703,6 +717,44 @@ mod tests {
         );
         assert_eq!(l.source_app, "", "a derived source's app is its workload name, here none");
         assert_eq!(TrafficLabels::new(&info(None)).source_cluster, "");
+    }
+
+    #[test]
+    fn a_derived_destination_wins_over_the_gateway_it_was_reached_through() {
+        let mut st = crate::state::State::default();
+        let delta = serde_json::json!({"workloads": [{"uid": "gw", "name": "eastwest", "namespace": "istio-system",
+            "workloadName": "eastwest", "clusterId": "west", "workloadIps": ["10.0.0.9"]}]});
+        st.apply(serde_json::from_value::<crate::state::StateDelta>(delta).unwrap()).unwrap();
+        let gateway = st.workload("gw").unwrap().clone();
+        let gw_id = gateway.identity();
+        let far: Identity = "spiffe://cluster.local/ns/shop/sa/cart".parse().unwrap();
+        let b = Baggage {
+            cluster_id: Some("east".into()),
+            namespace: Some("shop".into()),
+            workload_name: Some("cart".into()),
+            service_name: Some("cart-svc".into()),
+            ..Default::default()
+        };
+        let derived = DerivedPeer { baggage: Some(b), identity: Some(far.clone()) };
+        let info = |d| ConnectionInfo {
+            reporter: Reporter::Source,
+            source: None,
+            source_identity: None,
+            destination: Some(&gateway),
+            destination_identity: Some(&gw_id),
+            destination_service: None,
+            mutual_tls: true,
+            derived_source: None,
+            derived_destination: d,
+        };
+        let l = TrafficLabels::new(&info(Some(&derived)));
+        assert_eq!(
+            [&*l.destination_workload, &*l.destination_workload_namespace, &*l.destination_cluster],
+            ["cart", "shop", "east"]
+        );
+        assert_eq!(l.destination_principal, far.to_string());
+        let plain = TrafficLabels::new(&info(None));
+        assert_eq!([&*plain.destination_workload, &*plain.destination_cluster], ["eastwest", "west"]);
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub struct AccessRecord<'a> {
     pub dst_workload: Option<&'a Workload>,
     /// The workload whose identity the destination proved (built only when the record is written).
     pub dst_identity_of: Option<&'a Workload>,
+    /// The final destination behind a network gateway as it presented itself (double HBONE): wins over the above.
+    pub dst_derived: Option<&'a crate::metrics::DerivedPeer>,
 }
 
 /// A connection from the moment it is counted as opened to its end.
@@ -137,12 +139,22 @@ pub fn record_fields(record: &AccessRecord<'_>) -> serde_json::Map<String, serde
     if let Some(s) = record.dst_service {
         put("dst.service", s.to_string());
     }
-    if let Some(w) = record.dst_workload {
-        put("dst.workload", w.name.to_string());
-        put("dst.namespace", w.namespace.to_string());
+    let derived = record.dst_derived.and_then(|d| d.baggage.as_ref());
+    match (derived, record.dst_workload) {
+        (Some(b), _) => {
+            put("dst.workload", b.workload_name.clone().unwrap_or_default());
+            put("dst.namespace", b.namespace.clone().unwrap_or_default());
+        }
+        (None, Some(w)) => {
+            put("dst.workload", w.name.to_string());
+            put("dst.namespace", w.namespace.to_string());
+        }
+        (None, None) => {}
     }
-    if let Some(w) = record.dst_identity_of {
-        put("dst.identity", w.identity().to_string());
+    match (record.dst_derived.and_then(|d| d.identity.as_ref()), record.dst_identity_of) {
+        (Some(id), _) => put("dst.identity", id.to_string()),
+        (None, Some(w)) => put("dst.identity", w.identity().to_string()),
+        (None, None) => {}
     }
     f
 }
@@ -180,6 +192,7 @@ mod tests {
             dst_service: Some("echo.ns.svc"),
             dst_workload: Some(&w),
             dst_identity_of: Some(&w),
+            dst_derived: None,
         };
         let result = ConnectionResult::open(&pi, labels(), Instant::now());
         result.counters().sent.fetch_add(7, std::sync::atomic::Ordering::Relaxed);
@@ -225,6 +238,7 @@ mod tests {
             dst_service: None,
             dst_workload: None,
             dst_identity_of: None,
+            dst_derived: None,
         };
         ConnectionResult::open(&pi, labels(), Instant::now()).finish(&pi, &record, 1, 1, None);
         assert_eq!(pi.events.drain_json(), "[]");

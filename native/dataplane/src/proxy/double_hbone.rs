@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use super::h2::client::builder;
 use crate::config::Config;
-use crate::identity::InstalledCert;
+use crate::identity::{spiffe_identity, InstalledCert};
 use crate::tls::{client_config, ExpectedIdentities};
 
 /// One HTTP/2 stream as a byte stream (the outer CONNECT, carrying the inner TLS). Reads release flow-control
@@ -101,6 +101,8 @@ impl AsyncWrite for H2Io {
 pub struct InnerConnection {
     driver: JoinHandle<()>,
     revoked: tokio_util::sync::CancellationToken,
+    /// The final destination as it presented itself (taken once, for the connection's labels and record).
+    pub derived: Option<Box<crate::metrics::DerivedPeer>>,
 }
 
 impl InnerConnection {
@@ -157,6 +159,8 @@ pub async fn connect_inner(
         crate::tls::revocation::Peer::Server,
     );
     let revoked = revocation.revoked.clone();
+    // The gateway picked the final destination: its identity is the one this inner handshake verified.
+    let identity = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(|c| spiffe_identity(c).ok());
     let (send_req, conn) = builder(cfg).handshake::<_, Bytes>(tls).await.map_err(InnerError::H2)?;
     let driver = tokio::spawn(async move {
         tokio::select! {
@@ -164,12 +168,16 @@ pub async fn connect_inner(
             _ = revocation.revoked.cancelled() => {}
         }
     });
-    let inner = InnerConnection { driver, revoked };
+    let mut inner = InnerConnection { driver, revoked, derived: None };
     let mut send_req = send_req.ready().await.map_err(InnerError::Request)?;
     let (resp, send) = send_req.send_request(req, false).map_err(InnerError::Request)?;
     let resp = resp.await.map_err(InnerError::Request)?;
     if resp.status() != http::StatusCode::OK {
         return Err(InnerError::Status(resp.status().as_u16()));
     }
+    // What the destination says of itself in its 200's baggage (ENABLE_RESPONSE_BAGGAGE), as ztunnel derives the
+    // destination of a double-HBONE connection from it.
+    let baggage = crate::metrics::Baggage::parse(resp.headers());
+    inner.derived = Some(Box::new(crate::metrics::DerivedPeer { baggage, identity }));
     Ok((send, resp.into_body(), inner))
 }

@@ -694,6 +694,7 @@ async fn establish_stream(
         destination_service: service.as_deref(),
         mutual_tls: true,
         derived_source: derived_source.as_ref(),
+        derived_destination: None,
     });
     let mut result = super::access::ConnectionResult::open(pi, labels, started);
     if !decision.allowed {
@@ -799,6 +800,7 @@ fn access_record<'a>(
         dst_service: None,
         dst_workload: Some(local),
         dst_identity_of: Some(local),
+        dst_derived: None,
     }
 }
 

@@ -65,6 +65,7 @@ async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
         dst_service: None,
         dst_workload: Some(&local),
         dst_identity_of: None,
+        dst_derived: None,
     };
     // A TCP ⇄ TCP relay can be handed to a successor daemon (`handover`).
     let relay = crate::copy::tcp_bidirectional(client, upstream, &rx, &tx);
@@ -138,6 +139,7 @@ async fn establish(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr) -> Opt
         destination_service: service.as_deref(),
         mutual_tls: false,
         derived_source: None,
+        derived_destination: None,
     });
     let mut result = super::access::ConnectionResult::open(pi, labels, started);
     if !decision.allowed {

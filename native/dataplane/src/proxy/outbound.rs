@@ -760,7 +760,11 @@ async fn resolve_upstream(
 }
 
 /// Metrics labels of an outbound connection.
-pub fn labels(routed: Option<&Routed>, source: Option<&Workload>) -> crate::metrics::TrafficLabels {
+pub fn labels(
+    routed: Option<&Routed>,
+    source: Option<&Workload>,
+    derived_destination: Option<&crate::metrics::DerivedPeer>,
+) -> crate::metrics::TrafficLabels {
     use crate::metrics::{ConnectionInfo, Reporter, TrafficLabels};
     let hbone = routed.is_some_and(|r| r.request.protocol == Protocol::Hbone);
     let dst_id = routed.and_then(|r| r.request.destination.as_ref()).map(|w| w.identity());
@@ -773,6 +777,7 @@ pub fn labels(routed: Option<&Routed>, source: Option<&Workload>) -> crate::metr
         destination_service: routed.and_then(|r| r.request.service.as_deref()),
         mutual_tls: hbone,
         derived_source: None,
+        derived_destination,
     })
 }
 
@@ -809,7 +814,13 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
         return;
     };
     let (pi, local, force) = (&*l.pi, &l.local, &l.force);
-    let result = super::access::ConnectionResult::open(pi, labels(Some(&routed), None), Instant::now());
+    // Behind a network gateway, the destination as it presented itself (ztunnel's derived destination), kept by the
+    // inner connection (borrowed where needed, so the task holds nothing more).
+    let derived = match &upstream {
+        Upstream::Hbone { _inner: Some(inner), .. } => inner.derived.as_deref(),
+        _ => None,
+    };
+    let result = super::access::ConnectionResult::open(pi, labels(Some(&routed), None, derived), Instant::now());
     let protocol = if routed.request.protocol == Protocol::Hbone { "HBONE" } else { "TCP" };
     let _listed = pi.tracker.register_outbound(
         local.clone(),
@@ -834,7 +845,7 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
             let relay = crate::copy::tcp_bidirectional(client, up, &sent, &recv);
             let ends = crate::handover::carry::Ends { force, close: &_listed.close };
             let describe = || {
-                let record = super::access::record_fields(&access_record(client_addr, &routed));
+                let record = super::access::record_fields(&access_record(client_addr, &routed, None));
                 let addrs = (client_addr, original_dst, routed.request.upstream);
                 crate::handover::carry::meta(crate::handover::ConnKind::OutboundTcp, local, &result, record, addrs)
             };
@@ -845,7 +856,7 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
                     crate::handover::carry::Carried::Ended(r, moved) => (r, moved),
                 };
             let error = outcome.err().map(|e| ("CONNECT", e.to_string()));
-            return result.finish(pi, &access_record(client_addr, &routed), up_bytes, down_bytes, error);
+            return result.finish(pi, &access_record(client_addr, &routed, None), up_bytes, down_bytes, error);
         }
         Upstream::Hbone { send, recv: body, _lease, _inner } => {
             // A double-HBONE inner stream's connection is itself carried by a stream: only a pooled connection's
@@ -884,7 +895,8 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
         match &gate {
             Some(gate) => {
                 let describe = || {
-                    let record = super::access::record_fields(&access_record(client_addr, &routed));
+                    // A pooled stream's (the gate is not a double-HBONE one's): no derived destination.
+                    let record = super::access::record_fields(&access_record(client_addr, &routed, None));
                     let addrs = (client_addr, original_dst, routed.request.upstream);
                     let kind = crate::handover::ConnKind::OutboundHbone;
                     crate::handover::carry::meta(kind, local, &result, record, addrs)
@@ -910,12 +922,17 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
         true => ("CERT_REVOKED", super::inbound::REVOKED.to_string()),
         false => ("CONNECT", e.to_string()),
     });
-    result.finish(pi, &access_record(client_addr, &routed), sent.get(), recv.get(), error);
+    let derived = _lease.as_ref().and_then(|(_, inner)| inner.as_ref()).and_then(|i| i.derived.as_deref());
+    result.finish(pi, &access_record(client_addr, &routed, derived), sent.get(), recv.get(), error);
 }
 
 /// What the outbound access record names: the source workload and identity, the destination asked for, the HBONE
 /// peer dialed, the service and the workload at the other end (with its identity when reached over HBONE).
-fn access_record(client: SocketAddr, r: &Routed) -> super::access::AccessRecord<'_> {
+fn access_record<'a>(
+    client: SocketAddr,
+    r: &'a Routed,
+    derived: Option<&'a crate::metrics::DerivedPeer>,
+) -> super::access::AccessRecord<'a> {
     let hbone = r.request.protocol == Protocol::Hbone;
     super::access::AccessRecord {
         direction: "outbound",
@@ -927,6 +944,7 @@ fn access_record(client: SocketAddr, r: &Routed) -> super::access::AccessRecord<
         dst_service: r.request.service.as_ref().map(|s| &*s.key.hostname),
         dst_workload: r.request.destination.as_deref(),
         dst_identity_of: r.request.destination.as_deref().filter(|_| hbone),
+        dst_derived: derived,
     }
 }
 
@@ -940,7 +958,7 @@ pub fn record_failure(
     err: &OutboundError,
 ) {
     let source = local.resolve(&pi.state.read());
-    let mut guard = pi.metrics.open(labels(routed, source.as_deref()));
+    let mut guard = pi.metrics.open(labels(routed, source.as_deref(), None));
     guard.fail(err.response_flag());
     let mut f = crate::fields! {
         "src.addr" => peer.to_string(),
