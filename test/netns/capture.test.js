@@ -136,6 +136,9 @@ async function serveIn(pod, port) {
   return conns;
 }
 
+/** Node a's daemon's own pod, as WDS describes it (its IP the node's, where the daemon runs here). */
+const ZTUNNEL_A = () => ({ name: 'ztunnel-a', namespace: 'istio-system', ip: cluster.nodeIp('a'), node: 'a' });
+
 function workloadYaml(pod, protocol = 'HBONE', extra = '') {
   return `- uid: Kubernetes//Pod/${pod.namespace ?? 'default'}/${pod.name}
   name: ${pod.name}
@@ -170,12 +173,17 @@ before(async () => {
       ['a1', 'a2', 'a3', 'b3', 'd1'].map((p) => workloadYaml(pods[p])).join('') +
       workloadYaml(pods.b1, 'HBONE', '  services: {"default/b1.default.svc.cluster.local": {80: 8090}}\n') +
       workloadYaml(pods.b2, 'TCP') +
+      // Node a's daemon as the pod it is in a cluster (here it runs in the node's namespace, at the node's IP): its
+      // own inbound HBONE serves its stats port to the mesh, under the scrapers policy.
+      workloadYaml(ZTUNNEL_A(), 'HBONE', '  authorizationPolicies: ["istio-system/scrapers"]\n') +
       // b1 backs a service (VIP port 80 -> 8090) that the DNS tests resolve and call.
       'services:\n- name: b1\n  namespace: default\n  hostname: b1.default.svc.cluster.local\n' +
       `  vips: ["/${B1_VIP}"]\n  ports: {80: 8090}\n` +
       // Istio's STRICT PeerAuthentication, as istiod translates it, for namespace "strict".
       'policies:\n- name: istio_converted_static_strict\n  namespace: strict\n  scope: Namespace\n  action: Deny\n' +
-      '  rules:\n  - - - notPrincipals: [{Presence: []}]\n',
+      '  rules:\n  - - - notPrincipals: [{Presence: []}]\n' +
+      '- name: scrapers\n  namespace: istio-system\n  scope: WorkloadSelector\n  action: Allow\n' +
+      '  rules:\n  - - - principals: [{Exact: "cluster.local/ns/default/sa/b1"}]\n',
   );
   cfgPath = cfg;
   writeFileSync(resolvConf, `nameserver ${UPSTREAM_DNS()}\nsearch example.internal\n`);
@@ -186,7 +194,8 @@ before(async () => {
   cni = { a: startCniAgent(join(tmp, 'a.sock'), children), b: startCniAgent(join(tmp, 'b.sock'), children) };
   await Promise.all([cni.a.next((e) => e.event === 'listening', 'listening'), cni.b.next((e) => e.event === 'listening', 'listening')]);
   // Node a logs the dataplane at debug: the in-pod manager's ZDS records are asserted below.
-  daemons = { a: startDaemon('a', cfg, join(tmp, 'a.sock'), { RUST_LOG: 'info,dataplane=debug' }), b: startDaemon('b', cfg, join(tmp, 'b.sock')) };
+  const self = { POD_NAME: ZTUNNEL_A().name, POD_NAMESPACE: 'istio-system', SERVICE_ACCOUNT: ZTUNNEL_A().name };
+  daemons = { a: startDaemon('a', cfg, join(tmp, 'a.sock'), { RUST_LOG: 'info,dataplane=debug', ...self }), b: startDaemon('b', cfg, join(tmp, 'b.sock')) };
   const hello = await cni.a.next((e) => e.event === 'connected', 'hello from node-a');
   assert.equal(hello.hello, '0801', 'ZdsHello{version: V1}');
   await cni.b.next((e) => e.event === 'connected', 'hello from node-b');
@@ -333,6 +342,25 @@ test('DNS capture: an upstream that never answers gives SERVFAIL within the forw
   const { body } = await http('a', '/metrics');
   const rss = Number(/^process_resident_memory_bytes (\S+)$/m.exec(body)?.[1]);
   assert.ok(rss < 400 * 1024 * 1024, `daemon RSS ${(rss / 2 ** 20).toFixed(0)} MiB`);
+});
+
+test('the daemon\'s own pod is served over HBONE (ztunnel\'s self-proxy): a pod scrapes its metrics through the mesh, under its policy', { skip }, async () => {
+  await waitForEvent(daemons.a.logs, (l) => l.message === "serving the daemon's own pod's inbound HBONE", "the self inbound bound");
+  const scrape = (pod) =>
+    runIn(pod.ns, [
+      '-e',
+      `fetch('http://${cluster.nodeIp('a')}:15020/metrics').then(async r => console.log(JSON.stringify({status: r.status, body: await r.text()}))).catch(e => console.log(JSON.stringify({status: 0, body: String(e.cause ?? e)})))`,
+    ]);
+  const opened = () => metric('a', 'istio_tcp_connections_opened_total', { reporter: 'destination', destination_workload: 'ztunnel-a', source_principal: 'spiffe://cluster.local/ns/default/sa/b1' });
+  const before = await opened();
+  const ok = await scrape(pods.b1);
+  assert.equal(ok.status, 200, ok.body.slice(0, 200));
+  assert.match(ok.body, /^istio_build\{/m, 'node-a\'s metrics');
+  assert.ok((await opened()) > before, 'through the self inbound, mTLS, as b1');
+  // b3 (namespace strict, service account b3) is not among the scrapers: the CONNECT is refused, nothing served.
+  const denied = await scrape(pods.b3);
+  assert.equal(denied.status, 0, `refused: ${denied.body}`);
+  assert.ok((await metric('a', 'istio_tcp_connections_failed_total', { response_flags: 'DENY', destination_workload: 'ztunnel-a' })) >= 1);
 });
 
 test('captured → uncaptured TCP destination: plain passthrough', { skip }, async () => {

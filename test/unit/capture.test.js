@@ -16,6 +16,7 @@ test('in-pod polls and scrapes leave the live connections out; config_dump lists
   const dp = {
     startInpod: () => undefined,
     startDedicated: async () => undefined,
+    startSelfInbound: async () => '[::]:15008',
     inpodState: (opts) => (calls.push(opts), state),
   };
   const config = loadConfig({ env: { PROXY_MODE: 'shared', NODE_NAME: 'node-a', INPOD_UDS: '/tmp/unused.sock', XDS_ADDRESS: '', CA_ADDRESS: '' } });
@@ -41,4 +42,26 @@ test('in-pod polls and scrapes leave the live connections out; config_dump lists
   } finally {
     capture.stop();
   }
+});
+
+test('shared mode serves the daemon\'s own pod\'s inbound HBONE when it knows its pod and the proxies are on', async () => {
+  const specs = [];
+  const dp = {
+    startInpod: () => undefined,
+    startDedicated: async () => undefined,
+    startSelfInbound: async (spec) => (specs.push(spec), '[::]:15008'),
+    inpodState: () => null,
+  };
+  const pod = { POD_NAME: 'ztunnel-x', POD_NAMESPACE: 'istio-system', SERVICE_ACCOUNT: 'ztunnel' };
+  const base = { PROXY_MODE: 'shared', NODE_NAME: 'node-a', INPOD_UDS: '/tmp/unused.sock', XDS_ADDRESS: '', CA_ADDRESS: '' };
+  for (const [env, want] of [[{ ...base, ...pod }, 1], [base, 0], [{ ...base, ...pod, ENABLE_PROXY: 'false' }, 0]]) {
+    specs.length = 0;
+    const capture = startCapture(loadConfig({ env }), dp, new Readiness(), pino({ level: 'silent' }), async () => undefined);
+    capture.stop();
+    assert.equal(specs.length, want, JSON.stringify(env));
+  }
+  specs.length = 0;
+  startCapture(loadConfig({ env: { ...base, ...pod, STATS_ADDR: '0.0.0.0:16020' } }), dp, new Readiness(), pino({ level: 'silent' }), async () => undefined).stop();
+  // The stats and readiness ports may be reached through it; the admin's is not among them.
+  assert.deepEqual(specs[0], { namespace: 'istio-system', name: 'ztunnel-x', serviceAccount: 'ztunnel', reachablePorts: [16020, 15021], reusePort: true });
 });

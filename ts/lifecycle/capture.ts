@@ -1,5 +1,7 @@
-// Traffic capture: shared (in-pod) mode hands the dataplane's workload proxy manager the istio-cni ZDS socket;
-// dedicated mode starts capture listeners for the one PROXY_WORKLOAD_INFO workload in the daemon's own namespace.
+// Traffic capture: shared (in-pod) mode hands the dataplane's workload proxy manager the istio-cni ZDS socket, and,
+// when the daemon knows its own pod (POD_NAMESPACE, POD_NAME, SERVICE_ACCOUNT), serves that pod's inbound HBONE as
+// ztunnel's self-proxy does (its metrics reached through the mesh, with policy); dedicated mode starts capture
+// listeners for the one PROXY_WORKLOAD_INFO workload in the daemon's own namespace.
 //
 // Readiness (as in ztunnel): shared mode registers "workload proxy manager", which is done only while the manager is
 // connected to istio-cni, has received the snapshot and has no pending pod; it turns pending again when the CNI
@@ -8,7 +10,7 @@
 // connections out (their cost is O(pods)), only config_dump lists them.
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.js';
-import type { DedicatedSpec, InPodConfig, InPodState, InPodWorkload } from '../native/types.js';
+import type { DedicatedSpec, InPodConfig, InPodState, InPodWorkload, SelfInboundSpec } from '../native/types.js';
 import type { PendingTask, Readiness } from './readiness.js';
 
 export const CAPTURE_POLL_MS = 250;
@@ -17,6 +19,7 @@ const SUMMARY = { connections: false };
 export interface CapturePort {
   startInpod(cfg: InPodConfig): void;
   startDedicated(spec: DedicatedSpec): Promise<void>;
+  startSelfInbound(spec: SelfInboundSpec): Promise<string>;
   inpodState(opts?: { connections: boolean }): InPodState | null;
 }
 
@@ -43,6 +46,7 @@ export function startCapture(
     let task: PendingTask | null = readiness.register('workload proxy manager');
     dp.startInpod({ uds: config.inpod.uds, mark: config.inpod.packetMark, reusePort: config.inpod.portReuse, origSrc, dedicated: false });
     log.info({ uds: config.inpod.uds }, 'in-pod mode: waiting for the istio-cni node agent');
+    startSelfInbound(config, dp, log);
     const poll = () => {
       const s = dp.inpodState(SUMMARY);
       if (s === null) return;
@@ -88,4 +92,27 @@ export function startCapture(
       if (timer !== null) clearInterval(timer);
     },
   };
+}
+
+/**
+ * ztunnel's self-proxy: the daemon's own pod's inbound HBONE on [::]:15008 of its namespace, for the stats and
+ * readiness ports (never the admin's or the proxies'), when the pod is known and the proxies are on. A bind failure
+ * is logged as an error and changes nothing else (the daemon's own ports stay reachable directly).
+ */
+function startSelfInbound(config: Config, dp: CapturePort, log: Logger): void {
+  const { podName, podNamespace, serviceAccount } = config;
+  if (podName === null || podNamespace === null || serviceAccount === null || !config.enableProxy) return;
+  const spec: SelfInboundSpec = {
+    namespace: podNamespace,
+    name: podName,
+    serviceAccount,
+    reachablePorts: [config.statsAddr.port, config.readinessAddr.port],
+    reusePort: config.inpod.portReuse,
+  };
+  const workload = `${podNamespace}/${podName}`;
+  dp.startSelfInbound(spec).then(
+    (addr) => log.info({ addr, workload, reachablePorts: spec.reachablePorts }, "serving the daemon's own pod's inbound HBONE"),
+    (err: unknown) =>
+      log.error({ workload, err: err instanceof Error ? err.message : String(err) }, "cannot serve the daemon's own pod's inbound HBONE"),
+  );
 }

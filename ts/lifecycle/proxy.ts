@@ -84,6 +84,7 @@ export type DataplanePort = Pick<
   | 'previewAuthz'
   | 'startInpod'
   | 'startDedicated'
+  | 'startSelfInbound'
   | 'inpodState'
   | 'drainEvents'
   | 'setEventLevels'

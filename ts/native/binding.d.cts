@@ -78,6 +78,11 @@ export declare class Dataplane {
   /** Dedicated mode: `{ namespace, name, serviceAccount, mark, origSrc? }`. */
   startDedicated(specJson: string): Promise<void>
   /**
+   * Shared mode: the daemon's own inbound HBONE listener (`{ namespace, name, serviceAccount, reachablePorts,
+   * reusePort }`); resolves the address bound.
+   */
+  startSelfInbound(specJson: string): Promise<string>
+  /**
    * The in-pod manager's state as JSON (`null` when not running). `connections` (default true): list each pod's
    * live connections, for config_dump; polls and metric scrapes pass false (O(pods), not O(connections)).
    */

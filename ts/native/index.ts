@@ -10,6 +10,7 @@ import { fromNativeError, ZtunnelError } from '../errors.js';
 import type { LogLevel } from '../log/filter.js';
 import type {
   DedicatedSpec,
+  SelfInboundSpec,
   HandoverReport,
   InPodConfig,
   InPodState,
@@ -315,6 +316,11 @@ export class Dataplane {
   /** Dedicated mode: capture listeners for one workload in the daemon's own network namespace. */
   startDedicated(spec: DedicatedSpec): Promise<void> {
     return callAsync(() => this.inner.startDedicated(JSON.stringify(spec)));
+  }
+
+  /** Shared mode: the daemon's own inbound HBONE listener (ztunnel's self-proxy); resolves the address bound. */
+  startSelfInbound(spec: SelfInboundSpec): Promise<string> {
+    return callAsync(() => this.inner.startSelfInbound(JSON.stringify(spec)));
   }
 
   /**

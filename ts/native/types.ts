@@ -85,6 +85,7 @@ export type { BoundListeners } from './generated/BoundListeners.js';
 // like the above.
 export type { InPodConfig } from './generated/InPodConfig.js';
 export type { DedicatedSpec } from './generated/DedicatedSpec.js';
+export type { SelfInboundSpec } from './generated/SelfInboundSpec.js';
 export type { OrigSrc } from './generated/OrigSrc.js';
 export type { InPodState } from './generated/InPodState.js';
 export type { InPodWorkload } from './generated/InPodWorkload.js';

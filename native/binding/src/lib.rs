@@ -222,6 +222,23 @@ impl Dataplane {
         inner.handle().clone().spawn(async move { inner.start_dedicated(spec).await }).await.map_err(err)?.map_err(err)
     }
 
+    /// Shared mode: the daemon's own inbound HBONE listener (`{ namespace, name, serviceAccount, reachablePorts,
+    /// reusePort }`); resolves the address bound.
+    #[napi]
+    pub async fn start_self_inbound(&self, spec_json: String) -> Result<String> {
+        let spec: dataplane::proxy::self_inbound::SelfInboundSpec =
+            serde_json::from_str(&spec_json).map_err(|e| err(format!("INVALID_SPEC: {e}")))?;
+        let inner = self.inner.clone();
+        let addr = inner
+            .handle()
+            .clone()
+            .spawn(async move { inner.start_self_inbound(spec) })
+            .await
+            .map_err(err)?
+            .map_err(err)?;
+        Ok(addr.to_string())
+    }
+
     /// The in-pod manager's state as JSON (`null` when not running). `connections` (default true): list each pod's
     /// live connections, for config_dump; polls and metric scrapes pass false (O(pods), not O(connections)).
     #[napi]

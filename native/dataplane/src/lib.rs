@@ -626,6 +626,11 @@ impl Dataplane {
         m.start_dedicated(info).await.map_err(DataplaneError::Spec)
     }
 
+    /// Shared mode: the daemon's own inbound HBONE listener (`proxy::self_inbound`), under the daemon's drain.
+    pub fn start_self_inbound(&self, spec: proxy::self_inbound::SelfInboundSpec) -> Result<SocketAddr, DataplaneError> {
+        proxy::self_inbound::start(&self.pi, &spec, &self.drain).map_err(DataplaneError::Spec)
+    }
+
     /// The in-pod manager's state (JSON; `null` when not running).
     pub fn inpod_state_json(&self, connections: bool) -> String {
         match self.inpod.lock().as_ref() {

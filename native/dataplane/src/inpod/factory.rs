@@ -16,7 +16,6 @@ use super::zds::WorkloadInfo;
 use super::{InPodConfig, OrigSrc};
 use crate::config::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_CAPTURE_PORT, SOCKS5_PORT};
 use crate::drain::Drain;
-use crate::identity::Identity;
 use crate::proxy::pool::Pool;
 use crate::proxy::{LocalRef, ProxyInputs};
 use crate::socket::{listen_with, ListenOptions, SocketFactory};
@@ -89,18 +88,9 @@ impl InPodProxies {
             handover: base.handover.clone(),
         });
         pi.pool.set_inputs(&pi);
-        let local = LocalRef::Pod {
-            namespace: Arc::from(info.namespace.as_str()),
-            name: Arc::from(info.name.as_str()),
-            service_account: Arc::from(info.service_account.as_str()),
-            node: Arc::from(base.cfg.node_name.as_str()),
-        };
+        let local = LocalRef::pod(&info.namespace, &info.name, &info.service_account, &base.cfg.node_name);
         // The trust domain comes from the pod's workload when known, else the daemon's.
-        let td = local
-            .resolve(&base.state.read())
-            .map(|w| w.trust_domain.clone())
-            .unwrap_or_else(|| base.cfg.trust_domain.as_str().into());
-        let identity = Identity::new(&td, &info.namespace, &info.service_account);
+        let identity = local.pod_identity(&base.state.read(), &base.cfg.trust_domain).ok_or("not a pod")?;
         let tls = Arc::new(crate::tls::server_config(base.certs.clone(), identity.clone()).map_err(|e| e.to_string())?);
         let opts = ListenOptions { reuse_port: self.cfg.reuse_port, transparent };
         let bind = |port: u16, loopback: bool| -> Result<tokio::net::TcpListener, String> {

@@ -11,6 +11,7 @@ pub mod outbound;
 pub mod pool;
 pub mod proxy_protocol;
 pub mod reevaluation;
+pub mod self_inbound;
 pub mod socks5;
 pub mod tracker;
 
@@ -44,6 +45,24 @@ impl LocalRef {
 }
 
 impl LocalRef {
+    /// A pod named by istio-cni (or the daemon's own), on `node`.
+    pub fn pod(namespace: &str, name: &str, service_account: &str, node: &str) -> LocalRef {
+        LocalRef::Pod {
+            namespace: Arc::from(namespace),
+            name: Arc::from(name),
+            service_account: Arc::from(service_account),
+            node: Arc::from(node),
+        }
+    }
+
+    /// The identity a pod's inbound presents: its workload's trust domain when known, else `fallback_td` (the
+    /// daemon's); its namespace and service account. Uid refs are local mode's, which knows its workloads.
+    pub fn pod_identity(&self, state: &State, fallback_td: &str) -> Option<crate::identity::Identity> {
+        let LocalRef::Pod { namespace, service_account, .. } = self else { return None };
+        let td = self.resolve(state).map(|w| w.trust_domain.to_string()).unwrap_or_else(|| fallback_td.to_string());
+        Some(crate::identity::Identity::new(&td, namespace, service_account))
+    }
+
     /// The same local workload (for listing a pod's connections).
     pub fn same(&self, other: &LocalRef) -> bool {
         match (self, other) {
