@@ -27,7 +27,13 @@ COPY bench/loadgen bench/loadgen
 COPY scripts scripts
 COPY ts ts
 COPY bin bin
-RUN npm run build && npm prune --omit=dev --no-audit --no-fund
+# NATIVE_FEATURES=fips: the FIPS build (README "The FIPS build"), whose aws-lc FIPS module builds with CMake and Go.
+ARG NATIVE_FEATURES=""
+RUN if [ -n "$NATIVE_FEATURES" ]; then \
+      apt-get update && apt-get install -y --no-install-recommends cmake golang-go && rm -rf /var/lib/apt/lists/*; \
+    fi
+RUN node scripts/build-native.mjs --release ${NATIVE_FEATURES:+--features "$NATIVE_FEATURES"} \
+ && npm run build:ts && npm prune --omit=dev --no-audit --no-fund
 
 FROM node:24-bookworm-slim
 RUN apt-get update \

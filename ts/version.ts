@@ -13,7 +13,11 @@ export interface BuildInfo {
 }
 
 /** Our crypto providers by the name of ztunnel's cargo feature for the same one. */
-const CRYPTO_FEATURES: Readonly<Record<string, string>> = { 'aws-lc-rs': 'tls-aws-lc', ring: 'tls-ring' };
+const CRYPTO_FEATURES: Readonly<Record<string, string>> = {
+  'aws-lc-rs': 'tls-aws-lc',
+  'aws-lc-rs-fips': 'tls-aws-lc-fips',
+  ring: 'tls-ring',
+};
 
 let cached: string | undefined;
 

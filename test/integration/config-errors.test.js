@@ -78,7 +78,11 @@ test('(e) what the dataplane would refuse is a configuration error naming the va
 
 test('(f) a setting of Istio\'s ztunnel that ztunnel-node does not implement is refused by name at start, exit 2', async () => {
   // A FIPS requirement must not quietly get the default crypto build, nor on-demand xDS be assumed.
-  await assertConfigError({ COMPLIANCE_POLICY: 'fips-140-2' }, 'COMPLIANCE_POLICY', 'pqc');
+  await assertConfigError({ COMPLIANCE_POLICY: 'fips-140-3' }, 'COMPLIANCE_POLICY', 'fips-140-2');
+  // fips-140-2 on a build without the validated module: refused by name, before anything is bound.
+  if (!(await import('../../dist/native/index.js')).nativeVersion().cryptoProvider.endsWith('-fips')) {
+    await assertConfigError({ COMPLIANCE_POLICY: 'fips-140-2' }, 'COMPLIANCE_POLICY=fips-140-2', 'FIPS build');
+  }
   await assertConfigError({ TRANSPARENT_NETWORK_POLICIES: 'true', XDS_ON_DEMAND: 'true' }, 'TRANSPARENT_NETWORK_POLICIES=true', 'XDS_ON_DEMAND=true');
   // FAKE_CA names no CA; one named beside it would be ignored, so the pair is refused.
   await assertConfigError({ FAKE_CA: 'true', CA_ADDRESS: 'https://istiod:15012' }, 'CA_ADDRESS', 'FAKE_CA=true');

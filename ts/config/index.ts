@@ -62,7 +62,7 @@ export interface Config {
     readonly userTimeoutEnabled: boolean;
   };
   readonly http2: { readonly streamWindowSize: number; readonly connectionWindowSize: number; readonly frameSize: number };
-  /** TLS12_ENABLED and COMPLIANCE_POLICY=pqc: HBONE's TLS in and out, and the connections to istiod (ztunnel's provider). */
+  /** TLS12_ENABLED and COMPLIANCE_POLICY (pqc, fips-140-2): HBONE's TLS in and out, and the connections to istiod. */
   readonly tls: TlsPolicy;
   /** Bytes of stream data buffered toward HBONE peers across all connections (STREAM_BUFFER_BUDGET). */
   readonly streamBufferBudget: number;
@@ -184,7 +184,7 @@ export function loadConfig(input: ConfigInput): Config {
   const pc = proxyConfigSettings(proxyConfig, parsed.data);
   const config = resolve(parsed.data, pc, fromFlag, input.cpuCount ?? availableParallelism(), input.allArgs ?? args, input.env.XDG_RUNTIME_DIR);
   const unmet = controlPlaneTlsProblem(config.tls, [config.xdsAddress, config.caAddress]);
-  if (unmet !== null) throw new ConfigError(`invalid configuration: COMPLIANCE_POLICY=pqc: ${unmet}`);
+  if (unmet !== null) throw new ConfigError(`invalid configuration: COMPLIANCE_POLICY=${parsed.data.COMPLIANCE_POLICY ?? ''}: ${unmet}`);
   return deepFreeze({ ...config, ...resolvePrefixed(prefixed.data, pc.metadata) });
 }
 
@@ -267,7 +267,7 @@ function resolve(
       keepaliveRetries: raw.KEEPALIVE_RETRIES ?? D.DEFAULT_SOCKET.keepaliveRetries,
       userTimeoutEnabled: raw.USER_TIMEOUT_ENABLED ?? D.DEFAULT_SOCKET.userTimeoutEnabled,
     },
-    tls: { tls12: raw.TLS12_ENABLED ?? false, pqc: raw.COMPLIANCE_POLICY === 'pqc' },
+    tls: { tls12: raw.TLS12_ENABLED ?? false, pqc: raw.COMPLIANCE_POLICY === 'pqc', fips: raw.COMPLIANCE_POLICY === 'fips-140-2' },
     http2: {
       streamWindowSize: raw.HTTP2_STREAM_WINDOW_SIZE ?? D.DEFAULT_HTTP2_STREAM_WINDOW_SIZE,
       connectionWindowSize: raw.HTTP2_CONNECTION_WINDOW_SIZE ?? D.DEFAULT_HTTP2_CONNECTION_WINDOW_SIZE,

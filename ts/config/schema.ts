@@ -142,8 +142,8 @@ const url = () =>
 export const PROXY_MODES = ['shared', 'dedicated', 'local'] as const;
 export type ProxyMode = (typeof PROXY_MODES)[number];
 export const LOG_FORMATS = ['plain', 'json'] as const;
-/** ztunnel's COMPLIANCE_POLICY values ztunnel-node implements (`fips-140-2` would need a FIPS build). */
-export const COMPLIANCE_POLICIES = ['pqc'] as const;
+/** ztunnel's COMPLIANCE_POLICY values ztunnel-node implements (`fips-140-2` on its FIPS build only). */
+export const COMPLIANCE_POLICIES = ['pqc', 'fips-140-2'] as const;
 export type LogFormat = (typeof LOG_FORMATS)[number];
 
 // Every field is optional: absence means "use the default" (defaults.ts). The description is the --help text.
@@ -173,7 +173,7 @@ const fields = {
   TLS12_ENABLED: bool().optional().describe('TLS 1.2 too (ECDHE AES-GCM), HBONE in and out and toward istiod (false)'),
   COMPLIANCE_POLICY: oneOf(COMPLIANCE_POLICIES)
     .optional()
-    .describe('pqc: X25519MLKEM768 the only key exchange, HBONE in and out and toward istiod (unset: none)'),
+    .describe('pqc: X25519MLKEM768 the only key exchange; fips-140-2: the FIPS build\'s validated module, P-256 the only key exchange; HBONE in and out and toward istiod (unset: none)'),
   HTTP2_STREAM_WINDOW_SIZE: positiveInt(2 ** 31 - 1).optional().describe('HTTP/2 stream window bytes (4194304)'),
   HTTP2_CONNECTION_WINDOW_SIZE: positiveInt(2 ** 31 - 1).optional().describe('HTTP/2 connection window bytes (16777216)'),
   // RFC 9113 §6.5.2: 2^14 to 2^24-1 (the dataplane would refuse anything else, naming its own field).

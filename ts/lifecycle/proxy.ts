@@ -28,6 +28,7 @@ import { formatSocketAddress, type SocketAddress } from '../config/address.js';
 import { LocalConfigLoader, type LocalLoad } from '../config/local-loader.js';
 import { followCrls } from '../ca/crl.js';
 import { readResolvConf, type ResolvConf } from '../config/resolv-conf.js';
+import { nativeTlsProblem } from '../config/tls.js';
 import { createAdminServer } from '../admin/admin-server.js';
 import type { Dashboard } from '../admin/dashboard.js';
 import { MAX_HTTP_CONNECTIONS, boundAddress, capConnections, closeServer, listen, reply, type ServerName } from '../admin/http.js';
@@ -237,6 +238,9 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       log.warn('PROXY_MODE=local without LOCAL_XDS_PATH, LOCAL_XDS or XDS_ADDRESS: there are no workloads to serve');
     }
   }
+  // COMPLIANCE_POLICY=fips-140-2 is the FIPS build's alone: refused by name before anything is bound.
+  const unmet = config.tls.fips ? nativeTlsProblem(config.tls, deps.nativeVersion().cryptoProvider) : null;
+  if (unmet !== null) throw new ConfigError(`invalid configuration: ${unmet}`);
   // Read and validated off the main thread while the servers come up; awaited before anything is created.
   const loader = LocalConfigLoader.open(config);
   const firstLoad: Promise<LocalLoad | null> = loader?.load() ?? Promise.resolve(null);

@@ -114,7 +114,7 @@ export function channelCredentials(t: ControlPlaneTarget): grpc.ChannelCredentia
     return checkServerIdentity(alt, cert) === undefined ? undefined : err;
   };
   // No `ca` (SYSTEM) is Node's default roots, as grpc-js's createSsl(null).
-  const context = createSecureContext({ ...controlPlaneTls(t.tls ?? { tls12: false, pqc: false }), ...(roots !== null && { ca: roots }) });
+  const context = createSecureContext({ ...controlPlaneTls(t.tls ?? { tls12: false, pqc: false, fips: false }), ...(roots !== null && { ca: roots }) });
   return new ControlPlaneCredentials(context, host, checkIdentity);
 }
 

@@ -129,6 +129,10 @@ pub struct TlsPolicy {
     pub tls12: bool,
     /// X25519MLKEM768 the only key exchange.
     pub pqc: bool,
+    /// COMPLIANCE_POLICY=fips-140-2: the FIPS build's validated module, asserted at start, with P-256 the one key
+    /// exchange (Istio's fips-140-2 curve); refused by a build without it.
+    #[serde(default)]
+    pub fips: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

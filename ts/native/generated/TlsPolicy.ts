@@ -12,4 +12,9 @@ tls12: boolean,
 /**
  * X25519MLKEM768 the only key exchange.
  */
-pqc: boolean, };
+pqc: boolean, 
+/**
+ * COMPLIANCE_POLICY=fips-140-2: the FIPS build's validated module, asserted at start, with P-256 the one key
+ * exchange (Istio's fips-140-2 curve); refused by a build without it.
+ */
+fips: boolean, };

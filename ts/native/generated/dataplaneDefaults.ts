@@ -46,6 +46,7 @@ export const DATAPLANE_DEFAULTS: DataplaneConfig = {
   },
   "tls": {
     "tls12": false,
-    "pqc": false
+    "pqc": false,
+    "fips": false
   }
 };

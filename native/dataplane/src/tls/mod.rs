@@ -36,12 +36,19 @@ pub fn tls_socket(tcp: tokio::net::TcpStream) -> TlsSocket {
     TlsSocket::new(tcp, SOCKET_READ_BUFFER)
 }
 
-#[cfg(feature = "aws-lc-rs")]
+#[cfg(feature = "fips")]
+pub const CRYPTO_PROVIDER: &str = "aws-lc-rs-fips";
+#[cfg(all(feature = "aws-lc-rs", not(feature = "fips")))]
 pub const CRYPTO_PROVIDER: &str = "aws-lc-rs";
 #[cfg(all(feature = "ring", not(feature = "aws-lc-rs")))]
 pub const CRYPTO_PROVIDER: &str = "ring";
 
-#[cfg(feature = "aws-lc-rs")]
+/// The FIPS build's provider: aws-lc-rs's validated module, whatever the policy (rustls' FIPS defaults).
+#[cfg(feature = "fips")]
+fn base_provider() -> CryptoProvider {
+    rustls::crypto::default_fips_provider()
+}
+#[cfg(all(feature = "aws-lc-rs", not(feature = "fips")))]
 fn base_provider() -> CryptoProvider {
     rustls::crypto::aws_lc_rs::default_provider()
 }
@@ -72,7 +79,26 @@ pub fn provider_for(policy: crate::config::TlsPolicy) -> Result<Arc<CryptoProvid
     if policy.pqc {
         p.kx_groups = pqc_groups()?;
     }
+    if policy.fips {
+        p.kx_groups = fips_groups()?;
+        if !p.fips() {
+            return Err("COMPLIANCE_POLICY=fips-140-2: the crypto provider does not report FIPS mode".into());
+        }
+    }
     Ok(Arc::new(p))
+}
+
+/// COMPLIANCE_POLICY=fips-140-2's key exchange: P-256, as Istio's fips-140-2 policy has it for its proxies.
+#[cfg(feature = "fips")]
+fn fips_groups() -> Result<Vec<&'static dyn rustls::crypto::SupportedKxGroup>, String> {
+    Ok(vec![rustls::crypto::aws_lc_rs::kx_group::SECP256R1])
+}
+#[cfg(not(feature = "fips"))]
+fn fips_groups() -> Result<Vec<&'static dyn rustls::crypto::SupportedKxGroup>, String> {
+    Err(format!(
+        "COMPLIANCE_POLICY=fips-140-2 needs the FIPS build (cargo feature `fips`, the release's -fips image); this one's \
+         crypto provider is {CRYPTO_PROVIDER}"
+    ))
 }
 
 #[cfg(feature = "aws-lc-rs")]
@@ -208,9 +234,13 @@ mod tests {
         let default = provider();
         assert_eq!(suites(&default), [S::TLS13_AES_256_GCM_SHA384, S::TLS13_AES_128_GCM_SHA256]);
         assert_eq!(versions(&default), &[&rustls::version::TLS13]);
-        assert!(default.kx_groups.iter().any(|g| g.name() == NamedGroup::X25519), "classical by default");
+        // X25519 is not a FIPS-approved group: a FIPS build keeps rustls' FIPS defaults (P-256 and P-384 among them),
+        // which the default build also offers, so the two still meet.
+        let x25519 = default.kx_groups.iter().any(|g| g.name() == NamedGroup::X25519);
+        assert_eq!(x25519, !cfg!(feature = "fips"), "classical by default");
+        assert!(default.kx_groups.iter().any(|g| g.name() == NamedGroup::secp256r1));
 
-        let tls12 = provider_for(TlsPolicy { tls12: true, pqc: false }).unwrap();
+        let tls12 = provider_for(TlsPolicy { tls12: true, pqc: false, fips: false }).unwrap();
         assert_eq!(
             suites(&tls12),
             [
@@ -226,12 +256,29 @@ mod tests {
 
         #[cfg(feature = "aws-lc-rs")]
         {
-            let pqc = provider_for(TlsPolicy { tls12: false, pqc: true }).unwrap();
+            let pqc = provider_for(TlsPolicy { tls12: false, pqc: true, fips: false }).unwrap();
             let groups: Vec<NamedGroup> = pqc.kx_groups.iter().map(|g| g.name()).collect();
             assert_eq!(groups, [NamedGroup::X25519MLKEM768]);
             assert_eq!(suites(&pqc), suites(&default));
         }
         #[cfg(not(feature = "aws-lc-rs"))]
-        assert!(provider_for(TlsPolicy { tls12: false, pqc: true }).unwrap_err().contains("COMPLIANCE_POLICY=pqc"));
+        assert!(provider_for(TlsPolicy { tls12: false, pqc: true, fips: false })
+            .unwrap_err()
+            .contains("COMPLIANCE_POLICY=pqc"));
+    }
+
+    #[test]
+    fn fips_140_2_needs_the_fips_build_and_keeps_p256_alone() {
+        let fips = provider_for(TlsPolicy { tls12: false, pqc: false, fips: true });
+        #[cfg(feature = "fips")]
+        {
+            let p = fips.unwrap();
+            assert!(p.fips(), "the validated module, in FIPS mode");
+            assert_eq!(p.kx_groups.iter().map(|g| g.name()).collect::<Vec<_>>(), [NamedGroup::secp256r1]);
+            assert_eq!(suites(&p), suites(&provider()));
+            assert!(provider().fips(), "a FIPS build's default provider is the validated module too");
+        }
+        #[cfg(not(feature = "fips"))]
+        assert!(fips.unwrap_err().contains("needs the FIPS build"));
     }
 }
