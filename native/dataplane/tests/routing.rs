@@ -213,6 +213,40 @@ fn failover_network_region_zone_prefers_the_same_zone() {
     assert_eq!(chosen(&lb_world(lb, &sick), 20), vec!["other-zone"]);
 }
 
+/// NETWORK ranks as every scope does in ztunnel (`load_balance` in its src/state.rs, read at 0eff13c): Failover
+/// prefers the client's network and falls back to an endpoint behind another network's gateway; Strict keeps only the
+/// client's network and fails without one.
+#[test]
+fn network_is_preferred_under_failover_and_required_under_strict_as_in_ztunnel() {
+    let world = |mode: &str, here_status: &str| {
+        let lb = json!({"routingPreferences": ["Network"], "mode": mode});
+        let member = json!({svc_key("lb", "default"): {"80": 8080}});
+        let w = vec![
+            sleep(),
+            workload("here", "default", "lb", "10.0.3.1", json!({"services": member, "status": here_status})),
+            workload(
+                "far",
+                "default",
+                "lb",
+                "10.9.3.1",
+                json!({"services": member, "network": "west",
+                       "networkGateway": {"destination": "west/192.0.2.1", "hboneMtlsPort": 15008}}),
+            ),
+            workload("eastwest", "istio-system", "istio-eastwestgateway", "192.0.2.1", json!({"network": "west"})),
+        ];
+        let vips = json!({"loadBalancer": lb, "vips": ["/10.96.3.1", "west/10.96.3.1"]});
+        state(w, vec![service("lb", "default", "10.96.3.1", json!({"80": 8080}), vips)])
+    };
+    assert_eq!(chosen(&world("Failover", "Healthy"), 20), vec!["here"]);
+    assert_eq!(chosen(&world("Failover", "Unhealthy"), 20), vec!["eastwest"], "through the other network's gateway");
+    assert_eq!(chosen(&world("Strict", "Healthy"), 20), vec!["here"]);
+    let strict = world("Strict", "Unhealthy");
+    assert_eq!(
+        route(&strict, "sleep", SRC_IP, "10.96.3.1:80", 0).unwrap_err(),
+        RouteError::NoHealthyUpstream(svc_key("lb", "default"), 80)
+    );
+}
+
 #[test]
 fn strict_node_keeps_only_endpoints_on_the_clients_node_and_fails_without_one() {
     // internalTrafficPolicy: Local.
