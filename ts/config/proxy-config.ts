@@ -30,7 +30,7 @@
 //   `DNS_CAPTURE` (the DNS proxy, on unless not "true") and `DNS_PROXY_ADDR` (where it listens; a bad address stops
 //   ztunnel); CLUSTER_ID and ISTIO_VERSION come from the variables alone. All of it is XDS node metadata.
 import { existsSync, readFileSync } from 'node:fs';
-import { parse as parseYaml } from 'yaml';
+import { createRequire } from 'node:module';
 import { z } from 'zod';
 import { ConfigError } from '../errors.js';
 import type { SocketAddress } from './address.js';
@@ -104,9 +104,18 @@ function quote(v: unknown): string {
   return s === undefined ? String(v) : s;
 }
 
+/**
+ * The `yaml` package (a dependency for these two documents only), loaded on first use: a daemon without PROXY_CONFIG
+ * or a mesh config file never loads it (the local config's YAML is the native module's).
+ */
+function parseYaml(text: string): unknown {
+  const yaml = createRequire(import.meta.url)('yaml') as typeof import('yaml');
+  return yaml.parse(text) as unknown;
+}
+
 function parseYamlText(text: string, label: string): unknown {
   try {
-    return parseYaml(text) as unknown;
+    return parseYaml(text);
   } catch (err) {
     const first = ((err instanceof Error ? err.message : String(err)).split('\n')[0] ?? '').replace(/:$/, '');
     throw invalid(label, `not valid YAML: ${first}`);
