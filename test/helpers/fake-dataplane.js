@@ -15,6 +15,7 @@ export function fakeDataplane(overrides = {}, { nodeName = 'node-a' } = {}) {
     applyLocal: async (ticket, chunks) => (log.push(['applyLocal', { ticket, chunks }]), real.applyLocal(ticket, chunks)),
     applyAddresses: async (resources, removed) => (log.push(['applyAddresses', { resources: resources.length, removed }]), real.applyAddresses(resources, removed)),
     meshDump: () => real.meshDump(),
+    outliers: () => real.outliers(),
     localDump: () => real.localDump(),
     // The fake binds no listener, so the real dataplane serves no local workload: an empty map.
     localWorkloadState: () => real.localWorkloadState(),

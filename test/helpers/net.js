@@ -81,6 +81,7 @@ export const BLOCKS = Object.freeze({
   'fake-ca': 84,
   'root-rotation': 85,
   'trust-domains': 86,
+  resilience: 87,
 });
 
 /** Addresses of one file's block. */

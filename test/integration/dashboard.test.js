@@ -99,6 +99,7 @@ if (chromium !== null) {
     await shows('#connections tr', ['default/sleep', 'out', `${ECHO}:15008`, 'HBONE']);
     await shows('#connections tr', ['default/echo', 'in', `${ECHO}:${PORT}`, 'HBONE']);
     await shows('#t-tunnels', ['1 in / 1 out']);
+    await shows('#t-resilience', ['0 retried / 0 ejected']);
 
     // A denial the test provokes: port 9090 is denied by default/deny-9090 (SOCKS5 "not allowed" after the 401).
     const denied = await socks5Request({ socks: { host: SLEEP, port: 15080 }, dest: { host: ECHO, port: DENIED_PORT } });

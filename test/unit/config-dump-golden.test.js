@@ -42,8 +42,10 @@ test('config_dump of a ztunnel-written local config has the shape ztunnel gives 
       assert.deepEqual(dump[key], expected[key], key);
       assert.equal(JSON.stringify(dump[key]), JSON.stringify(expected[key]), `${key}: key order`);
     }
+    // ztunnel's keys in its order, then ours (README "Resilience").
     assert.deepEqual(Object.keys(dump), [
       'workloads', 'services', 'policies', 'stagedServices', 'staticConfig', 'certificates', 'config', 'version', 'workloadState',
+      'outliers',
     ]);
   } finally {
     await proxy.shutdown('immediate', 'test');

@@ -41,6 +41,7 @@ function fakeSource() {
       socketsOpen: { source: 0, destination: 0 },
       tunnels: { inboundActive: 0, outboundActive: 0 },
       authorization: { denied: 0, closedByPolicyChange: 0 },
+      resilience: { connectRetries: 0, ejections: 0, ejectedEndpoints: 0 },
     },
     state: {},
   };
@@ -128,6 +129,7 @@ test('a page gets a snapshot on connect, then updates with the rates between met
     { labels: labels('destination'), opened: 2, closed: 2, failed: 0, sent: 100, received: 100 },
   ];
   s.snapshot.tunnels = { inboundActive: 1, outboundActive: 2 };
+  s.snapshot.resilience = { connectRetries: 7, ejections: 3, ejectedEndpoints: 2 };
   s.snapshot.socketsOpen = { source: 2, destination: 0 };
   s.state = { u1: { info: { name: 'sleep', namespace: 'default', serviceAccount: 'sleep' }, state: 'Up', connections: { inbound: [], outbound: [{ src: '10.0.0.1:5000', originalDst: '10.0.0.2:80', actualDst: '10.0.0.2:15008', protocol: 'HBONE' }] } } };
 
@@ -140,6 +142,7 @@ test('a page gets a snapshot on connect, then updates with the rates between met
   assert.deepEqual(snap.data.workloads, { total: 1, items: [{ uid: 'u1', name: 'sleep', namespace: 'default', identity: ID('sleep'), protocol: 'HBONE', ips: ['10.0.0.1'] }] });
   assert.deepEqual(snap.data.certificates.items, s.certs);
   assert.deepEqual(snap.data.tunnels, { inbound: 1, outbound: 2 });
+  assert.deepEqual(snap.data.resilience, { retries: 7, ejected: 2 }, 'connect retries and the endpoints ejected now');
   assert.deepEqual(snap.data.open, { inbound: 0, outbound: 2 });
   // Only the label set with connections open now, with both identities.
   assert.deepEqual(snap.data.flows, {

@@ -145,6 +145,7 @@ const SCRIPT = String.raw`
     $('t-open').textContent = state.open.inbound + ' in / ' + state.open.outbound + ' out';
     $('t-rate').textContent = last ? bytes(last.inboundBps + last.outboundBps) + '/s' : '–';
     $('t-denied').textContent = String(Math.round(denied));
+    $('t-resilience').textContent = state.resilience.retries + ' retried / ' + state.resilience.ejected + ' ejected';
   }
 
   function renderFlows() {
@@ -363,6 +364,7 @@ const BODY = `
     <div class="tile"><div class="v" id="t-open">–</div><div class="k">connections open</div></div>
     <div class="tile"><div class="v" id="t-rate">–</div><div class="k">throughput now</div></div>
     <div class="tile"><div class="v" id="t-denied">–</div><div class="k">denied, last 10 min</div></div>
+    <div class="tile"><div class="v" id="t-resilience">–</div><div class="k">connects retried / endpoints ejected</div></div>
   </section>
   <section>
     <h2>Throughput</h2>

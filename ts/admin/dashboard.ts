@@ -109,6 +109,8 @@ export interface DashboardState {
   certificates: Listed<CertificateSummary>;
   tunnels: { inbound: number; outbound: number };
   open: { inbound: number; outbound: number };
+  /** Connect retries so far, and endpoints ejected now (README "Resilience"). */
+  resilience: { retries: number; ejected: number };
   flows: Listed<Flow>;
   connections: Listed<LiveConnection>;
 }
@@ -326,6 +328,7 @@ export class Dashboard {
       certificates: { total: certificates.length, items: certificates.slice(0, LIST_LIMIT) },
       tunnels: { inbound: metrics?.tunnels.inboundActive ?? 0, outbound: metrics?.tunnels.outboundActive ?? 0 },
       open: { inbound: metrics?.socketsOpen.destination ?? 0, outbound: metrics?.socketsOpen.source ?? 0 },
+      resilience: { retries: metrics?.resilience.connectRetries ?? 0, ejected: metrics?.resilience.ejectedEndpoints ?? 0 },
       flows: flowsOf(metrics),
       connections: connectionsOf(source.workloadState()),
     };

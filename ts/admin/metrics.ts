@@ -37,7 +37,7 @@ type Registry<T extends RegistryContentType> = PromClient.Registry<T>;
  * open sockets are always there: before the first read, and from test doubles, the rest may be missing.
  */
 export type ScrapeSnapshot = Pick<MetricsSnapshot, 'socketsOpen'> &
-  Partial<Pick<MetricsSnapshot, 'runtime' | 'dns' | 'buffers' | 'traffic'>> & {
+  Partial<Pick<MetricsSnapshot, 'runtime' | 'dns' | 'buffers' | 'traffic' | 'resilience'>> & {
     tunnels?: Partial<TunnelCounters>;
     authorization?: Partial<AuthorizationCounters>;
     crl?: CrlCounters;
@@ -396,6 +396,33 @@ export class Metrics {
         },
       });
     }
+    // Beyond ztunnel: connect retries and outlier ejection (native proxy/outlier.rs).
+    new Counter({
+      name: 'ztunnel_node_connect_retries_total',
+      help: 'Service-addressed connects tried again on another endpoint after the chosen one failed before the tunnel',
+      registers: [reg],
+      collect() {
+        this.reset();
+        this.inc(current().resilience?.connectRetries ?? 0);
+      },
+    });
+    new Counter({
+      name: 'ztunnel_node_outlier_ejections_total',
+      help: 'Endpoints ejected after consecutive connect failures',
+      registers: [reg],
+      collect() {
+        this.reset();
+        this.inc(current().resilience?.ejections ?? 0);
+      },
+    });
+    new Gauge({
+      name: 'ztunnel_node_outlier_ejected_endpoints',
+      help: 'Endpoints ejected now (skipped by load balancing until their ejection time is up)',
+      registers: [reg],
+      collect() {
+        this.set(current().resilience?.ejectedEndpoints ?? 0);
+      },
+    });
     registerDnsMetrics(reg, () => current().dns);
     new Counter({
       name: 'ztunnel_node_hbone_connections_refused_total',

@@ -49,6 +49,14 @@ export const HANDSHAKE_TIMEOUT_MS = DP.handshakeTimeoutMs;
 /** Upstream connect timeout (ztunnel's); long enough for a cold peer, short enough to surface NetworkPolicy drops. */
 export const DEFAULT_CONNECTION_TIMEOUT_MS = DP.connectTimeoutMs;
 /**
+ * Connect retry and outlier ejection (beyond ztunnel): three attempts in all (a dead endpoint of three costs no
+ * client connection), ejection after five consecutive failures for 30 s × the ejections so far, at most 300 s (Envoy's
+ * consecutive_gateway_failure, base_ejection_time and max_ejection_time); at most half a service's candidates
+ * skipped (Envoy's max_ejection_percent is 10, which on the handful of endpoints a node proxy picks among would
+ * leave a dead one of three in play).
+ */
+export const DEFAULT_RESILIENCE = DP.resilience;
+/**
  * How long a live inbound connection is left unjudged while its workload names an authorization policy that has not
  * arrived. istiod sends the workload's new reference about half a millisecond before the policy itself; a second
  * covers that and a loaded control plane, and bounds how long a policy that never comes can leave traffic unjudged.

@@ -14,6 +14,7 @@ import { refusedSettings } from './istio-env.js';
 import { loadProxyConfig, proxyConfigSettings, withPort, type ProxyConfigSettings } from './proxy-config.js';
 import { controlPlaneTlsProblem, type TlsPolicy } from './tls.js';
 import { readResolverFacts, ztunnelConfigDump } from './ztunnel-dump.js';
+import type { ResilienceConfig } from '../native/generated/ResilienceConfig.js';
 import {
   CONFIG_KEYS,
   MAX_WORKER_THREADS,
@@ -67,6 +68,8 @@ export interface Config {
   /** Bytes of stream data buffered toward HBONE peers across all connections (STREAM_BUFFER_BUDGET). */
   readonly streamBufferBudget: number;
   readonly connectionTimeoutMs: number;
+  /** Connect retry and outlier ejection (CONNECT_RESILIENCE and its settings); off: 1 attempt, no ejection. */
+  readonly resilience: ResilienceConfig;
   readonly missingPolicyGraceMs: number;
   readonly localhostAppTunnel: boolean;
   readonly enableResponseBaggage: boolean;
@@ -275,6 +278,7 @@ function resolve(
     },
     streamBufferBudget: raw.STREAM_BUFFER_BUDGET ?? D.DEFAULT_STREAM_BUFFER_BUDGET,
     connectionTimeoutMs: Math.ceil(raw.CONNECTION_TIMEOUT ?? D.DEFAULT_CONNECTION_TIMEOUT_MS),
+    resilience: resilience(raw),
     missingPolicyGraceMs: Math.ceil(raw.MISSING_POLICY_GRACE ?? D.DEFAULT_MISSING_POLICY_GRACE_MS),
     localhostAppTunnel: raw.LOCALHOST_APP_TUNNEL ?? true,
     enableResponseBaggage: raw.ENABLE_RESPONSE_BAGGAGE ?? true,
@@ -322,6 +326,21 @@ function resolve(
     podName: raw.POD_NAME ?? null,
     podNamespace: raw.POD_NAMESPACE ?? null,
     serviceAccount: raw.SERVICE_ACCOUNT ?? null,
+  };
+}
+
+/** CONNECT_RESILIENCE and its settings; off is one attempt and no ejection (ztunnel's connect). */
+function resilience(raw: RawConfig): ResilienceConfig {
+  const d = D.DEFAULT_RESILIENCE;
+  if (raw.CONNECT_RESILIENCE === false) return { ...d, connectAttempts: 1, consecutiveFailures: 0 };
+  const base = raw.OUTLIER_BASE_EJECTION_TIME ?? d.baseEjectionMs;
+  return {
+    connectAttempts: raw.CONNECT_ATTEMPTS ?? d.connectAttempts,
+    consecutiveFailures: raw.OUTLIER_CONSECUTIVE_FAILURES ?? d.consecutiveFailures,
+    baseEjectionMs: Math.ceil(base),
+    // A base set above the default maximum raises the maximum with it.
+    maxEjectionMs: Math.ceil(raw.OUTLIER_MAX_EJECTION_TIME ?? Math.max(d.maxEjectionMs, base)),
+    maxEjectionPercent: raw.OUTLIER_MAX_EJECTION_PERCENT ?? d.maxEjectionPercent,
   };
 }
 

@@ -182,6 +182,12 @@ const fields = {
     .optional()
     .describe("ztunnel-node's own: bytes of stream data buffered toward HBONE peers across all connections (268435456)"),
   CONNECTION_TIMEOUT: duration().optional().describe('upstream connect timeout (10s)'),
+  CONNECT_RESILIENCE: bool().optional().describe('connect retry and outlier ejection of service-addressed connections; false: ztunnel\'s behaviour (true)'),
+  CONNECT_ATTEMPTS: positiveInt(10).optional().describe('attempts of a service-addressed connect, each on another endpoint, within CONNECTION_TIMEOUT (3)'),
+  OUTLIER_CONSECUTIVE_FAILURES: nonNegativeInt(1000).optional().describe('consecutive connect failures that eject an endpoint; 0: no ejection (5)'),
+  OUTLIER_BASE_EJECTION_TIME: duration(1_000).optional().describe('the first ejection\'s length; the n-th lasts n times as long (30s)'),
+  OUTLIER_MAX_EJECTION_TIME: duration(1_000).optional().describe('the longest ejection (300s)'),
+  OUTLIER_MAX_EJECTION_PERCENT: nonNegativeInt(100).optional().describe('the share of a service\'s endpoints that may be skipped for being ejected, rounded up, never all (50)'),
   MISSING_POLICY_GRACE: duration().optional().describe('how long live connections wait for a named policy that has not arrived (1s)'),
   CONNECTION_TERMINATION_DEADLINE: duration().optional().describe('drain deadline (default from TERMINATION_GRACE_PERIOD_SECONDS, else 5s)'),
   TERMINATION_GRACE_PERIOD_SECONDS: nonNegativeInt().optional().describe('pod grace period; drain deadline N-5s if N>10 else N-1s (min 1s)'),
@@ -306,6 +312,15 @@ export const configSchema = z.object(fields).superRefine((raw, ctx) => {
   }
   if (raw.ENABLE_PROXY === false && raw.UNSTABLE_ENABLE_SOCKS5 === true) {
     ctx.addIssue({ code: 'custom', path: ['UNSTABLE_ENABLE_SOCKS5'], message: 'is a proxy: ENABLE_PROXY=false runs the DNS proxy alone (unset one of them)' });
+  }
+  if (raw.CONNECT_RESILIENCE === false) {
+    // Off is ztunnel's behaviour: a setting of the feature beside it would be ignored, so neither is.
+    for (const k of ['CONNECT_ATTEMPTS', 'OUTLIER_CONSECUTIVE_FAILURES', 'OUTLIER_BASE_EJECTION_TIME', 'OUTLIER_MAX_EJECTION_TIME', 'OUTLIER_MAX_EJECTION_PERCENT'] as const) {
+      if (raw[k] !== undefined) ctx.addIssue({ code: 'custom', path: [k], message: 'is a setting of CONNECT_RESILIENCE, which is false (unset one of them)' });
+    }
+  }
+  if (raw.OUTLIER_BASE_EJECTION_TIME !== undefined && raw.OUTLIER_MAX_EJECTION_TIME !== undefined && raw.OUTLIER_MAX_EJECTION_TIME < raw.OUTLIER_BASE_EJECTION_TIME) {
+    ctx.addIssue({ code: 'custom', path: ['OUTLIER_MAX_EJECTION_TIME'], message: 'is shorter than OUTLIER_BASE_EJECTION_TIME' });
   }
   if (raw.FAKE_CA === true && raw.CA_ADDRESS !== undefined) {
     // ztunnel drops CA_ADDRESS under FAKE_CA without a word; here one of them would be ignored, so neither is.

@@ -86,6 +86,7 @@ export type DataplanePort = Pick<
   | 'startInpod'
   | 'startDedicated'
   | 'startSelfInbound'
+  | 'outliers'
   | 'inpodState'
   | 'drainEvents'
   | 'setEventLevels'
@@ -179,6 +180,7 @@ export function dataplaneConfig(config: Config, resolv: ResolvConf = { nameserve
     tls: { ...config.tls },
     http2: { ...config.http2 },
     connectTimeoutMs: config.connectionTimeoutMs,
+    resilience: { ...config.resilience },
     handshakeTimeoutMs: HANDSHAKE_TIMEOUT_MS,
     missingPolicyGraceMs: config.missingPolicyGraceMs,
     localhostAppTunnel: config.localhostAppTunnel,
@@ -526,6 +528,8 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
         config: configForDump(config),
         version: buildInfo(version, config.istioVersion),
         workloadState: workloadState(),
+        // Beyond ztunnel, after its keys: the endpoints outlier detection tracks (ejected ones with the time left).
+        outliers: dp?.outliers() ?? [],
         };
       },
       dashboard: {

@@ -103,6 +103,8 @@ export declare class Dataplane {
    */
   setEventLevels(access: string, dataplane: string, dns: string): void
   drainEvents(): string
+  /** The endpoints outlier detection tracks: JSON `OutlierEndpoint[]` (config_dump's `outliers`). */
+  outliers(): string
   certificates(): string
   listeners(): string
   /**

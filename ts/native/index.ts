@@ -11,6 +11,7 @@ import type { LogLevel } from '../log/filter.js';
 import type {
   DedicatedSpec,
   SelfInboundSpec,
+  OutlierEndpoint,
   HandoverReport,
   InPodConfig,
   InPodState,
@@ -316,6 +317,11 @@ export class Dataplane {
   /** Dedicated mode: capture listeners for one workload in the daemon's own network namespace. */
   startDedicated(spec: DedicatedSpec): Promise<void> {
     return callAsync(() => this.inner.startDedicated(JSON.stringify(spec)));
+  }
+
+  /** The endpoints outlier detection tracks, by uid (config_dump's `outliers`). */
+  outliers(): OutlierEndpoint[] {
+    return JSON.parse(call(() => this.inner.outliers())) as OutlierEndpoint[];
   }
 
   /** Shared mode: the daemon's own inbound HBONE listener (ztunnel's self-proxy); resolves the address bound. */

@@ -86,6 +86,8 @@ export type { BoundListeners } from './generated/BoundListeners.js';
 export type { InPodConfig } from './generated/InPodConfig.js';
 export type { DedicatedSpec } from './generated/DedicatedSpec.js';
 export type { SelfInboundSpec } from './generated/SelfInboundSpec.js';
+export type { OutlierEndpoint } from './generated/OutlierEndpoint.js';
+export type { ResilienceConfig } from './generated/ResilienceConfig.js';
 export type { OrigSrc } from './generated/OrigSrc.js';
 export type { InPodState } from './generated/InPodState.js';
 export type { InPodWorkload } from './generated/InPodWorkload.js';

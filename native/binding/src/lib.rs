@@ -272,6 +272,12 @@ impl Dataplane {
         self.inner.drain_events_json()
     }
 
+    /// The endpoints outlier detection tracks: JSON `OutlierEndpoint[]` (config_dump's `outliers`).
+    #[napi]
+    pub fn outliers(&self) -> String {
+        self.inner.outliers_json()
+    }
+
     #[napi]
     pub fn certificates(&self) -> String {
         self.inner.certificates_json()

@@ -191,6 +191,53 @@ pub struct Config {
     pub socket: SocketConfig,
     /// TLS12_ENABLED and COMPLIANCE_POLICY.
     pub tls: TlsPolicy,
+    /// Connect retry and passive outlier ejection (beyond ztunnel).
+    pub resilience: ResilienceConfig,
+}
+
+/// Connect retry and passive outlier ejection of service-addressed outbound connections (beyond ztunnel; README
+/// "Resilience"). `connectAttempts` 1 and `consecutiveFailures` 0 are ztunnel's behaviour.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ResilienceConfig {
+    /// Attempts of one service-addressed connect in all, each on an endpoint not tried yet, within the connect
+    /// timeout (1: no retry).
+    pub connect_attempts: u32,
+    /// Consecutive connect failures that eject an endpoint (Envoy's `consecutive_gateway_failure`; 0: none).
+    pub consecutive_failures: u32,
+    /// The first ejection's length; the n-th lasts n times as long (Envoy's `base_ejection_time`).
+    #[cfg_attr(test, ts(type = "number"))]
+    pub base_ejection_ms: u64,
+    /// The longest ejection (Envoy's `max_ejection_time`).
+    #[cfg_attr(test, ts(type = "number"))]
+    pub max_ejection_ms: u64,
+    /// The share of a service's candidate endpoints that may be skipped for being ejected (rounded up, never all).
+    pub max_ejection_percent: u32,
+}
+
+impl Default for ResilienceConfig {
+    fn default() -> Self {
+        ResilienceConfig {
+            connect_attempts: 3,
+            consecutive_failures: 5,
+            base_ejection_ms: 30_000,
+            max_ejection_ms: 300_000,
+            max_ejection_percent: 50,
+        }
+    }
+}
+
+impl ResilienceConfig {
+    pub fn outliers(&self) -> crate::proxy::outlier::OutlierConfig {
+        crate::proxy::outlier::OutlierConfig {
+            consecutive_failures: self.consecutive_failures,
+            base_ejection: Duration::from_millis(self.base_ejection_ms),
+            max_ejection: Duration::from_millis(self.max_ejection_ms),
+            max_ejection_percent: self.max_ejection_percent,
+        }
+    }
 }
 
 /// The dataplane's defaults: the one table of them. Its Rust tests, examples and benches use it directly (and a JSON
@@ -223,6 +270,7 @@ impl Default for Config {
             stream_buffer_budget: crate::budget::DEFAULT_LIMIT,
             socket: SocketConfig::default(),
             tls: TlsPolicy::default(),
+            resilience: ResilienceConfig::default(),
         }
     }
 }
@@ -253,6 +301,16 @@ impl Config {
         }
         if ka.keepalive_enabled && (ka.keepalive_retries == 0 || ka.keepalive_retries > 127) {
             return range("socket.keepaliveRetries", format!("{} is not in 1..=127", ka.keepalive_retries));
+        }
+        let r = &self.resilience;
+        if r.connect_attempts == 0 || r.connect_attempts > 10 {
+            return range("resilience.connectAttempts", format!("{} is not in 1..=10", r.connect_attempts));
+        }
+        if r.max_ejection_percent > 100 {
+            return range("resilience.maxEjectionPercent", format!("{} is over 100", r.max_ejection_percent));
+        }
+        if r.consecutive_failures > 0 && (r.base_ejection_ms == 0 || r.max_ejection_ms < r.base_ejection_ms) {
+            return range("resilience", "the ejection times must be positive, the maximum at least the base".into());
         }
         if self.pool_max_streams_per_connection == 0 {
             return range("poolMaxStreamsPerConnection", "must be at least 1".into());

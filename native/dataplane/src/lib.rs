@@ -258,7 +258,8 @@ impl Dataplane {
             CertStore::new(tls::provider_for(cfg.tls).map_err(DataplaneError::Spec)?)
                 .with_trust_domains(identity::TrustDomains::new(cfg.trust_domain_aliases.clone())),
         );
-        let metrics = Arc::new(Metrics::with_crl(certs.revocations().counters.clone()));
+        let outliers = Arc::new(proxy::outlier::Outliers::new(cfg.resilience.outliers()));
+        let metrics = Arc::new(Metrics::with_crl(certs.revocations().counters.clone()).with_outliers(outliers.clone()));
         let events = Arc::new(Events::default());
         metrics.budget.configure(cfg.stream_buffer_budget, events.clone());
         let pool = Pool::new(cfg.clone(), certs.clone(), metrics.clone(), events.clone(), drain.clone());
@@ -276,6 +277,7 @@ impl Dataplane {
             preserve_source: false,
             silos,
             handover: Arc::default(),
+            outliers,
         });
         pi.pool.set_inputs(&pi);
         let reevaluator = Arc::new(proxy::reevaluation::Reevaluator::default());
@@ -389,6 +391,13 @@ impl Dataplane {
             let mut state = self.pi.state.write();
             let kept = before(&state, &mut valid);
             state.drop_unchanged(&mut valid);
+            // What istiod says anew of an endpoint ends its ejection: healthy again (a new pod, a new status), or gone.
+            if !self.pi.outliers.is_idle() {
+                let healthy = valid.workloads.iter().filter(|w| w.status == state::WorkloadStatus::Healthy);
+                for uid in healthy.map(|w| &*w.uid).chain(valid.removed_workloads.iter().map(String::as_str)) {
+                    self.pi.outliers.forget(uid);
+                }
+            }
             let scope = proxy::reevaluation::Scope::of_change(&state, &valid);
             let applied = state.apply_valid(valid);
             after(&mut state, kept);
@@ -723,6 +732,11 @@ impl Dataplane {
 
     pub fn drain_events_json(&self) -> String {
         self.pi.events.drain_json()
+    }
+
+    /// The endpoints outlier detection tracks (JSON `OutlierEndpoint[]`, by uid): config_dump's `outliers`.
+    pub fn outliers_json(&self) -> String {
+        serde_json::to_string(&self.pi.outliers.dump()).expect("serializable")
     }
 
     pub fn certificates_json(&self) -> String {

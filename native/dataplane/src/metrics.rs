@@ -330,6 +330,8 @@ pub struct Metrics {
     pub crl: Arc<crate::tls::revocation::CrlCounters>,
     /// The node's budget for stream data buffered toward peers (shared by every proxy).
     pub budget: Arc<crate::budget::Budget>,
+    /// Connect retries and outlier ejection: the node's detector (shared with the proxies' inputs).
+    pub outliers: Arc<crate::proxy::outlier::Outliers>,
 }
 
 /// One label set's connection counters (cumulative since the dataplane started).
@@ -373,6 +375,7 @@ pub struct SnapshotJson<'a> {
     tunnels: TunnelsJson,
     authorization: AuthorizationJson,
     crl: CrlJson,
+    resilience: ResilienceJson,
     dns: &'a crate::dns::metrics::DnsSnapshot<'a>,
     buffers: BuffersJson,
     /// When asked for (`metrics({ trafficText: true })`, the scrape): the traffic counters as OpenMetrics text
@@ -451,6 +454,25 @@ struct AuthorizationJson {
     closed_by_policy_change: u64,
 }
 
+/// Connect retries and outlier ejection (beyond ztunnel).
+#[derive(Serialize)]
+#[cfg_attr(
+    test,
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "ResilienceCounters")
+)]
+#[serde(rename_all = "camelCase")]
+struct ResilienceJson {
+    /// Service-addressed connects tried again on another endpoint.
+    #[cfg_attr(test, ts(type = "number"))]
+    connect_retries: u64,
+    /// Endpoints ejected after consecutive connect failures.
+    #[cfg_attr(test, ts(type = "number"))]
+    ejections: u64,
+    /// Endpoints ejected now.
+    ejected_endpoints: usize,
+}
+
 /// ztunnel's CRL counters by reporter (`source`: outbound, `destination`: inbound).
 #[derive(Serialize)]
 #[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "CrlCounters"))]
@@ -493,6 +515,11 @@ impl Metrics {
     /// Counters sharing the certificate store's CRL counters.
     pub fn with_crl(crl: Arc<crate::tls::revocation::CrlCounters>) -> Metrics {
         Metrics { crl, ..Metrics::default() }
+    }
+
+    /// With the node's outlier detector (its retries, ejections and ejected endpoints are reported here).
+    pub fn with_outliers(self, outliers: Arc<crate::proxy::outlier::Outliers>) -> Metrics {
+        Metrics { outliers, ..self }
     }
 
     /// The bucket of a label set: its shared key (one allocation per distinct label set, not per connection) and
@@ -616,6 +643,11 @@ impl Metrics {
                 crl: CrlJson {
                     policy_rejections: (&self.crl.rejections).into(),
                     untracked_connections: (&self.crl.untracked).into(),
+                },
+                resilience: ResilienceJson {
+                    connect_retries: load(&self.outliers.retries_total),
+                    ejections: load(&self.outliers.ejections_total),
+                    ejected_endpoints: self.outliers.ejected_count(),
                 },
                 dns,
                 buffers: BuffersJson {

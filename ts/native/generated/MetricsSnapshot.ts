@@ -4,6 +4,7 @@ import type { BufferCounters } from "./BufferCounters.js";
 import type { ConnectionCounters } from "./ConnectionCounters.js";
 import type { CrlCounters } from "./CrlCounters.js";
 import type { DnsCounters } from "./DnsCounters.js";
+import type { ResilienceCounters } from "./ResilienceCounters.js";
 import type { RuntimeCounters } from "./RuntimeCounters.js";
 import type { SocketsOpen } from "./SocketsOpen.js";
 import type { TunnelCounters } from "./TunnelCounters.js";
@@ -16,7 +17,7 @@ export type MetricsSnapshot = {
 /**
  * The dataplane's tokio runtime (ztunnel's `tokio_*` metrics); null when not asked for.
  */
-runtime: RuntimeCounters | null, connections: Array<ConnectionCounters>, socketsOpen: SocketsOpen, tunnels: TunnelCounters, authorization: AuthorizationCounters, crl: CrlCounters, dns: DnsCounters, buffers: BufferCounters, 
+runtime: RuntimeCounters | null, connections: Array<ConnectionCounters>, socketsOpen: SocketsOpen, tunnels: TunnelCounters, authorization: AuthorizationCounters, crl: CrlCounters, resilience: ResilienceCounters, dns: DnsCounters, buffers: BufferCounters, 
 /**
  * When asked for (`metrics({ trafficText: true })`, the scrape): the traffic counters as OpenMetrics text
  * (`traffic_openmetrics`), read in this same snapshot; `connections` is then empty.

@@ -48,5 +48,12 @@ export const DATAPLANE_DEFAULTS: DataplaneConfig = {
     "tls12": false,
     "pqc": false,
     "fips": false
+  },
+  "resilience": {
+    "connectAttempts": 3,
+    "consecutiveFailures": 5,
+    "baseEjectionMs": 30000,
+    "maxEjectionMs": 300000,
+    "maxEjectionPercent": 50
   }
 };

@@ -86,6 +86,7 @@ impl InPodProxies {
             preserve_source: transparent,
             silos: base.silos.clone(),
             handover: base.handover.clone(),
+            outliers: base.outliers.clone(),
         });
         pi.pool.set_inputs(&pi);
         let local = LocalRef::pod(&info.namespace, &info.name, &info.service_account, &base.cfg.node_name);

@@ -87,6 +87,7 @@ pub(crate) fn inputs() -> Arc<ProxyInputs> {
         preserve_source: false,
         silos: crate::silo::Silos::inline(),
         handover: Arc::default(),
+        outliers: Arc::default(),
     })
 }
 

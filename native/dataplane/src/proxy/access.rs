@@ -33,6 +33,8 @@ pub struct AccessRecord<'a> {
     pub dst_identity_of: Option<&'a Workload>,
     /// The final destination behind a network gateway as it presented itself (double HBONE): wins over the above.
     pub dst_derived: Option<&'a crate::metrics::DerivedPeer>,
+    /// Connect attempts (outbound; a retry tried another endpoint): written when more than one.
+    pub attempts: u32,
 }
 
 /// A connection from the moment it is counted as opened to its end.
@@ -156,6 +158,9 @@ pub fn record_fields(record: &AccessRecord<'_>) -> serde_json::Map<String, serde
         (None, Some(w)) => put("dst.identity", w.identity().to_string()),
         (None, None) => {}
     }
+    if record.attempts > 1 {
+        f.insert("attempts".into(), record.attempts.into());
+    }
     f
 }
 
@@ -193,6 +198,7 @@ mod tests {
             dst_workload: Some(&w),
             dst_identity_of: Some(&w),
             dst_derived: None,
+            attempts: 1,
         };
         let result = ConnectionResult::open(&pi, labels(), Instant::now());
         result.counters().sent.fetch_add(7, std::sync::atomic::Ordering::Relaxed);
@@ -239,6 +245,7 @@ mod tests {
             dst_workload: None,
             dst_identity_of: None,
             dst_derived: None,
+            attempts: 1,
         };
         ConnectionResult::open(&pi, labels(), Instant::now()).finish(&pi, &record, 1, 1, None);
         assert_eq!(pi.events.drain_json(), "[]");

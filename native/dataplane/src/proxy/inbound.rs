@@ -801,6 +801,7 @@ fn access_record<'a>(
         dst_workload: Some(local),
         dst_identity_of: Some(local),
         dst_derived: None,
+        attempts: 1,
     }
 }
 

@@ -66,6 +66,7 @@ async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
         dst_workload: Some(&local),
         dst_identity_of: None,
         dst_derived: None,
+        attempts: 1,
     };
     // A TCP ⇄ TCP relay can be handed to a successor daemon (`handover`).
     let relay = crate::copy::tcp_bidirectional(client, upstream, &rx, &tx);

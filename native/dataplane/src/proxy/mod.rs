@@ -8,6 +8,7 @@ pub mod h2;
 pub mod inbound;
 pub mod inbound_passthrough;
 pub mod outbound;
+pub mod outlier;
 pub mod pool;
 pub mod proxy_protocol;
 pub mod reevaluation;
@@ -187,6 +188,8 @@ pub struct ProxyInputs {
     pub silos: Arc<crate::silo::Silos>,
     /// Where live connections meet a successor daemon (one per process).
     pub handover: Arc<crate::handover::Hub>,
+    /// The node's outlier detection of outbound endpoints (one per process, shared by every proxy).
+    pub outliers: Arc<outlier::Outliers>,
 }
 
 /// An inbound connection's authorization, logged as ztunnel's `authpol_log!` logs it: each dry-run policy that

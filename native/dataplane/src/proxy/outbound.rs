@@ -136,6 +136,25 @@ impl Hop {
     }
 }
 
+/// How each load-balanced choice of one request is made: the weighted pick, what a retry avoids, and how many
+/// endpoints the last choice had (the next hop's alternatives).
+pub struct Chooser<'a> {
+    /// `pick(total)`: a number in `0..total` (the weighted endpoint choice); tests pass a fixed one.
+    pub pick: &'a mut dyn FnMut(u64) -> u64,
+    /// Next hops this connection already failed to reach: a retry chooses among the others.
+    pub tried: &'a [crate::state::intern::Str],
+    /// Endpoints ejected by outlier detection are skipped (within its share).
+    pub outliers: Option<&'a super::outlier::Outliers>,
+    /// Set by each load-balanced choice: how many endpoints it chose among (the last one is the next hop's).
+    pub candidates: usize,
+}
+
+impl<'a> Chooser<'a> {
+    pub fn new(pick: &'a mut dyn FnMut(u64) -> u64) -> Chooser<'a> {
+        Chooser { pick, tried: &[], outliers: None, candidates: 0 }
+    }
+}
+
 /// Decide where a connection from `src` (at `src_ip`) to `dst` goes, as ztunnel's `build_request` does (one
 /// function, its cases in order; README "Routing"). `pick(total)` returns a number in `0..total` (the weighted
 /// endpoint choice); tests pass a fixed one.
@@ -147,10 +166,22 @@ pub fn build_request(
     dst: SocketAddr,
     pick: &mut dyn FnMut(u64) -> u64,
 ) -> Result<Request, RouteError> {
+    choose_request(state, cfg, src, src_ip, dst, &mut Chooser::new(pick))
+}
+
+/// `build_request` with the choices' context: a retry's tried endpoints and the outlier detector.
+pub fn choose_request(
+    state: &State,
+    cfg: &Config,
+    src: &Workload,
+    src_ip: IpAddr,
+    dst: SocketAddr,
+    pick: &mut Chooser<'_>,
+) -> Result<Request, RouteError> {
     self_call(cfg, src, None, dst)?;
     // 1. A service VIP (or CIDR VIP): its waypoint first (weighted waypoints by weight).
     let service = state.service_by_vip(&src.network, dst.ip(), &src.namespace).cloned();
-    if let Some(gw) = service.as_ref().and_then(|s| service_waypoint(s, pick)) {
+    if let Some(gw) = service.as_ref().and_then(|s| service_waypoint(s, &mut *pick.pick)) {
         return to_waypoint(state, src, gw, dst, service.clone(), pick);
     }
     // 2. The upstream: a load-balanced endpoint of the service, else the workload with that IP.
@@ -279,7 +310,7 @@ fn to_waypoint(
     gw: &GatewayAddress,
     dst: SocketAddr,
     service: Option<Arc<Service>>,
-    pick: &mut dyn FnMut(u64) -> u64,
+    pick: &mut Chooser<'_>,
 ) -> Result<Request, RouteError> {
     let (wp, ip) = resolve_gateway(state, src, gw, dst, Resolution::Waypoint, pick).map_err(|e| {
         if let RouteError::UnknownGateway(g) = e {
@@ -318,7 +349,7 @@ fn through_gateway(
     hop: &Hop,
     svc: &Arc<Service>,
     dst: SocketAddr,
-    pick: &mut dyn FnMut(u64) -> u64,
+    pick: &mut Chooser<'_>,
 ) -> Result<Request, RouteError> {
     let gw = hop
         .workload
@@ -359,9 +390,11 @@ fn resolve_gateway(
     gw: &GatewayAddress,
     dst: SocketAddr,
     mode: Resolution,
-    pick: &mut dyn FnMut(u64) -> u64,
+    pick: &mut Chooser<'_>,
 ) -> Result<(Hop, IpAddr), RouteError> {
     let unknown = || RouteError::UnknownGateway(describe(gw));
+    // The gateway is the next hop: one candidate unless its service load-balances it below.
+    pick.candidates = 1;
     let (us, family_of) = match &gw.destination {
         GatewayDestination::Address((net, ip)) => {
             let addr = SocketAddr::new(*ip, gw.hbone_mtls_port);
@@ -424,7 +457,7 @@ fn from_service(
     svc: &Arc<Service>,
     svc_port: u16,
     mode: Resolution,
-    pick: &mut dyn FnMut(u64) -> u64,
+    pick: &mut Chooser<'_>,
 ) -> Result<Option<Hop>, RouteError> {
     let svc_target = svc.ports.get(&svc_port).copied();
     if mode == Resolution::Standard && svc_target.is_none() {
@@ -452,7 +485,7 @@ fn load_balance<'a>(
     svc_port: u16,
     svc_target: Option<u16>,
     mode: Resolution,
-    pick: &mut dyn FnMut(u64) -> u64,
+    pick: &mut Chooser<'_>,
 ) -> Option<(&'a Arc<Workload>, &'a crate::state::PortMap)> {
     let lb = svc.load_balancer.as_ref();
     let allow_unhealthy = lb.is_some_and(|lb| lb.health_policy == HealthPolicy::AllowAll);
@@ -470,9 +503,17 @@ fn load_balance<'a>(
             Resolution::Waypoint => svc_target.is_some() || w.application_tunnel.is_some(),
         }
     });
+    // A retry leaves out what it tried; outlier detection, the ejected (within its share). Both before the ranking,
+    // as unhealthy endpoints are: Failover then falls back to the next best rank, Strict never leaves its scope.
+    let endpoints: Vec<_> = endpoints.filter(|(w, _)| !pick.tried.iter().any(|t| *t == w.uid)).collect();
+    let endpoints = match pick.outliers {
+        Some(o) => o.skip_ejected(endpoints, |(w, _)| &w.uid),
+        None => endpoints,
+    };
     let options: Vec<_> = match lb {
         Some(lb) if matches!(lb.mode, LbMode::Strict | LbMode::Failover) => {
             let ranked: Vec<_> = endpoints
+                .into_iter()
                 .filter_map(|(w, ports)| {
                     let rank = lb.routing_preferences.iter().take_while(|scope| same_scope(scope, src, w)).count();
                     (lb.mode != LbMode::Strict || rank == lb.routing_preferences.len()).then_some((rank, w, ports))
@@ -481,13 +522,14 @@ fn load_balance<'a>(
             let best = ranked.iter().map(|(rank, ..)| *rank).max()?;
             ranked.into_iter().filter(|(rank, ..)| *rank == best).map(|(_, w, p)| (w, p)).collect()
         }
-        _ => endpoints.collect(),
+        _ => endpoints,
     };
     let total: u64 = options.iter().map(|(w, _)| u64::from(w.capacity)).sum();
     if total == 0 {
         return None;
     }
-    let mut n = pick(total) % total;
+    pick.candidates = options.iter().filter(|(w, _)| w.capacity > 0).count();
+    let mut n = (pick.pick)(total) % total;
     options.into_iter().find(|(w, _)| {
         let c = u64::from(w.capacity);
         if n < c {
@@ -588,6 +630,34 @@ pub enum OutboundError {
 }
 
 impl OutboundError {
+    /// The chosen next hop failed before the tunnel as a dead one fails: another may serve. Never a policy's answer
+    /// (401), nor what routing or this node got wrong.
+    pub fn retryable(&self) -> bool {
+        use super::double_hbone::InnerError as I;
+        match self {
+            OutboundError::Pool(p) => !matches!(p, PoolError::NoCertificate(_) | PoolError::Config(_)),
+            OutboundError::Connect(..) | OutboundError::Response(..) => true,
+            OutboundError::Status(_, s) => matches!(s, 502..=504),
+            OutboundError::Inner(i) => match i {
+                I::Tls(_) | I::H2(_) | I::Request(_) => true,
+                I::Status(s) => matches!(s, 502..=504),
+                I::Config(_) => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Whether outlier detection holds this against the next hop: its own connect failed, or, reached directly, it
+    /// answered that its application is not there. A waypoint's or a gateway's 5xx, or what happened behind a
+    /// gateway, is about the hop after it.
+    pub fn counts_against(&self, path: Path) -> bool {
+        match self {
+            OutboundError::Inner(_) => false,
+            OutboundError::Status(..) => path == Path::Direct && self.retryable(),
+            e => e.retryable(),
+        }
+    }
+
     pub fn response_flag(&self) -> &'static str {
         match self {
             OutboundError::Pool(p) => p.response_flag(),
@@ -617,32 +687,120 @@ pub struct Routed {
     pub request: Request,
     pub source: Arc<Workload>,
     pub source_identity: Identity,
+    /// Which attempt this is (1: the first; a retry chose another next hop).
+    pub attempts: u32,
 }
 
 /// Route and connect. On success the upstream is ready for bytes (for HBONE: the peer answered 200).
+///
+/// A service-addressed connection whose load-balanced next hop (an endpoint, a waypoint or a network gateway) fails
+/// before the tunnel is established, as a dead endpoint fails (refused, reset, timed out, 502/503/504; never a 401,
+/// which is an answer), is tried again on another of its candidates by the same rules, up to
+/// `resilience.connectAttempts` in all within the connect timeout (each attempt its share of what is left). The
+/// client's bytes wait in its socket meanwhile: nothing has been forwarded. Outlier detection counts each next hop's
+/// failures and successes (`outlier.rs`). With one attempt and no ejection this is ztunnel's connect.
 pub async fn connect(
     pi: &ProxyInputs,
     src: &LocalRef,
     client: SocketAddr,
     dst: SocketAddr,
 ) -> Result<(Routed, Upstream), (Option<Routed>, OutboundError)> {
-    let (source, request, src_ip) = {
-        let state = pi.state.read();
-        let source = src.resolve(&state).ok_or_else(|| (None, OutboundError::UnknownSource(src.to_string())))?;
-        let src_ip = if source.ips.contains(&client.ip()) {
-            client.ip()
+    let resilience = &pi.cfg.resilience;
+    let outliers = (resilience.consecutive_failures > 0).then_some(&*pi.outliers);
+    let started = std::time::Instant::now();
+    let timeout = pi.cfg.connect_timeout();
+    let mut tried: Vec<crate::state::intern::Str> = Vec::new();
+    loop {
+        let (mut routed, src_ip, hop, alternatives) =
+            route(pi, src, client, dst, &tried, outliers).map_err(|e| (None, e))?;
+        routed.attempts = tried.len() as u32 + 1;
+        let attempts_left = (resilience.connect_attempts as usize).saturating_sub(tried.len());
+        let may_retry = hop.is_some() && attempts_left > 1 && alternatives > 1;
+        let outcome = if may_retry {
+            // Each attempt gets its share of the time left, so a blackholed endpoint leaves room for another.
+            let share = timeout.saturating_sub(started.elapsed()) / attempts_left.min(alternatives) as u32;
+            match tokio::time::timeout(share, establish(pi, &mut routed, (client, dst), src_ip)).await {
+                Ok(r) => r,
+                Err(_) => Err(timed_out(&routed.request)),
+            }
         } else {
-            source.ips.first().copied().unwrap_or(client.ip())
+            establish(pi, &mut routed, (client, dst), src_ip).await
         };
-        let mut rng = |n: u64| rand::random::<u64>() % n.max(1);
-        let request = build_request(&state, &pi.cfg, &source, src_ip, dst, &mut rng).map_err(|e| (None, e.into()))?;
-        (source, request, src_ip)
-    };
-    let mut routed = Routed { source_identity: source.identity(), source: source.clone(), request };
-    if let Some(host) = routed.request.resolve.take() {
-        if let Err(e) = resolve_upstream(&pi.cfg, &source, &mut routed.request, &host, dst).await {
-            return Err((Some(routed), e));
+        let err = match outcome {
+            Ok(upstream) => {
+                if let Some(uid) = &hop {
+                    pi.outliers.success(uid);
+                }
+                return Ok((routed, upstream));
+            }
+            Err(e) => e,
+        };
+        if let (Some(uid), Some(o)) = (&hop, outliers) {
+            if err.counts_against(routed.request.path) && o.failure(&Arc::from(&**uid)) {
+                let f = crate::fields! {"workload" => uid.to_string(), "error" => err.to_string()};
+                pi.events.log(crate::events::Level::Warn, "endpoint ejected after consecutive connect failures", f);
+            }
         }
+        match hop {
+            Some(uid) if may_retry && err.retryable() && started.elapsed() < timeout => {
+                pi.outliers.retries_total.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let f = crate::fields! {"dst.addr" => dst.to_string(), "workload" => uid.to_string(),
+                "attempt" => routed.attempts, "error" => err.to_string()};
+                pi.events.log(crate::events::Level::Debug, "connect failed; trying another endpoint", f);
+                tried.push(uid);
+            }
+            _ => return Err((Some(routed), err)),
+        }
+    }
+}
+
+/// One routing decision under the state's read lock: the request, the source IP, the next hop's uid when a
+/// retry may choose another (load-balanced for a service the client addressed), and how many it was chosen among.
+#[allow(clippy::type_complexity)]
+fn route(
+    pi: &ProxyInputs,
+    src: &LocalRef,
+    client: SocketAddr,
+    dst: SocketAddr,
+    tried: &[crate::state::intern::Str],
+    outliers: Option<&super::outlier::Outliers>,
+) -> Result<(Routed, IpAddr, Option<crate::state::intern::Str>, usize), OutboundError> {
+    let state = pi.state.read();
+    let source = src.resolve(&state).ok_or_else(|| OutboundError::UnknownSource(src.to_string()))?;
+    let src_ip = if source.ips.contains(&client.ip()) {
+        client.ip()
+    } else {
+        source.ips.first().copied().unwrap_or(client.ip())
+    };
+    let mut rng = |n: u64| rand::random::<u64>() % n.max(1);
+    let mut chooser = Chooser { pick: &mut rng, tried, outliers, candidates: 0 };
+    let request = choose_request(&state, &pi.cfg, &source, src_ip, dst, &mut chooser)?;
+    let hop = match (&request.service, &request.destination) {
+        (Some(_), Some(w)) if chooser.candidates > 0 && request.path != Path::Passthrough => Some(w.uid.clone()),
+        _ => None,
+    };
+    let routed = Routed { source_identity: source.identity(), source: source.clone(), request, attempts: 1 };
+    Ok((routed, src_ip, hop, chooser.candidates))
+}
+
+/// What an attempt that ran out of its share of the connect timeout failed with (as the connect itself would).
+fn timed_out(r: &Request) -> OutboundError {
+    let e = std::io::Error::from(std::io::ErrorKind::TimedOut);
+    match r.protocol {
+        Protocol::Tcp => OutboundError::Connect(r.upstream, e),
+        Protocol::Hbone => OutboundError::Pool(PoolError::Connect(r.upstream, e)),
+    }
+}
+
+/// Connect the routed request: plain TCP, a CONNECT through the pool, or double HBONE.
+async fn establish(
+    pi: &ProxyInputs,
+    routed: &mut Routed,
+    (client, dst): (SocketAddr, SocketAddr),
+    src_ip: IpAddr,
+) -> Result<Upstream, OutboundError> {
+    if let Some(host) = routed.request.resolve.take() {
+        resolve_upstream(&pi.cfg, &routed.source, &mut routed.request, &host, dst).await?;
     }
     let (protocol, upstream_addr, target) = (routed.request.protocol, routed.request.upstream, routed.request.target);
     match protocol {
@@ -651,8 +809,8 @@ pub async fn connect(
             let opts =
                 crate::socket::ConnectOptions { bind: bind.map(|ip| SocketAddr::new(ip, 0)), transparent: false };
             match crate::socket::connect_with(&*pi.sockets, upstream_addr, opts, pi.cfg.connect_timeout()).await {
-                Ok(s) => Ok((routed, Upstream::Tcp(s))),
-                Err(e) => Err((Some(routed), OutboundError::Connect(upstream_addr, e))),
+                Ok(s) => Ok(Upstream::Tcp(s)),
+                Err(e) => Err(OutboundError::Connect(upstream_addr, e)),
             }
         }
         Protocol::Hbone => {
@@ -663,14 +821,14 @@ pub async fn connect(
                 src: src_ip,
             };
             let headers = ConnectHeaders {
-                baggage: baggage(&source),
+                baggage: baggage(&routed.source),
                 forwarded: forwarded(client, routed.request.service.as_deref()),
                 traceparent: new_traceparent(),
             };
             let authority = routed.request.authority.clone().unwrap_or_else(|| target.to_string());
             // Checked once here, so the pool's retry closure cannot fail (a hostname from the state may not parse).
             if let Err(e) = connect_request(&authority, &headers) {
-                return Err((Some(routed), OutboundError::Authority(authority, e.to_string())));
+                return Err(OutboundError::Authority(authority, e.to_string()));
             }
             let make = || connect_request(&authority, &headers).unwrap_or_else(|_| http::Request::new(()));
             // A stream the peer did not process (REFUSED_STREAM, or above a GOAWAY's last stream: RFC 9113 § 8.7;
@@ -679,7 +837,7 @@ pub async fn connect(
             let (resp, send, lease) = loop {
                 let (resp, send, lease) = match pi.pool.send_connect(&key, &make).await {
                     Ok(x) => x,
-                    Err(e) => return Err((Some(routed), e.into())),
+                    Err(e) => return Err(e.into()),
                 };
                 // Until answered, the stream holds its connection here (it is not handed over mid-setup).
                 let setting_up = lease.gate().setting_up();
@@ -694,35 +852,33 @@ pub async fn connect(
                         lease.refused();
                         drop(setting_up);
                     }
-                    Err(e) => return Err((Some(routed), OutboundError::Response(upstream_addr, e))),
+                    Err(e) => return Err(OutboundError::Response(upstream_addr, e)),
                 }
             };
             if resp.status() != http::StatusCode::OK {
                 let status = resp.status().as_u16();
-                return Err((Some(routed), OutboundError::Status(upstream_addr, status)));
+                return Err(OutboundError::Status(upstream_addr, status));
             }
             let recv = resp.into_body();
             let Some(inner) = routed.request.inner.clone() else {
-                return Ok((routed, Upstream::Hbone { send, recv, _lease: lease, _inner: None }));
+                return Ok(Upstream::Hbone { send, recv, _lease: lease, _inner: None });
             };
             // Double HBONE: the end-to-end HBONE inside the gateway's stream, with x-forwarded-network.
             let cert = match pi.certs.get(&routed.source_identity) {
                 Some(c) => c,
-                None => return Err((Some(routed), PoolError::NoCertificate(key.src_id.to_string()).into())),
+                None => return Err(PoolError::NoCertificate(key.src_id.to_string()).into()),
             };
             let mut req = match connect_request(&authority, &headers) {
                 Ok(r) => r,
-                Err(e) => return Err((Some(routed), OutboundError::Authority(authority, e.to_string()))),
+                Err(e) => return Err(OutboundError::Authority(authority, e.to_string())),
             };
             if let Ok(v) = http::HeaderValue::from_str(&inner.network) {
                 req.headers_mut().insert("x-forwarded-network", v);
             }
             let io = super::double_hbone::H2Io::new(send, recv);
             match super::double_hbone::connect_inner(&pi.cfg, io, &cert, inner.expected, &pi.certs, req).await {
-                Ok((send, recv, conn)) => {
-                    Ok((routed, Upstream::Hbone { send, recv, _lease: lease, _inner: Some(conn) }))
-                }
-                Err(e) => Err((Some(routed), OutboundError::Inner(e))),
+                Ok((send, recv, conn)) => Ok(Upstream::Hbone { send, recv, _lease: lease, _inner: Some(conn) }),
+                Err(e) => Err(OutboundError::Inner(e)),
             }
         }
     }
@@ -945,6 +1101,7 @@ fn access_record<'a>(
         dst_workload: r.request.destination.as_deref(),
         dst_identity_of: r.request.destination.as_deref().filter(|_| hbone),
         dst_derived: derived,
+        attempts: r.attempts,
     }
 }
 
