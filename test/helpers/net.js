@@ -82,6 +82,7 @@ export const BLOCKS = Object.freeze({
   'root-rotation': 85,
   'trust-domains': 86,
   resilience: 87,
+  'otlp-export': 88,
 });
 
 /** Addresses of one file's block. */

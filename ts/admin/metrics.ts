@@ -123,6 +123,8 @@ export interface MetricsOptions {
   suppressedLogs?: () => ReadonlyMap<string, number>;
   /** Hand-overs to and from other daemons of this node (ts/lifecycle/handover.ts). */
   handover?: () => HandoverTotals;
+  /** The OTLP export of the access log (ts/log/otlp.ts); null while it is off. */
+  otlp?: () => { exported: number; dropped: number; failed: number } | null;
 }
 
 /** What the hand-over metrics read: every hand-over this daemon took part in, by role (`take`, `give`). */
@@ -423,6 +425,21 @@ export class Metrics {
         this.set(current().resilience?.ejectedEndpoints ?? 0);
       },
     });
+    const otlp = this.opts.otlp;
+    if (otlp !== undefined) {
+      new Counter({
+        name: 'ztunnel_node_otlp_log_records_total',
+        help: 'Access records sent to the OTLP collector, by result (exported; dropped: the export queue was full; failed: the export failed after its retries)',
+        labelNames: ['result'],
+        registers: [reg],
+        collect() {
+          this.reset();
+          const c = otlp();
+          if (c === null) return;
+          for (const result of ['exported', 'dropped', 'failed'] as const) this.inc({ result }, c[result]);
+        },
+      });
+    }
     registerDnsMetrics(reg, () => current().dns);
     new Counter({
       name: 'ztunnel_node_hbone_connections_refused_total',

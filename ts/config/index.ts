@@ -16,6 +16,7 @@ import { controlPlaneTlsProblem, type TlsPolicy } from './tls.js';
 import { readResolverFacts, ztunnelConfigDump } from './ztunnel-dump.js';
 import type { ResilienceConfig } from '../native/generated/ResilienceConfig.js';
 import {
+  type OTLP_PROTOCOLS,
   CONFIG_KEYS,
   MAX_WORKER_THREADS,
   EMPTY_IS_VALUE,
@@ -68,6 +69,8 @@ export interface Config {
   /** Bytes of stream data buffered toward HBONE peers across all connections (STREAM_BUFFER_BUDGET). */
   readonly streamBufferBudget: number;
   readonly connectionTimeoutMs: number;
+  /** OpenTelemetry export of the access log (OTEL_*); null: none. */
+  readonly otlp: OtlpConfig | null;
   /** Connect retry and outlier ejection (CONNECT_RESILIENCE and its settings); off: 1 attempt, no ejection. */
   readonly resilience: ResilienceConfig;
   readonly missingPolicyGraceMs: number;
@@ -279,6 +282,7 @@ function resolve(
     streamBufferBudget: raw.STREAM_BUFFER_BUDGET ?? D.DEFAULT_STREAM_BUFFER_BUDGET,
     connectionTimeoutMs: Math.ceil(raw.CONNECTION_TIMEOUT ?? D.DEFAULT_CONNECTION_TIMEOUT_MS),
     resilience: resilience(raw),
+    otlp: otlp(raw),
     missingPolicyGraceMs: Math.ceil(raw.MISSING_POLICY_GRACE ?? D.DEFAULT_MISSING_POLICY_GRACE_MS),
     localhostAppTunnel: raw.LOCALHOST_APP_TUNNEL ?? true,
     enableResponseBaggage: raw.ENABLE_RESPONSE_BAGGAGE ?? true,
@@ -326,6 +330,42 @@ function resolve(
     podName: raw.POD_NAME ?? null,
     podNamespace: raw.POD_NAMESPACE ?? null,
     serviceAccount: raw.SERVICE_ACCOUNT ?? null,
+  };
+}
+
+/** Where and how access records are exported over OTLP (ts/log/otlp.ts adds the daemon's resource attributes). */
+export interface OtlpConfig {
+  readonly protocol: (typeof OTLP_PROTOCOLS)[number];
+  /** The logs endpoint: for HTTP the whole URL, for gRPC the collector's address. */
+  readonly url: string;
+  readonly maxQueueSize: number;
+  readonly maxExportBatchSize: number;
+  readonly scheduledDelayMs: number;
+  readonly exportTimeoutMs: number;
+  readonly serviceName: string;
+}
+
+/**
+ * OpenTelemetry's exporter rules: on with an endpoint (or OTEL_LOGS_EXPORTER=otlp), off with OTEL_LOGS_EXPORTER=none
+ * or OTEL_SDK_DISABLED; the logs variables win over the general ones; the general endpoint gets `/v1/logs` over HTTP;
+ * http/protobuf by default; without an endpoint, the local collector's default port.
+ */
+function otlp(raw: RawConfig): OtlpConfig | null {
+  const endpoint = raw.OTEL_EXPORTER_OTLP_LOGS_ENDPOINT ?? raw.OTEL_EXPORTER_OTLP_ENDPOINT;
+  if (raw.OTEL_SDK_DISABLED === true || raw.OTEL_LOGS_EXPORTER === 'none') return null;
+  if (endpoint === undefined && raw.OTEL_LOGS_EXPORTER !== 'otlp') return null;
+  const protocol = raw.OTEL_EXPORTER_OTLP_LOGS_PROTOCOL ?? raw.OTEL_EXPORTER_OTLP_PROTOCOL ?? 'http/protobuf';
+  const base = raw.OTEL_EXPORTER_OTLP_ENDPOINT ?? (protocol === 'grpc' ? 'http://localhost:4317' : 'http://localhost:4318');
+  const url =
+    raw.OTEL_EXPORTER_OTLP_LOGS_ENDPOINT ?? (protocol === 'grpc' ? base : `${base.replace(/\/+$/, '')}/v1/logs`);
+  return {
+    protocol,
+    url,
+    maxQueueSize: raw.OTEL_BLRP_MAX_QUEUE_SIZE ?? 2048,
+    maxExportBatchSize: raw.OTEL_BLRP_MAX_EXPORT_BATCH_SIZE ?? 512,
+    scheduledDelayMs: raw.OTEL_BLRP_SCHEDULE_DELAY ?? 1000,
+    exportTimeoutMs: raw.OTEL_BLRP_EXPORT_TIMEOUT ?? 30_000,
+    serviceName: raw.OTEL_SERVICE_NAME ?? 'ztunnel-node',
   };
 }
 

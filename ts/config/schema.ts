@@ -110,6 +110,22 @@ const trustDomains = () =>
     return [...new Set(list)];
   });
 
+/** An OTLP endpoint: an http or https URL (OpenTelemetry's exporter spec). */
+const otlpUrl = () =>
+  z.string().transform((s, ctx) => {
+    const v = s.trim();
+    try {
+      const u = new URL(v);
+      if (u.protocol === 'http:' || u.protocol === 'https:') return v;
+    } catch {
+      // below
+    }
+    return fail(ctx, s, `"${s}" is not an http or https URL (e.g. http://otel-collector:4317)`);
+  });
+
+/** OTLP's transports (OTEL_EXPORTER_OTLP_PROTOCOL). */
+export const OTLP_PROTOCOLS = ['grpc', 'http/protobuf', 'http/json'] as const;
+
 const logFilter = () =>
   z.string().transform((s, ctx): LogFilter => {
     const f = parseLogFilter(s);
@@ -188,6 +204,21 @@ const fields = {
   OUTLIER_BASE_EJECTION_TIME: duration(1_000).optional().describe('the first ejection\'s length; the n-th lasts n times as long (30s)'),
   OUTLIER_MAX_EJECTION_TIME: duration(1_000).optional().describe('the longest ejection (300s)'),
   OUTLIER_MAX_EJECTION_PERCENT: nonNegativeInt(100).optional().describe('the share of a service\'s endpoints that may be skipped for being ejected, rounded up, never all (50)'),
+  // OpenTelemetry export of the access log (beyond ztunnel; ts/log/otlp.ts). The SDK reads its other standard
+  // variables itself (headers, timeout, compression, TLS files, OTEL_RESOURCE_ATTRIBUTES).
+  OTEL_EXPORTER_OTLP_ENDPOINT: otlpUrl().optional().describe('OTLP collector base URL: access records are exported to it (gRPC: as is; HTTP: + /v1/logs)'),
+  OTEL_EXPORTER_OTLP_LOGS_ENDPOINT: otlpUrl().optional().describe('OTLP logs endpoint, whole (wins over OTEL_EXPORTER_OTLP_ENDPOINT)'),
+  OTEL_EXPORTER_OTLP_PROTOCOL: oneOf(OTLP_PROTOCOLS).optional().describe('grpc, http/protobuf or http/json (http/protobuf)'),
+  OTEL_EXPORTER_OTLP_LOGS_PROTOCOL: oneOf(OTLP_PROTOCOLS).optional().describe('the logs exporter\'s protocol (wins over OTEL_EXPORTER_OTLP_PROTOCOL)'),
+  OTEL_LOGS_EXPORTER: oneOf(['otlp', 'none'] as const).optional().describe('otlp: export access records (to localhost\'s collector without an endpoint); none: do not'),
+  OTEL_SDK_DISABLED: bool().optional().describe('true: no OpenTelemetry export at all (false)'),
+  OTEL_TRACES_EXPORTER: oneOf(['none'] as const).optional().describe('ztunnel-node exports no traces: only none is accepted'),
+  OTEL_METRICS_EXPORTER: oneOf(['none'] as const).optional().describe('ztunnel-node exports no metrics over OTLP (Prometheus on the stats port): only none is accepted'),
+  OTEL_SERVICE_NAME: nonEmpty().optional().describe('the exported records\' service.name (ztunnel-node)'),
+  OTEL_BLRP_MAX_QUEUE_SIZE: positiveInt(1_000_000).optional().describe('access records waiting for export; more are dropped and counted (2048)'),
+  OTEL_BLRP_MAX_EXPORT_BATCH_SIZE: positiveInt(1_000_000).optional().describe('access records per export (512; at most the queue size)'),
+  OTEL_BLRP_SCHEDULE_DELAY: positiveInt(3_600_000).optional().describe('milliseconds between exports (1000)'),
+  OTEL_BLRP_EXPORT_TIMEOUT: positiveInt(3_600_000).optional().describe('milliseconds one export may take (30000)'),
   MISSING_POLICY_GRACE: duration().optional().describe('how long live connections wait for a named policy that has not arrived (1s)'),
   CONNECTION_TERMINATION_DEADLINE: duration().optional().describe('drain deadline (default from TERMINATION_GRACE_PERIOD_SECONDS, else 5s)'),
   TERMINATION_GRACE_PERIOD_SECONDS: nonNegativeInt().optional().describe('pod grace period; drain deadline N-5s if N>10 else N-1s (min 1s)'),
@@ -312,6 +343,9 @@ export const configSchema = z.object(fields).superRefine((raw, ctx) => {
   }
   if (raw.ENABLE_PROXY === false && raw.UNSTABLE_ENABLE_SOCKS5 === true) {
     ctx.addIssue({ code: 'custom', path: ['UNSTABLE_ENABLE_SOCKS5'], message: 'is a proxy: ENABLE_PROXY=false runs the DNS proxy alone (unset one of them)' });
+  }
+  if ((raw.OTEL_BLRP_MAX_EXPORT_BATCH_SIZE ?? 512) > (raw.OTEL_BLRP_MAX_QUEUE_SIZE ?? 2048)) {
+    ctx.addIssue({ code: 'custom', path: ['OTEL_BLRP_MAX_EXPORT_BATCH_SIZE'], message: 'is larger than OTEL_BLRP_MAX_QUEUE_SIZE' });
   }
   if (raw.CONNECT_RESILIENCE === false) {
     // Off is ztunnel's behaviour: a setting of the feature beside it would be ignored, so neither is.

@@ -40,6 +40,8 @@ import { LocalCertificateAuthority, type CertificateAuthority } from '../ca/auth
 import { CertificateManager } from '../ca/manager.js';
 import { ConfigError, LocalConfigError, ZtunnelError } from '../errors.js';
 import type { Logs } from '../log/logger.js';
+import { LOG_LEVELS, type LogLevel } from '../log/filter.js';
+import type { AccessExport } from '../log/otlp.js';
 import type { Logger } from 'pino';
 import { Dataplane, nativeVersion, releaseColdCode } from '../native/index.js';
 import type { AppliedOut, DataplaneConfig, InPodWorkload, NativeVersion } from '../native/types.js';
@@ -51,7 +53,7 @@ import { LocalWorkloads } from './local-workloads.js';
 import { answerCertificateRequests } from './certificates-on-demand.js';
 import { startCapture, type Capture } from './capture.js';
 import { watchLocalConfig, type LocalConfigWatch } from '../config/watch.js';
-import { buildInfo } from '../version.js';
+import { buildInfo, packageVersion } from '../version.js';
 import { Drain, type DrainMode } from './drain.js';
 import { collectAfterBatch } from '../heap.js';
 import { logNativeEvent, type SuppressedCounts } from './events.js';
@@ -223,6 +225,19 @@ class DropCounter {
   }
 }
 
+/** How long a stopping daemon gives the OTLP exporter to send what is queued. */
+const OTLP_SHUTDOWN_MS = 2_000;
+
+/** This daemon as the exported records' resource (OTEL_RESOURCE_ATTRIBUTES adds to it: ts/log/otlp.ts). */
+function otlpResource(config: Config): Record<string, string> {
+  const r: Record<string, string> = { 'service.name': config.otlp?.serviceName ?? 'ztunnel-node', 'service.version': packageVersion() };
+  if (config.nodeName !== null) r['k8s.node.name'] = config.nodeName;
+  if (config.podName !== null) r['k8s.pod.name'] = config.podName;
+  if (config.podNamespace !== null) r['k8s.namespace.name'] = config.podNamespace;
+  r['k8s.cluster.name'] = config.clusterId;
+  return r;
+}
+
 /** How long after readiness the code pages startup ran once are released. */
 export const COLD_CODE_RELEASE_MS = 3_000;
 
@@ -278,6 +293,8 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   // The admin port's live view: it reads what the daemon has (and the events the pump drains) only while watched.
   // Its module (and the page it serves) loads with the first request for it.
   let dashboard: Dashboard | null = null;
+  /** OpenTelemetry export of the access log (OTEL_*), once the dataplane is open. */
+  let accessExport: AccessExport | null = null;
   let dashboardLoad: Promise<Dashboard> | null = null;
   const openDashboard = (): Promise<Dashboard> =>
     (dashboardLoad ??= import('../admin/dashboard.js').then(
@@ -296,6 +313,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     try {
       const events = dp.drainEvents();
       for (const ev of events) logNativeEvent(ev, loggers, suppressedLogs);
+      accessExport?.emit(events);
       dashboard?.observe(events);
     } catch (err) {
       log.error({ err: (err as Error).message }, 'reading dataplane events failed');
@@ -504,6 +522,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       xds: () => xdsMetrics.snapshot(),
       missingPolicies: () => store.missingReferences,
       handover: () => handovers,
+      otlp: () => accessExport?.counters() ?? null,
       ...(config.proxyMode === 'local' ? {} : { workloadManager: () => capture?.counters() ?? null }),
     });
     const admin = createAdminServer({
@@ -599,6 +618,8 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       stopEventLevels();
       pump(); // the last access logs of drained connections
       plane.shutdown();
+      // What is queued for the collector goes out, within a bound.
+      await accessExport?.shutdown(OTLP_SHUTDOWN_MS);
     }
   });
   if (options.handleSignals !== false) removeSignals = installSignals();
@@ -644,6 +665,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     stopEventLevels();
     pump();
     dp?.shutdown();
+    await accessExport?.shutdown(OTLP_SHUTDOWN_MS);
   }
   let local: LocalLoad | null;
   try {
@@ -700,9 +722,18 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     dp = plane;
     // Revocation lists before any listener or certificate: no handshake happens without them.
     if (config.crlPath !== null) crlWatch = await followCrls(config.crlPath, plane, logs.forTarget('ca'));
-    // The dataplane builds only the events the log filter lets through, and follows its changes (admin /logging).
-    const syncEventLevels = () =>
-      plane.setEventLevels(logs.levelOf('access'), logs.levelOf('dataplane'), logs.levelOf('dns'));
+    if (config.otlp !== null) {
+      // The SDK loads only here: a daemon without export never does.
+      const { startAccessExport } = await import('../log/otlp.js');
+      accessExport = await startAccessExport({ ...config.otlp, resource: otlpResource(config) }, logs.forTarget('access'));
+    }
+    // The dataplane builds only the events the log filter lets through, and follows its changes (admin /logging);
+    // access records at info at least while they are exported, whatever the access log shows.
+    const accessLevel = (): LogLevel => {
+      const level = logs.levelOf('access');
+      return accessExport !== null && LOG_LEVELS.indexOf(level) < LOG_LEVELS.indexOf('info') ? 'info' : level;
+    };
+    const syncEventLevels = () => plane.setEventLevels(accessLevel(), logs.levelOf('dataplane'), logs.levelOf('dns'));
     syncEventLevels();
     stopEventLevels = logs.onChange(syncEventLevels);
     if (ca !== null) {

@@ -1,5 +1,5 @@
-// CONNECT_RESILIENCE and its settings (README "Resilience"): the defaults, off as ztunnel's connect, and what would
-// be ignored refused by name.
+// CONNECT_RESILIENCE and its settings (README "Resilience") and the OTLP export's OTEL_* variables (README "Access
+// logs over OpenTelemetry"): the defaults, off as ztunnel's behaviour, and what would be ignored refused by name.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { loadConfig } from '../../dist/config/index.js';
@@ -30,4 +30,24 @@ test('CONNECT_RESILIENCE=false is one attempt and no ejection; a setting beside 
   refused({ CONNECT_ATTEMPTS: '0' }, 'CONNECT_ATTEMPTS');
   refused({ CONNECT_ATTEMPTS: '11' }, 'CONNECT_ATTEMPTS');
   refused({ OUTLIER_MAX_EJECTION_PERCENT: '101' }, 'OUTLIER_MAX_EJECTION_PERCENT');
+});
+
+test('OTLP export: off without an endpoint; the logs variables win; HTTP gets /v1/logs; only logs are exported', () => {
+  assert.equal(load({}).otlp, null);
+  const grpc = load({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4317', OTEL_EXPORTER_OTLP_PROTOCOL: 'grpc' }).otlp;
+  assert.deepEqual([grpc.protocol, grpc.url], ['grpc', 'http://collector:4317']);
+  const http = load({ OTEL_EXPORTER_OTLP_ENDPOINT: 'https://collector:4318/' }).otlp;
+  assert.deepEqual([http.protocol, http.url], ['http/protobuf', 'https://collector:4318/v1/logs'], 'http/protobuf by default');
+  const logs = load({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://a:4318', OTEL_EXPORTER_OTLP_LOGS_ENDPOINT: 'http://b:9/logs', OTEL_EXPORTER_OTLP_LOGS_PROTOCOL: 'http/json' }).otlp;
+  assert.deepEqual([logs.protocol, logs.url], ['http/json', 'http://b:9/logs']);
+  assert.equal(load({ OTEL_LOGS_EXPORTER: 'otlp' }).otlp.url, 'http://localhost:4318/v1/logs', 'the local collector by default');
+  assert.equal(load({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://c:4318', OTEL_SDK_DISABLED: 'true' }).otlp, null);
+  assert.equal(load({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://c:4318', OTEL_LOGS_EXPORTER: 'none' }).otlp, null);
+  const refused = (env, ...words) =>
+    assert.throws(() => load(env), (e) => e instanceof ConfigError && words.every((w) => e.message.includes(w)), JSON.stringify(env));
+  refused({ OTEL_TRACES_EXPORTER: 'otlp' }, 'OTEL_TRACES_EXPORTER');
+  refused({ OTEL_METRICS_EXPORTER: 'otlp' }, 'OTEL_METRICS_EXPORTER');
+  refused({ OTEL_EXPORTER_OTLP_ENDPOINT: 'collector:4317' }, 'OTEL_EXPORTER_OTLP_ENDPOINT', 'URL');
+  refused({ OTEL_EXPORTER_OTLP_PROTOCOL: 'thrift' }, 'OTEL_EXPORTER_OTLP_PROTOCOL');
+  refused({ OTEL_BLRP_MAX_QUEUE_SIZE: '10', OTEL_BLRP_MAX_EXPORT_BATCH_SIZE: '20' }, 'OTEL_BLRP_MAX_EXPORT_BATCH_SIZE');
 });

@@ -1,0 +1,125 @@
+// A real OpenTelemetry Collector for the OTLP export tests: built from the collector project's Go modules
+// (test/helpers/otelcol: the OTLP receiver and the debug exporter, every collector module at one release) into
+// .tmp/tools/otelcol-ztn. `.ci/run` builds it; elsewhere the first use builds it (the Go toolchain is required: a
+// test that needs the collector fails, saying so, without it). The debug exporter prints every record it receives;
+// this reads them back from its output.
+import { execFileSync, spawn } from 'node:child_process';
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { ROOT } from './daemon.js';
+import { waitFor } from './net.js';
+
+export const COLLECTOR = join(ROOT, '.tmp', 'tools', 'otelcol-ztn');
+
+function goBinary() {
+  for (const go of ['go', '/usr/local/go/bin/go']) {
+    try {
+      execFileSync(go, ['version'], { stdio: 'ignore' });
+      return go;
+    } catch {
+      // not this one
+    }
+  }
+  return null;
+}
+
+/** The collector's path, built first when it is not there. */
+export function collectorBinary() {
+  if (existsSync(COLLECTOR)) return COLLECTOR;
+  const go = goBinary();
+  if (go === null) throw new Error(`no OpenTelemetry Collector at ${COLLECTOR} and no Go toolchain to build it (.ci/run builds it)`);
+  mkdirSync(join(ROOT, '.tmp', 'tools'), { recursive: true });
+  execFileSync(go, ['build', '-ldflags=-s -w', '-o', COLLECTOR, '.'], {
+    cwd: join(ROOT, 'test', 'helpers', 'otelcol'),
+    env: { ...process.env, GOFLAGS: '-buildvcs=false' },
+    stdio: 'inherit',
+    timeout: 600_000,
+  });
+  return COLLECTOR;
+}
+
+/** `Str(text)`, `Int(3)`, `Bool(true)`... as the debug exporter prints values → the value. */
+function value(printed) {
+  const m = /^(\w+)\((.*)\)$/s.exec(printed.trim());
+  if (m === null) return printed.trim();
+  const [, type, v] = m;
+  if (type === 'Int' || type === 'Double') return Number(v);
+  if (type === 'Bool') return v === 'true';
+  return v;
+}
+
+/**
+ * The records in the debug exporter's detailed output: { resource, body, severity, attributes } each. A resource's
+ * attributes precede its records ("Resource attributes:"), a record's follow "Attributes:"; each is "-> key: Type(v)".
+ */
+export function parseDebugOutput(text) {
+  const records = [];
+  let resource = {};
+  let current = null;
+  let section = null;
+  for (const line of text.split('\n')) {
+    if (/^ResourceLog #\d+/.test(line) || /\tResourceLog #\d+/.test(line)) {
+      resource = {};
+      section = null;
+    } else if (line.startsWith('Resource attributes:')) {
+      section = 'resource';
+    } else if (/^LogRecord #\d+/.test(line)) {
+      current = { resource, body: null, severity: null, attributes: {} };
+      records.push(current);
+      section = null;
+    } else if (line.startsWith('Body: ') && current !== null) {
+      current.body = value(line.slice('Body: '.length));
+    } else if (line.startsWith('SeverityText: ') && current !== null) {
+      current.severity = line.slice('SeverityText: '.length).trim();
+    } else if (line.startsWith('Attributes:') && current !== null) {
+      section = 'record';
+    } else if (/^\s+-> /.test(line)) {
+      const m = /^\s+-> ([^:]+): (.*)$/.exec(line);
+      if (m === null) continue;
+      if (section === 'resource') resource[m[1]] = value(m[2]);
+      else if (section === 'record' && current !== null) current.attributes[m[1]] = value(m[2]);
+    } else if (!line.startsWith(' ')) {
+      section = section === 'resource' && line.startsWith('ScopeLogs') ? null : section;
+    }
+  }
+  return records;
+}
+
+/**
+ * A collector with the OTLP receiver on `ip` (gRPC on 4317, HTTP on 4318) and the debug exporter. `records()` is what
+ * it received so far; `stop()` ends it. `cleanup`: a TestContext.
+ */
+export async function startCollector({ ip, dir, cleanup }) {
+  const binary = collectorBinary();
+  mkdirSync(dir, { recursive: true });
+  const config = join(dir, 'otelcol.yaml');
+  writeFileSync(config, [
+    'receivers:',
+    '  otlp:',
+    '    protocols:',
+    `      grpc: { endpoint: "${ip}:4317" }`,
+    `      http: { endpoint: "${ip}:4318" }`,
+    'exporters:',
+    '  debug: { verbosity: detailed }',
+    'service:',
+    '  telemetry: { metrics: { level: none } }',
+    '  pipelines:',
+    '    logs: { receivers: [otlp], exporters: [debug] }',
+    '',
+  ].join('\n'));
+  const child = spawn(binary, ['--config', config], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  for (const s of [child.stdout, child.stderr]) s.on('data', (d) => (out += d.toString()));
+  let exited = false;
+  child.once('exit', () => (exited = true));
+  const stop = () =>
+    new Promise((resolve) => {
+      if (exited) return resolve();
+      child.once('exit', () => resolve());
+      child.kill('SIGTERM');
+    });
+  cleanup?.after(stop);
+  await waitFor(() => exited || out.includes('Everything is ready'), { timeoutMs: 30_000, message: 'the collector ready' });
+  if (exited) throw new Error(`the collector exited:\n${out}`);
+  return { records: () => parseDebugOutput(out), output: () => out, stop };
+}
