@@ -87,9 +87,10 @@ export function parseDebugOutput(text) {
 
 /**
  * A collector with the OTLP receiver on `ip` (gRPC on 4317, HTTP on 4318) and the debug exporter. `records()` is what
- * it received so far; `stop()` ends it. `cleanup`: a TestContext.
+ * it received so far; `stop()` ends it. `cleanup`: a TestContext. `verbosity`: the debug exporter's (`detailed`, which
+ * `records()` parses; `basic` prints a line per batch, for the benchmark).
  */
-export async function startCollector({ ip, dir, cleanup }) {
+export async function startCollector({ ip, dir, cleanup, verbosity = 'detailed' }) {
   const binary = collectorBinary();
   mkdirSync(dir, { recursive: true });
   const config = join(dir, 'otelcol.yaml');
@@ -100,7 +101,7 @@ export async function startCollector({ ip, dir, cleanup }) {
     `      grpc: { endpoint: "${ip}:4317" }`,
     `      http: { endpoint: "${ip}:4318" }`,
     'exporters:',
-    '  debug: { verbosity: detailed }',
+    `  debug: { verbosity: ${verbosity} }`,
     'service:',
     '  telemetry: { metrics: { level: none } }',
     '  pipelines:',
@@ -121,5 +122,5 @@ export async function startCollector({ ip, dir, cleanup }) {
   cleanup?.after(stop);
   await waitFor(() => exited || out.includes('Everything is ready'), { timeoutMs: 30_000, message: 'the collector ready' });
   if (exited) throw new Error(`the collector exited:\n${out}`);
-  return { records: () => parseDebugOutput(out), output: () => out, stop };
+  return { records: () => parseDebugOutput(out), output: () => out, stop, child };
 }
