@@ -13,6 +13,7 @@
 //! workload's `services` map.
 
 pub mod dump;
+mod index;
 pub mod intern;
 pub mod local;
 mod model;
@@ -77,11 +78,11 @@ pub struct State {
     /// (namespace, name) → uids: how an in-pod proxy finds its workload from what istio-cni told it.
     workloads_by_name: HashMap<(Str, Str), Uids>,
     services: HashMap<ServiceKey, Arc<Service>>,
-    services_by_vip: HashMap<NetworkAddr, Vec<ServiceKey>>,
+    services_by_vip: HashMap<NetworkAddr, index::Keys>,
     /// hostname → the services of that hostname (one per namespace that has it).
-    services_by_hostname: HashMap<Str, Vec<ServiceKey>>,
-    /// Services addressed by a whole range, longest prefix first.
-    services_by_cidr: Vec<(String, policy::Cidr, ServiceKey)>,
+    services_by_hostname: HashMap<Str, index::Keys>,
+    /// Services addressed by a whole range.
+    services_by_cidr: index::Ranges,
     /// service key → endpoint workload uid → (service port → target port). Kept even for services that have not
     /// arrived yet (ztunnel's "staged" endpoints), so arrival order does not matter.
     endpoints: HashMap<ServiceKey, BTreeMap<Str, PortMap>>,
@@ -108,11 +109,6 @@ pub struct State {
 /// The uids an index key names: nearly always one, held inline (a one-entry Vec costs a heap allocation per key:
 /// 6 MiB at 100k workloads for the two workload indexes).
 type Uids = smallvec::SmallVec<[Str; 1]>;
-
-fn push_one<T>(v: &mut Vec<T>, x: T) {
-    v.reserve_exact(1);
-    v.push(x);
-}
 
 impl State {
     /// Validate and apply (tests and small deltas; the dataplane validates outside its lock and calls
@@ -404,31 +400,28 @@ impl State {
         self.remove_service(&s.key);
         let s = Arc::new(s);
         for vip in &s.vips {
-            push_one(self.services_by_vip.entry(vip.clone()).or_default(), s.key.clone());
+            self.services_by_vip.entry(vip.clone()).or_default().push(s.key.clone());
         }
-        push_one(self.services_by_hostname.entry(s.key.hostname.clone()).or_default(), s.key.clone());
+        self.services_by_hostname.entry(s.key.hostname.clone()).or_default().push(s.key.clone());
         for (net, cidr) in &s.cidr_vips {
-            let at = self.services_by_cidr.partition_point(|(_, c, _)| c.prefix >= cidr.prefix);
-            self.services_by_cidr.insert(at, (net.clone(), *cidr, s.key.clone()));
+            self.services_by_cidr.insert(net, *cidr, s.key.clone());
         }
         self.services.insert(s.key.clone(), s);
     }
 
     fn remove_service(&mut self, key: &ServiceKey) -> bool {
         let Some(old) = self.services.remove(key) else { return false };
-        if !old.cidr_vips.is_empty() {
-            self.services_by_cidr.retain(|(_, _, k)| k != key);
+        for (net, cidr) in &old.cidr_vips {
+            self.services_by_cidr.remove(net, *cidr, key);
         }
         if let Some(keys) = self.services_by_hostname.get_mut(&key.hostname) {
-            keys.retain(|k| k != key);
-            if keys.is_empty() {
+            if !keys.remove(key) {
                 self.services_by_hostname.remove(&key.hostname);
             }
         }
         for vip in &old.vips {
             if let Some(keys) = self.services_by_vip.get_mut(vip) {
-                keys.retain(|k| k != key);
-                if keys.is_empty() {
+                if !keys.remove(key) {
                     self.services_by_vip.remove(vip);
                 }
             }
@@ -557,16 +550,8 @@ impl State {
         if self.services_by_cidr.is_empty() {
             return None;
         }
-        // Longest prefix first: the first range that contains the IP decides (ties among equal prefixes as above).
-        let hit = self.services_by_cidr.iter().find(|(net, c, _)| net == network && c.contains(ip))?;
-        let prefix = hit.1.prefix;
-        best(
-            &mut self
-                .services_by_cidr
-                .iter()
-                .filter(|(net, c, _)| net == network && c.prefix == prefix && c.contains(ip))
-                .map(|(_, _, k)| k),
-        )
+        // The longest range that contains the IP decides (ties among its services as above).
+        best(&mut self.services_by_cidr.longest(network, ip)?.iter())
     }
 
     pub fn service(&self, key: &ServiceKey) -> Option<&Arc<Service>> {
@@ -577,12 +562,17 @@ impl State {
     /// first.
     pub fn service_by_hostname(&self, hostname: &str, prefer_ns: &str) -> Option<&Arc<Service>> {
         let keys = self.services_by_hostname.get(hostname)?;
-        keys.iter().find(|k| k.namespace == prefer_ns).or_else(|| keys.first()).and_then(|k| self.services.get(k))
+        let host = keys.first()?.hostname.clone();
+        keys.in_namespace(prefer_ns, &host).or_else(|| keys.first()).and_then(|k| self.services.get(k))
     }
 
     /// Every service with this hostname (the DNS proxy chooses among them).
     pub fn services_by_host<'a>(&'a self, hostname: &str) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
-        self.services_by_hostname.get(hostname).into_iter().flatten().filter_map(|k| self.services.get(k))
+        self.services_by_hostname
+            .get(hostname)
+            .into_iter()
+            .flat_map(index::Keys::iter)
+            .filter_map(|k| self.services.get(k))
     }
 
     /// `uid`'s port map as an endpoint of the service `key`, if it is one.

@@ -57,7 +57,7 @@ pub struct ServiceAccountMatch {
 }
 
 /// A CIDR, stored masked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Cidr {
     pub addr: IpAddr,
     pub prefix: u8,
@@ -75,6 +75,11 @@ impl Cidr {
             return None;
         }
         Some(Cidr { addr: mask(ip, prefix), prefix })
+    }
+
+    /// The range of `prefix` bits that contains `ip`.
+    pub fn of(ip: IpAddr, prefix: u8) -> Cidr {
+        Cidr { addr: mask(ip, prefix), prefix }
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
