@@ -94,6 +94,22 @@ test('durations in Go syntax', () => {
   assert.equal(c.secretTtlMs, 3_600_000);
 });
 
+test('CONNECTION_TIMEOUT has a floor of 100ms and NODE_NAME must be a Kubernetes node name (issue 29)', () => {
+  const refused = (env, pattern) => assert.throws(() => loadConfig({ env: { ...LOCAL, ...env }, args: [] }), (e) => {
+    assert.ok(e instanceof ConfigError, `expected ConfigError, got ${e}`);
+    assert.match(e.message, pattern);
+    return true;
+  });
+  refused({ CONNECTION_TIMEOUT: '0s' }, /CONNECTION_TIMEOUT: "0s" is below the minimum of 100ms/);
+  refused({ CONNECTION_TIMEOUT: '99ms' }, /CONNECTION_TIMEOUT: "99ms" is below the minimum/);
+  assert.equal(loadConfig({ env: { ...LOCAL, CONNECTION_TIMEOUT: '100ms' }, args: [] }).connectionTimeoutMs, 100);
+  refused({ NODE_NAME: 'node-a\u001b[31m' }, /NODE_NAME: "node-a\\u001b\[31m" is not a Kubernetes node name/);
+  refused({ NODE_NAME: 'node a' }, /NODE_NAME: "node a" is not a Kubernetes node name/);
+  refused({ NODE_NAME: 'Node-A' }, /is not a Kubernetes node name/);
+  refused({ NODE_NAME: 'a'.repeat(254) }, /is not a Kubernetes node name/);
+  assert.equal(loadConfig({ env: { ...LOCAL, NODE_NAME: 'ip-10-0-0-1.ec2.internal' }, args: [] }).nodeName, 'ip-10-0-0-1.ec2.internal');
+});
+
 test('SECRET_TTL below a minute is refused at load, naming the variable, the value and the minimum', () => {
   const refused = (input, pattern) => assert.throws(() => loadConfig(input), (e) => {
     assert.ok(e instanceof ConfigError, `expected ConfigError, got ${e}`);

@@ -245,3 +245,17 @@ test('the shipped examples are valid', async () => {
     ['echo', 'node-b', '127.0.2.10', 'HBONE'],
   ]);
 });
+
+test('a document with thousands of problems is refused in a screenful: the first 100, then how many more (issue 29)', () => {
+  const workloads = Array.from({ length: 5000 }, (_, i) => ({ uid: `w${i}`, name: `w${i}`, namespace: 'ns', workloadIps: ['not-an-ip'] }));
+  assert.throws(() => parseLocalConfig(JSON.stringify({ workloads }), 'many.yaml'), (e) => {
+    assert.ok(e instanceof LocalConfigError);
+    const lines = e.message.split('\n');
+    assert.equal(lines.length, 101, e.message.slice(0, 500));
+    assert.match(lines[0], /^many\.yaml: workloads\[0\]\.workloadIps\[0\]/);
+    assert.equal(lines.at(-1), 'many.yaml: and 4900 more problems');
+    return true;
+  });
+  // A few problems are all listed.
+  assert.throws(() => parseLocalConfig(JSON.stringify({ workloads: workloads.slice(0, 3) }), 'few.yaml'), (e) => e.message.split('\n').length === 3 && !/more problem/.test(e.message));
+});

@@ -72,6 +72,11 @@ export const DEFAULT_SECRET_TTL_MS = 24 * 3_600_000;
  * grows with the number of identities on the node.
  */
 export const MIN_SECRET_TTL_MS = 60_000;
+/**
+ * CONNECTION_TIMEOUT's floor: below it no connect across nodes completes (a TLS and HTTP/2 handshake is a few round
+ * trips), so every connection would fail; `0s` (which ztunnel accepts) is refused rather than served that way.
+ */
+export const MIN_CONNECTION_TIMEOUT_MS = 100;
 /** Default thread floor: one thread is a single point of latency for every connection on the node. */
 export const MIN_DEFAULT_WORKER_THREADS = 2;
 /** Without a CPU limit ztunnel takes a quarter of the node's cores; the node runs the workloads too. */

@@ -279,6 +279,27 @@ export function formatPath(path: readonly PropertyKey[]): string {
   return out === '' ? '(document)' : out;
 }
 
+/**
+ * At most this many problems are listed, the rest counted: a file with 100k errors is refused in a screenful, not
+ * in 100k lines (issue 29).
+ */
+export const MAX_LISTED_PROBLEMS = 100;
+
+/** The refusal of a document: each problem a line naming `source` and the path, at most MAX_LISTED_PROBLEMS. */
+function refusal(issues: readonly z.core.$ZodIssue[], source: string): LocalConfigError {
+  const out: string[] = [];
+  let listed = 0;
+  for (const issue of issues) {
+    const lines = describeIssue(issue);
+    if (listed > 0 && out.length + lines.length > MAX_LISTED_PROBLEMS) break;
+    out.push(...lines.map((line) => `${source}: ${line}`));
+    listed++;
+  }
+  const more = issues.length - listed;
+  if (more > 0) out.push(`${source}: and ${more} more problem${more === 1 ? '' : 's'}`);
+  return new LocalConfigError(out.join('\n'));
+}
+
 function describeIssue(issue: z.core.$ZodIssue): string[] {
   switch (issue.code) {
     case 'unrecognized_keys':
@@ -320,8 +341,7 @@ export function parseLocalConfig(text: string, source: string): LocalConfig {
   const raw: unknown = JSON.parse(json) ?? {};
   const parsed = documentSchema.safeParse(raw, { reportInput: true });
   if (!parsed.success) {
-    const lines = parsed.error.issues.flatMap(describeIssue).map((line) => `${source}: ${line}`);
-    throw new LocalConfigError(lines.join('\n'));
+    throw refusal(parsed.error.issues, source);
   }
   return { ...parsed.data, source };
 }
@@ -334,8 +354,7 @@ export function parseLocalConfig(text: string, source: string): LocalConfig {
 export function parseLocalPolicies(policies: unknown[], source: string): Policy[] {
   const parsed = documentSchema.safeParse({ policies }, { reportInput: true });
   if (!parsed.success) {
-    const lines = parsed.error.issues.flatMap(describeIssue).map((line) => `${source}: ${line}`);
-    throw new LocalConfigError(lines.join('\n'));
+    throw refusal(parsed.error.issues, source);
   }
   return parsed.data.policies;
 }
@@ -369,8 +388,7 @@ export function parsePolicyCandidates(text: string, source: string): PolicyCandi
       if (wrapped || issue.path[0] !== 'policies') return issue;
       return { ...issue, path: Array.isArray(raw) ? issue.path.slice(1) : issue.path.slice(2) };
     };
-    const lines = parsed.error.issues.map(asWritten).flatMap(describeIssue).map((line) => `${source}: ${line}`);
-    throw new LocalConfigError(lines.join('\n'));
+    throw refusal(parsed.error.issues.map(asWritten), source);
   }
   return parsed.data;
 }

@@ -5,7 +5,7 @@
 // `superRefine` below. Defaults are NOT here: they depend on other fields (mode, CPU count) and live, named and
 // explained, in defaults.ts and are applied in index.ts.
 import { z } from 'zod';
-import { MIN_SECRET_TTL_MS } from './defaults.js';
+import { MIN_CONNECTION_TIMEOUT_MS, MIN_SECRET_TTL_MS } from './defaults.js';
 import { formatDurationMs, parseDurationMs } from './duration.js';
 import { parseSocketAddress, type SocketAddress } from './address.js';
 import { parseLogFilter, type LogFilter } from '../log/filter.js';
@@ -21,6 +21,15 @@ const text = () => z.string();
 
 const nonEmpty = () =>
   z.string().transform((s, ctx) => (s.trim() === '' ? fail(ctx, s, 'must not be empty') : s.trim()));
+
+/** A Kubernetes node's name: a DNS subdomain (RFC 1123: lowercase letters, digits, '-' and '.', at most 253). */
+const DNS_SUBDOMAIN = /^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+const nodeName = () =>
+  z.string().transform((s, ctx) =>
+    DNS_SUBDOMAIN.test(s.trim())
+      ? s.trim()
+      : fail(ctx, s, `${JSON.stringify(s)} is not a Kubernetes node name (lowercase letters, digits, '-' and '.', at most 253 characters)`),
+  );
 
 const positiveInt = (max = Number.MAX_SAFE_INTEGER, min = 1) =>
   z.string().transform((s, ctx) => {
@@ -170,7 +179,7 @@ const fields = {
   LOCAL_XDS: nonEmpty().optional().describe('local config YAML inline (exclusive with LOCAL_XDS_PATH)'),
   XDS_ADDRESS: url().optional().describe('istiod XDS address; "" disables XDS (default: istiod, none in local mode)'),
   CA_ADDRESS: url().optional().describe('istiod CA address; "" disables (default: istiod, none in local mode)'),
-  NODE_NAME: nonEmpty().optional().describe('this node; workloads with this node are local (required in local mode)'),
+  NODE_NAME: nodeName().optional().describe('this node; workloads with this node are local (required in local mode)'),
   CLUSTER_ID: nonEmpty().optional().describe('cluster id (default Kubernetes; ISTIO_META_CLUSTER_ID wins over env)'),
   ISTIO_META_CLUSTER_ID: nonEmpty().optional().describe('cluster id from proxy metadata (wins over CLUSTER_ID env)'),
   ISTIO_META_ISTIO_VERSION: nonEmpty().optional().describe('Istio version for the istio_build metric tag'),
@@ -197,7 +206,7 @@ const fields = {
   STREAM_BUFFER_BUDGET: positiveInt(Number.MAX_SAFE_INTEGER, 2 ** 20)
     .optional()
     .describe("ztunnel-node's own: bytes of stream data buffered toward HBONE peers across all connections (268435456)"),
-  CONNECTION_TIMEOUT: duration().optional().describe('upstream connect timeout (10s)'),
+  CONNECTION_TIMEOUT: duration(MIN_CONNECTION_TIMEOUT_MS).optional().describe('upstream connect timeout (10s; at least 100ms)'),
   CONNECT_RESILIENCE: bool().optional().describe('connect retry and outlier ejection of service-addressed connections; false: ztunnel\'s behaviour (true)'),
   CONNECT_ATTEMPTS: positiveInt(10).optional().describe('attempts of a service-addressed connect, each on another endpoint, within CONNECTION_TIMEOUT (3)'),
   OUTLIER_CONSECUTIVE_FAILURES: nonNegativeInt(1000).optional().describe('consecutive connect failures that eject an endpoint; 0: no ejection (5)'),
