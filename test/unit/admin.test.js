@@ -34,9 +34,9 @@ test('/quitquitquit: POST starts the shutdown and says so; other methods 405', a
 });
 
 /** A raw request with the headers a browser (or a DNS-rebinding page) would send. */
-function rawPost(port, path, headers) {
+function raw(method, port, path, headers) {
   return new Promise((resolve, reject) => {
-    const r = request({ host: '127.0.0.1', port, path, method: 'POST', headers, agent: false }, (res) => {
+    const r = request({ host: '127.0.0.1', port, path, method, headers, agent: false }, (res) => {
       let body = '';
       res.on('data', (c) => (body += c));
       res.on('end', () => resolve({ status: res.statusCode, body }));
@@ -67,6 +67,59 @@ test('mutating endpoints refuse what a web page can send: cross-origin, cross-si
   assert.equal((await rawPost(port, '/logging?reset', { host: ok, origin: `http://${ok}`, 'sec-fetch-site': 'same-origin' })).status, 200);
   assert.equal((await rawPost(port, '/quitquitquit', { host: `[::1]:${port}` })).status, 200);
   assert.deepEqual(quits, ['admin /quitquitquit']);
+});
+
+const rawPost = (port, path, headers) => raw('POST', port, path, headers);
+const rawGet = (port, path, headers) => raw('GET', port, path, headers);
+
+test('every GET answers only a Host that is an address (DNS rebinding); profile GETs take the mutating guard (issue 29)', async (t) => {
+  let profiles = 0;
+  const { port } = await start(t, {
+    cpuProfile: async () => (profiles++, new Uint8Array([1])),
+    heapProfile: async () => (profiles++, new Uint8Array([2])),
+  });
+  for (const path of ['/', '/config_dump', '/debug/pprof/profile?seconds=1', '/debug/pprof/heap', '/nowhere']) {
+    const r = await rawGet(port, path, { host: `rebound.example:${port}` });
+    assert.equal(r.status, 403, path);
+    assert.match(r.body, /Host "rebound\.example:\d+" is not an IP address or localhost/);
+  }
+  for (const path of ['/debug/pprof/profile?seconds=1', '/debug/pprof/heap']) {
+    const r = await rawGet(port, path, { host: `127.0.0.1:${port}`, 'sec-fetch-site': 'cross-site' });
+    assert.equal(r.status, 403, `${path} cross-site`);
+  }
+  assert.equal(profiles, 0, 'no profile was taken for a refused request');
+  assert.equal((await rawGet(port, '/config_dump', { host: `localhost:${port}` })).status, 200);
+  assert.equal((await rawGet(port, '/debug/pprof/profile?seconds=1', { host: `127.0.0.1:${port}` })).status, 200);
+  assert.equal(profiles, 1);
+});
+
+test('a CPU profile is cancelled when its requester goes away; a second request meanwhile is 409 and cancels nothing (issue 29)', async (t) => {
+  let cancelled = 0;
+  let finish = null;
+  const { port } = await start(t, {
+    cpuProfile: () => new Promise((resolve, reject) => (finish = { resolve, reject })),
+    cancelCpuProfile: () => {
+      cancelled++;
+      finish?.reject(new Error('PROFILE: the profile was cancelled'));
+    },
+  });
+  const aborter = new AbortController();
+  const first = fetch(`http://127.0.0.1:${port}/debug/pprof/profile?seconds=300`, { signal: aborter.signal }).catch((e) => e);
+  while (finish === null) await new Promise((r) => setTimeout(r, 10));
+  const second = await rawGet(port, '/debug/pprof/profile?seconds=1', { host: `127.0.0.1:${port}` });
+  assert.equal(second.status, 409);
+  assert.equal(cancelled, 0, 'the busy answer cancels nothing');
+  aborter.abort();
+  assert.ok((await first) instanceof Error);
+  for (let i = 0; i < 100 && cancelled === 0; i++) await new Promise((r) => setTimeout(r, 10));
+  assert.equal(cancelled, 1, 'the requester went away: the profile was stopped');
+  // The next request starts a profile of its own.
+  finish = null;
+  const next = fetch(`http://127.0.0.1:${port}/debug/pprof/profile?seconds=1`);
+  while (finish === null) await new Promise((r) => setTimeout(r, 10));
+  finish.resolve(new Uint8Array([7]));
+  assert.equal((await next).status, 200);
+  assert.equal(cancelled, 1, 'a profile that finished is not cancelled');
 });
 
 test('/config_dump is pretty JSON with the top-level keys in order', async (t) => {

@@ -21,6 +21,8 @@ export interface AdminHandlers {
   previewAuthz?(req: AuthzPreviewRequest): Promise<AuthzPreview>;
   /** The process's CPU profile, pprof protobuf (the dataplane samples it; absent: 503). */
   cpuProfile?(seconds: number, frequency: number): Promise<Uint8Array>;
+  /** Stops the profile being taken (its requester went away). */
+  cancelCpuProfile?(): void;
   /** Turns the heap profile's sampling on or off; returns whether it is on (absent: 503). */
   heapProfiling?(activate: boolean): boolean;
   /** The dataplane's live sampled allocations, pprof protobuf (absent: 503). */
@@ -64,6 +66,10 @@ function indexHtml(): string {
 export function createAdminServer(h: AdminHandlers): Server {
   const server = createHttpServer((req, res) => {
     const path = pathOf(req);
+    // Every request names the admin by address: a DNS-rebinding page, which reaches it under its own host name, is
+    // answered nothing (not even a GET: config_dump and the dashboard show the node's whole mesh).
+    const badHost = hostRefusal(req);
+    if (badHost !== null) return reply(res, 403, badHost);
     switch (path) {
       case '/':
         return reply(res, 200, indexHtml(), 'text/html; charset=utf-8');
@@ -83,9 +89,14 @@ export function createAdminServer(h: AdminHandlers): Server {
         h.quit('admin /quitquitquit');
         return;
       }
-      case '/debug/pprof/profile':
+      case '/debug/pprof/profile': {
         if (h.cpuProfile === undefined) return reply(res, 503, 'profiling is not available\n');
-        return serveCpuProfile(queryOf(req), res, h.cpuProfile);
+        // A GET that starts work (the process sampled for up to 300 s, symbols read after): an operator's request,
+        // never a web page's.
+        const refused = notFromAnOperator(req);
+        if (refused !== null) return reply(res, 403, refused);
+        return serveCpuProfile(queryOf(req), res, h.cpuProfile, h.cancelCpuProfile);
+      }
       case '/debug/pprof/heap/profiling': {
         if (h.heapProfiling === undefined) return reply(res, 503, 'profiling is not available\n');
         // It changes what the process does on every allocation: an operator's request, never a web page's.
@@ -93,9 +104,12 @@ export function createAdminServer(h: AdminHandlers): Server {
         if (refused !== null) return reply(res, 403, refused);
         return serveHeapProfiling(queryOf(req), res, h.heapProfiling);
       }
-      case '/debug/pprof/heap':
+      case '/debug/pprof/heap': {
         if (h.heapProfile === undefined) return reply(res, 503, 'profiling is not available\n');
+        const refused = notFromAnOperator(req);
+        if (refused !== null) return reply(res, 403, refused);
         return serveHeapProfile(res, h.heapProfile);
+      }
       case '/debug/authorize': {
         if (req.method !== 'GET') return reply(res, 405, AUTHORIZE_HELP);
         if (h.authorize === undefined) return reply(res, 503, 'authorization is not available\n');
@@ -146,14 +160,21 @@ export function createAdminServer(h: AdminHandlers): Server {
  * Host, where operators' tools (curl, istioctl, kubectl port-forward) send an IP address or localhost.
  */
 export function notFromAnOperator(req: IncomingMessage): string | null {
+  const badHost = hostRefusal(req);
+  if (badHost !== null) return badHost;
   const host = req.headers.host ?? '';
-  const hostname = host.startsWith('[') ? host.slice(1, host.indexOf(']')) : host.replace(/:\d+$/, '');
-  if (hostname !== 'localhost' && isIP(hostname) === 0) return `refused: Host ${JSON.stringify(host)} is not an IP address or localhost\n`;
   const origin = req.headers.origin;
   if (origin !== undefined && origin !== `http://${host}`) return `refused: a cross-origin request (Origin ${origin})\n`;
   const site = req.headers['sec-fetch-site'];
   if (site !== undefined && site !== 'same-origin' && site !== 'none') return `refused: a ${site} request\n`;
   return null;
+}
+
+/** Why a request's Host is refused (it is not an IP address or localhost: a DNS name, as a rebinding page's), or null. */
+export function hostRefusal(req: IncomingMessage): string | null {
+  const host = req.headers.host ?? '';
+  const hostname = host.startsWith('[') ? host.slice(1, host.indexOf(']')) : host.replace(/:\d+$/, '');
+  return hostname === 'localhost' || isIP(hostname) !== 0 ? null : `refused: Host ${JSON.stringify(host)} is not an IP address or localhost\n`;
 }
 
 function logging(logs: Logs, method: string | undefined, query: URLSearchParams, send: (status: number, body: string) => void): void {

@@ -24,21 +24,42 @@ export function profileParams(q: URLSearchParams): { seconds: number; frequency:
   return { seconds, frequency };
 }
 
-/** Answers a profile request: 200 with the profile, 400 for bad parameters, 409 while another profile runs. */
+/** Whether this process's admin is taking a CPU profile. */
+let profiling = false;
+
+/**
+ * Answers a profile request: 200 with the profile, 400 for bad parameters, 409 while another profile runs; the
+ * profile stops when its requester goes away.
+ */
 export function serveCpuProfile(
   q: URLSearchParams,
   res: ServerResponse,
   profile: (seconds: number, frequency: number) => Promise<Uint8Array>,
+  /** Stops the profile: called when the requester goes away before it is done (no one would read it). */
+  cancel?: () => void,
 ): void {
   const p = profileParams(q);
   if (typeof p === 'string') return reply(res, 400, p);
-  profile(p.seconds, p.frequency).then(
-    (bytes) => sendProfile(res, bytes),
-    (err: unknown) => {
-      const message = err instanceof Error ? err.message : String(err);
-      reply(res, notRunning(err) ? 503 : /already being taken/.test(message) ? 409 : 500, `${message}\n`);
-    },
-  );
+  // One profile at a time (the profiler is process-wide): a second request is answered here, so that only the
+  // request that started the profile can cancel it.
+  if (profiling) return reply(res, 409, 'a profile is already being taken\n');
+  profiling = true;
+  let done = false;
+  res.once('close', () => {
+    if (!done) cancel?.();
+  });
+  profile(p.seconds, p.frequency)
+    .finally(() => {
+      done = true;
+      profiling = false;
+    })
+    .then(
+      (bytes) => sendProfile(res, bytes),
+      (err: unknown) => {
+        const message = err instanceof Error ? err.message : String(err);
+        reply(res, notRunning(err) ? 503 : /already being taken/.test(message) ? 409 : 500, `${message}\n`);
+      },
+    );
 }
 
 function sendProfile(res: ServerResponse, bytes: Uint8Array): void {

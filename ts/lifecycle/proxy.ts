@@ -72,6 +72,7 @@ export type DataplanePort = Pick<
   | 'meshDump'
   | 'localDump'
   | 'cpuProfile'
+  | 'cancelCpuProfile'
   | 'heapProfiling'
   | 'heapProfile'
   | 'localWorkloadState'
@@ -532,6 +533,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       authorize: (r) => running().authorize(r),
       previewAuthz: async (r) => running().previewAuthz(r),
       cpuProfile: async (seconds, frequency) => running().cpuProfile(seconds, frequency),
+      cancelCpuProfile: () => running().cancelCpuProfile(),
       heapProfiling: (activate) => running().heapProfiling(activate),
       heapProfile: async () => running().heapProfile(),
       configDump: () => {

@@ -64,6 +64,11 @@ export declare class Dataplane {
    */
   cpuProfile(seconds: number, frequency: number): Promise<Buffer>
   /**
+   * Stops the CPU profile being taken, if any (its requester went away): its `cpuProfile` rejects with
+   * `PROFILE: the profile was cancelled` within 100 ms.
+   */
+  cancelCpuProfile(): void
+  /**
    * Turns the heap profile's sampling on or off (admin `/debug/pprof/heap/profiling?activate=`); returns whether it
    * is on. Off drops what was recorded.
    */

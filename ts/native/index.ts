@@ -342,6 +342,11 @@ export class Dataplane {
     return callAsync(() => this.inner.cpuProfile(seconds, frequency));
   }
 
+  /** Stops the CPU profile being taken, if any: its cpuProfile rejects within 100 ms. */
+  cancelCpuProfile(): void {
+    call(() => this.inner.cancelCpuProfile());
+  }
+
   /** Turns the heap profile's sampling on or off; returns whether it is on (off drops what was recorded). */
   heapProfiling(activate: boolean): boolean {
     return call(() => this.inner.heapProfiling(activate));

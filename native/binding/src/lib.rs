@@ -187,6 +187,13 @@ impl Dataplane {
             .map_err(|e| err(format!("PROFILE: {e}")))
     }
 
+    /// Stops the CPU profile being taken, if any (its requester went away): its `cpuProfile` rejects with
+    /// `PROFILE: the profile was cancelled` within 100 ms.
+    #[napi]
+    pub fn cancel_cpu_profile(&self) {
+        dataplane::profile::cancel_cpu_profile();
+    }
+
     /// Turns the heap profile's sampling on or off (admin `/debug/pprof/heap/profiling?activate=`); returns whether it
     /// is on. Off drops what was recorded.
     #[napi]

@@ -238,14 +238,16 @@ pub fn profile() -> Result<Vec<u8>, HeapProfileError> {
     });
     let start = started.and_then(|s| s.duration_since(UNIX_EPOCH).ok()).unwrap_or_default();
     let duration = started.and_then(|s| s.elapsed().ok()).unwrap_or(Duration::ZERO);
-    Ok(crate::profile::encode_values(
+    let encoded = crate::profile::encode_values(
         samples,
         [("inuse_objects", "count"), ("inuse_space", "bytes")],
         ("space", "bytes"),
         RATE as i64,
         start,
         duration,
-    ))
+    );
+    crate::profile::release_symbols();
+    Ok(encoded)
 }
 
 /// The lib's tests run on the sampling allocator too (it passes everything through while profiling is off).
