@@ -2,7 +2,7 @@
 """Ask DNS questions with dnspython (a real resolver library) and print what came back, as JSON.
 
 argv[1]: a JSON list of questions, each {server, port, name, type, tcp?, payload? (EDNS payload; absent: no EDNS),
-ednsVersion?, timeout?}. Prints a JSON list of answers, each {rcode, tc, aa, ra, answers: [{name, type, ttl, data}],
+ednsVersion?, timeout?, source? (the address to ask from)}. Prints a JSON list of answers, each {rcode, tc, aa, ra, answers: [{name, type, ttl, data}],
 edns: {payload, version} | null} or {error}.
 """
 import json
@@ -29,7 +29,7 @@ def ask(q):
     timeout = q.get("timeout", 3)
     try:
         if q.get("tcp"):
-            r = dns.query.tcp(msg, q["server"], port=q["port"], timeout=timeout)
+            r = dns.query.tcp(msg, q["server"], port=q["port"], timeout=timeout, source=q.get("source"))
         else:
             r = dns.query.udp(msg, q["server"], port=q["port"], timeout=timeout, ignore_trailing=True)
     except Exception as e:  # noqa: BLE001 - the test wants the reason, whatever it is

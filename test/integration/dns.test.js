@@ -304,6 +304,34 @@ test('malformed and oversized queries: FORMERR when the header is readable, sile
   assert.equal(d.exit, null, 'the daemon is still running');
 });
 
+test('DNS over TCP answers 99 % of questions while 300 slow clients hold connections on it (issue 29)', async () => {
+  const octet = SLEEP_IP.split('.')[1];
+  let stop = false;
+  const held = new Set();
+  const open = (i) => {
+    if (stop) return;
+    const c = connect({ host: SLEEP_IP, port: DNS_PORT, localAddress: `127.${octet}.200.${1 + (i % 4)}` });
+    held.add(c);
+    c.on('error', () => {});
+    c.on('connect', () => c.write(Buffer.from([0]))); // half a length prefix, never the rest
+    c.on('close', () => {
+      held.delete(c);
+      setTimeout(() => open(i), 5);
+    });
+  };
+  for (let i = 0; i < 300; i++) open(i);
+  try {
+    await new Promise((r) => setTimeout(r, 1_000));
+    const questions = Array.from({ length: 197 }, () => q('echo.default.svc.cluster.local.', { tcp: true, timeout: 2, source: `127.${octet}.201.1` }));
+    const answers = await ask(questions);
+    const answered = answers.filter((a) => a.rcode === 'NOERROR' && a.answers.length === 1).length;
+    assert.ok(answered >= 195, `${answered} of 197 questions answered over TCP: ${JSON.stringify(answers.find((a) => a.error !== undefined))}`);
+  } finally {
+    stop = true;
+    for (const c of held) c.destroy();
+  }
+});
+
 test('metrics: istio_dns_requests_total and upstream counters with ztunnel labels; debug records on target dns', async () => {
   const samples = await d.metrics();
   const labels = { request_query_type: 'a', request_protocol: 'udp', source_canonical_service: 'sleep', source_canonical_revision: 'v1' };

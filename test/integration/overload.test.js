@@ -178,6 +178,70 @@ test('2,000 slow partial requests to stats: capped and timed out, descriptors bo
   assert.ok(daemon.logs.some((l) => /connection limit/.test(l.message ?? '') && l.server === 'stats'), 'the refusals are logged');
 });
 
+/**
+ * 300 partial requests held on `port` from `sources` source addresses, each re-opened as soon as it is closed, while
+ * 149 probes (a fresh connection each, from an address of their own, as kubelet's) ask `path`: how many are answered.
+ */
+async function probesUnderSlowClients(port, path, sources) {
+  const { connect } = await import('node:net');
+  const { request } = await import('node:http');
+  const octet = net.workload(1).split('.')[1];
+  const host = net.admin(1);
+  let stop = false;
+  const held = new Set();
+  const open = (i) => {
+    if (stop) return;
+    const c = connect({ host, port, localAddress: `127.${octet}.200.${1 + (i % sources)}` });
+    held.add(c);
+    c.on('error', () => {});
+    c.on('connect', () => c.write(`GET ${path} HTTP/1.1\r\nHost: ${host}\r\n`));
+    c.on('close', () => {
+      held.delete(c);
+      setTimeout(() => open(i), 5);
+    });
+  };
+  for (let i = 0; i < 300; i++) open(i);
+  const drip = setInterval(() => {
+    for (const c of held) if (!c.destroyed && c.writable) c.write('X-Slow: 1\r\n');
+  }, 500);
+  await new Promise((r) => setTimeout(r, 1_000));
+  const probe = () =>
+    new Promise((resolve) => {
+      const r = request({ host, port, path, localAddress: `127.${octet}.201.1`, agent: false, timeout: 2_000, headers: { host: `${host}:${port}` } }, (res) => {
+        res.resume();
+        res.on('end', () => resolve(res.statusCode === 200));
+      });
+      r.on('timeout', () => r.destroy());
+      r.on('error', () => resolve(false));
+      r.end();
+    });
+  let answered = 0;
+  try {
+    for (let i = 0; i < 149; i++) {
+      answered += Number(await probe());
+      await new Promise((r) => setTimeout(r, 10));
+    }
+  } finally {
+    stop = true;
+    clearInterval(drip);
+    for (const c of held) c.destroy();
+  }
+  return answered;
+}
+
+test('readiness, stats and admin answer 99 % of probes while 300 partial requests are held on each (issue 29)', async () => {
+  for (const [port, path, sources] of [
+    [15021, '/healthz/ready', 4],
+    [15021, '/healthz/ready', 150], // from many addresses: the full server closes its oldest waiting connection
+    [15020, '/metrics', 4],
+    [15000, '/config_dump', 4],
+  ]) {
+    const answered = await probesUnderSlowClients(port, path, sources);
+    assert.ok(answered >= 148, `${port}${path} (slow clients from ${sources} addresses): ${answered} of 149 probes answered`);
+  }
+  assert.ok((await daemon.metric('ztunnel_node_http_connections_dropped_total', { server: 'readiness' })) > 0);
+});
+
 test('a flood of failing streams: at most 100 error lines a second per cause, the rest counted', async () => {
   const s = await session();
   s.on('error', () => {});

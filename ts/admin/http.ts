@@ -1,6 +1,6 @@
 // Small helpers shared by the admin, stats and readiness servers (plain node:http; no framework for three routes).
 import type { IncomingMessage, RequestListener, Server, ServerOptions, ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
 import { formatSocketAddress, type SocketAddress } from '../config/address.js';
 import { ZtunnelError } from '../errors.js';
 
@@ -14,9 +14,11 @@ export const HTTP_REQUEST_TIMEOUT_MS = 10_000;
 export const HTTP_KEEPALIVE_TIMEOUT_MS = 5_000;
 const HTTP_TIMEOUT_CHECK_MS = 250;
 
-/** Connections each server holds at once; more are closed as they arrive and counted. */
+/** Connections each server holds at once (README "Limits and overload"). */
 export const MAX_HTTP_CONNECTIONS = { admin: 32, stats: 128, readiness: 128 } as const;
 export type ServerName = keyof typeof MAX_HTTP_CONNECTIONS;
+/** The share of a server's connections one source address may hold while they wait (a quarter of the cap). */
+export const SOURCE_SHARE_DIVISOR = 4;
 
 export function serverOptions(): ServerOptions {
   return {
@@ -38,10 +40,76 @@ export function createHttpServer(handler: RequestListener): Server {
   return process.getBuiltinModule('node:http').createServer(serverOptions(), handler);
 }
 
-/** Caps `server` at its MAX_HTTP_CONNECTIONS; a connection over the cap is closed at once and reported. */
+/**
+ * Caps `server` at its MAX_HTTP_CONNECTIONS with a fair share per source address, so that a flood of slow or idle
+ * connections cannot keep kubelet's probe or Prometheus's scrape out (issue 29; RFC 7766 § 6.2.3's rule for DNS over
+ * TCP: when full, close the oldest idle connection first):
+ * - a connection waiting for its request (partial or idle keep-alive) may be closed to make room; one whose request
+ *   is being answered never is;
+ * - a source at its share (a quarter of the cap) makes room among its own connections, the oldest waiting one first;
+ * - a full server makes room at the source holding the most connections, closing its oldest waiting one (so a
+ *   source with few, a probe's, is the last to lose one);
+ * - with no waiting connection to close, the new one is closed at once.
+ * Every connection closed this way is reported (`onDrop`: the drop counter, a rate-limited warning).
+ */
 export function capConnections(server: Server, name: ServerName, onDrop: (name: ServerName) => void): Server {
-  server.maxConnections = MAX_HTTP_CONNECTIONS[name];
-  server.on('drop', () => onDrop(name));
+  const cap = MAX_HTTP_CONNECTIONS[name];
+  // Node's own cap (the early readiness server's, admin/early-readiness.ts) would refuse before the fair choice.
+  server.maxConnections = Number.POSITIVE_INFINITY;
+  const share = Math.max(1, Math.floor(cap / SOURCE_SHARE_DIVISOR));
+  // Insertion order is age: the first waiting one found is the oldest.
+  const open = new Set<Socket>();
+  const bySource = new Map<string, Set<Socket>>();
+  const answering = new Set<Socket>();
+  const oldestWaiting = (among: Iterable<Socket>): Socket | undefined => {
+    for (const s of among) if (!answering.has(s)) return s;
+    return undefined;
+  };
+  const makeRoom = (among: Iterable<Socket>): boolean => {
+    const victim = oldestWaiting(among);
+    if (victim === undefined) return false;
+    forget(victim);
+    victim.destroy();
+    onDrop(name);
+    return true;
+  };
+  /** The connections of the source that holds the most with one of them waiting (oldest connection breaks ties). */
+  const heaviestWaiting = (): Iterable<Socket> => {
+    let best: Set<Socket> | undefined;
+    for (const mine of bySource.values()) {
+      if (best !== undefined && mine.size <= best.size) continue;
+      if (oldestWaiting(mine) !== undefined) best = mine;
+    }
+    return best ?? [];
+  };
+  const forget = (socket: Socket) => {
+    if (!open.delete(socket)) return;
+    answering.delete(socket);
+    const source = socket.remoteAddress ?? '';
+    const mine = bySource.get(source);
+    mine?.delete(socket);
+    if (mine?.size === 0) bySource.delete(source);
+  };
+  server.on('connection', (socket: Socket) => {
+    const source = socket.remoteAddress ?? '';
+    const mine = bySource.get(source);
+    const roomAtSource = mine === undefined || mine.size < share || makeRoom(mine) || open.size < cap;
+    if (!roomAtSource || (open.size >= cap && !makeRoom(heaviestWaiting()))) {
+      socket.destroy();
+      onDrop(name);
+      return;
+    }
+    open.add(socket);
+    if (mine === undefined) bySource.set(source, new Set([socket]));
+    else mine.add(socket);
+    socket.once('close', () => forget(socket));
+  });
+  server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    const socket = req.socket;
+    if (!open.has(socket)) return;
+    answering.add(socket);
+    res.once('close', () => answering.delete(socket));
+  });
   return server;
 }
 

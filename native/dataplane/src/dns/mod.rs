@@ -14,14 +14,16 @@
 //! - Answers over UDP fit the client's size: 512 bytes without EDNS, else its advertised payload (at least 512, at
 //!   most ours); a larger answer goes out as the question alone with TC set, so the client asks again over TCP. A
 //!   query with EDNS gets an OPT record back carrying our payload size (RFC 6891 §6.1.1).
-//! - Bounded: UDP questions in flight per server and TCP connections per server are capped (excess UDP is dropped,
-//!   excess TCP closed); a TCP connection that sends no complete question for 5 s is closed; a forward gives up after
-//!   its deadline.
+//! - Bounded: UDP questions in flight per server and TCP connections per server are capped (excess UDP is dropped);
+//!   TCP connections are shared fairly (`slots`: a source's share, the oldest waiting connection closed first when
+//!   full, as RFC 7766 allows); a TCP connection that sends no complete question for 5 s is closed; a forward gives up
+//!   after its deadline.
 
 pub mod cache;
 pub mod forward;
 pub mod lookup;
 pub mod metrics;
+mod slots;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -180,11 +182,11 @@ impl Server {
     }
 
     async fn serve_tcp(self: Arc<Self>, listener: TcpListener, drain: Drain) {
-        let conns = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
+        let slots = slots::Slots::new(MAX_TCP_CONNECTIONS);
         loop {
-            let stream = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 r = listener.accept() => match r {
-                    Ok((s, _)) => s,
+                    Ok(accepted) => accepted,
                     Err(_) => {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
@@ -192,23 +194,28 @@ impl Server {
                 },
                 _ = drain.graceful.cancelled() => return,
             };
-            let Ok(permit) = conns.clone().try_acquire_owned() else {
+            let mut evicted = 0;
+            let held = slots.admit(peer.ip(), &mut evicted);
+            for _ in 0..evicted {
+                self.pi.metrics.dns.dropped();
+            }
+            let Some(held) = held else {
                 self.pi.metrics.dns.dropped();
                 continue;
             };
             let (me, force) = (self.clone(), drain.force.clone());
             drain.tasks.spawn(async move {
                 tokio::select! {
-                    _ = me.serve_connection(stream) => {}
+                    _ = me.serve_connection(stream, &held) => {}
+                    _ = held.closed.cancelled() => {}
                     _ = force.cancelled() => {}
                 }
-                drop(permit);
             });
         }
     }
 
     /// Length-prefixed questions (RFC 1035 §4.2.2), answered in order, until the client closes or idles out.
-    async fn serve_connection(&self, mut stream: TcpStream) {
+    async fn serve_connection(&self, mut stream: TcpStream, held: &slots::Held) {
         loop {
             let read = async {
                 let len = stream.read_u16().await? as usize;
@@ -220,6 +227,7 @@ impl Server {
                 Ok(Ok(q)) => q,
                 _ => return,
             };
+            held.answering(true);
             let Some(answer) = self.answer(&query, Transport::Tcp).await else { return };
             let Ok(len) = u16::try_from(answer.len()) else { return };
             let mut framed = Vec::with_capacity(answer.len() + 2);
@@ -228,6 +236,7 @@ impl Server {
             if stream.write_all(&framed).await.is_err() {
                 return;
             }
+            held.answering(false);
         }
     }
 
