@@ -20,7 +20,7 @@ export function spiffeSans(peerCert) {
  * `settings`: the client's HTTP/2 SETTINGS. `expectServerId`: the server's single SPIFFE SAN must be this identity (DNS names are ignored, as
  * in ztunnel). Resolves the ClientHttp2Session once the TLS handshake and the h2 preface are done, or rejects.
  */
-export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId, maxVersion = 'TLSv1.3', minVersion = 'TLSv1.3', ecdhCurve, ciphers, timeoutMs = 10_000, alpn = ['h2'], via, settings }) {
+export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId, maxVersion = 'TLSv1.3', minVersion = 'TLSv1.3', ecdhCurve, ciphers, timeoutMs = 10_000, alpn = ['h2'], via, settings, localAddress }) {
   return new Promise((resolve, reject) => {
     let tlsSocket;
     const session = http2Connect(`https://${host}:${port}`, {
@@ -29,6 +29,7 @@ export function hboneSession({ host, port = 15008, cert, key, ca, expectServerId
         tlsSocket = tlsConnect({
           host: via?.host ?? host,
           port: via?.port ?? port,
+          ...(localAddress ? { localAddress } : {}),
           ...(cert ? { cert, key } : {}),
           ca,
           ...(alpn === null ? {} : { ALPNProtocols: alpn }),

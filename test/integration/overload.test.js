@@ -17,12 +17,14 @@ const ECHO_IP = net.workload(1);
 const ECHO_PORT = 8080;
 /** A listener that never accepts (backlog 0): dials to it hang in SYN retries until the connect timeout. */
 const BLACKHOLE_PORT = 8081;
+/** An application that accepts at once and counts (the reset floods' upstream dials). */
+const COUNTING_PORT = 8082;
 
 let daemon;
 let caDir;
 let certDir;
 let root;
-let client;
+let legitimate;
 const closers = [];
 
 before(async () => {
@@ -41,7 +43,7 @@ s = socket.socket(); s.bind(("${ECHO_IP}", ${BLACKHOLE_PORT})); s.listen(0); pri
     adminIp: net.admin(1),
   });
   root = builtinCa(caDir).certPem;
-  client = builtinLeaf(certDir, caDir, [spiffe('default', 'attacker')], 'attacker');
+  legitimate = builtinLeaf(certDir, caDir, [spiffe('default', 'legitimate')], 'legitimate');
 });
 
 after(async () => {
@@ -50,15 +52,26 @@ after(async () => {
 });
 
 const fds = () => readdirSync(`/proc/${daemon.child.pid}/fd`).length;
-const session = () => hboneSession({ host: ECHO_IP, ca: root, cert: client.chainPem, key: client.keyPem });
+/**
+ * Attacker `n`'s session: an identity and a source address of its own, so that what the node's reset budget holds
+ * against one attack (`proxy/resets.rs`: per identity and per source address) does not follow the next test.
+ */
+const attackers = new Map();
+const attacker = (n) => {
+  if (!attackers.has(n)) attackers.set(n, builtinLeaf(certDir, caDir, [spiffe('default', `attacker-${n}`)], `attacker-${n}`));
+  return attackers.get(n);
+};
+const attackerAddress = (n) => `127.${ECHO_IP.split('.')[1]}.210.${n}`;
+const session = (n, opts = {}) =>
+  hboneSession({ host: ECHO_IP, ca: root, cert: attacker(n).chainPem, key: attacker(n).keyPem, localAddress: attackerAddress(n), ...opts });
 
 /** One legitimate CONNECT round trip through its own session: resolves the milliseconds it took. */
-const roundTrip = () => echoRoundTrip({ host: ECHO_IP, ca: root, cert: client.chainPem, key: client.keyPem }, `${ECHO_IP}:${ECHO_PORT}`);
+const roundTrip = () => echoRoundTrip({ host: ECHO_IP, ca: root, cert: legitimate.chainPem, key: legitimate.keyPem }, `${ECHO_IP}:${ECHO_PORT}`);
 
 test('rapid reset toward an application that does not accept: dials end with their streams, descriptors stay at baseline, legitimate traffic is unaffected', async (t) => {
   await roundTrip();
   const baseline = fds();
-  const s = await session();
+  const s = await session(1);
   let goaway = null;
   s.on('goaway', (code) => (goaway = code));
   s.on('error', () => {});
@@ -93,7 +106,7 @@ test('rapid reset toward an application that does not accept: dials end with the
 });
 
 test('a peer that keeps resetting streams while their dials are pending is closed with GOAWAY ENHANCE_YOUR_CALM', async () => {
-  const s = await session();
+  const s = await session(2);
   let goaway = null;
   s.on('goaway', (code) => (goaway = code));
   s.on('error', () => {});
@@ -118,12 +131,93 @@ test('a peer that keeps resetting streams while their dials are pending is close
   assert.equal(goaway, h2c.NGHTTP2_ENHANCE_YOUR_CALM, `GOAWAY after ${reset} resets (got ${goaway})`);
   assert.ok(reset <= 200, `closed after ${reset} resets (the allowance is 100)`);
   s.destroy();
-  await daemon.waitForLog((l) => /too many streams reset/.test(l.message ?? ''));
+  // The connection's own allowance, or the node's reset budget (`proxy/resets.rs`) first: 100 premature resets.
+  await daemon.waitForLog((l) => /too many streams reset|HBONE peer banned/.test(l.message ?? ''));
+});
+
+/**
+ * An attack of premature resets toward an application that accepts at once, reconnecting whenever the daemon closes
+ * or refuses it, for `seconds`: `reset(stream)` decides when each stream of a batch is reset. Resolves the resets
+ * sent and the connections the application accepted (the daemon's upstream dials).
+ */
+async function resetFlood(n, seconds, reset) {
+  const { createServer } = await import('node:net');
+  let dials = 0;
+  const app = createServer((c) => {
+    dials++;
+    c.on('error', () => {});
+    c.resume();
+  });
+  await new Promise((r) => app.listen(COUNTING_PORT, ECHO_IP, r));
+  let resets = 0;
+  let refused = 0;
+  const legit = [];
+  const refusedBefore = await daemon.metric('ztunnel_node_hbone_connections_refused_total', { reason: 'premature_resets' });
+  const until = Date.now() + seconds * 1000;
+  let nextLegit = Date.now() + 500;
+  try {
+    while (Date.now() < until && resets < 50_000) {
+      let s;
+      try {
+        s = await session(n, { timeoutMs: 2_000 });
+      } catch {
+        refused++;
+        await new Promise((r) => setTimeout(r, 20));
+        continue;
+      }
+      s.on('error', () => {});
+      while (!s.closed && !s.destroyed && Date.now() < until && resets < 50_000) {
+        const batch = [];
+        for (let i = 0; i < 100; i++) {
+          try {
+            const st = s.request({ ':method': 'CONNECT', ':authority': `${ECHO_IP}:${COUNTING_PORT}` }, { endStream: false });
+            st.on('error', () => {});
+            batch.push(reset(st).then(() => resets++));
+          } catch {
+            break;
+          }
+        }
+        await Promise.all(batch);
+        if (batch.length === 0) break;
+        if (Date.now() > nextLegit) {
+          legit.push(await roundTrip());
+          nextLegit = Date.now() + 500;
+        }
+      }
+      s.destroy();
+    }
+  } finally {
+    app.close();
+  }
+  const refusedByDaemon = (await daemon.metric('ztunnel_node_hbone_connections_refused_total', { reason: 'premature_resets' })) - refusedBefore;
+  return { resets, dials, refused, refusedByDaemon, legit };
+}
+
+test('premature resets are counted per peer across reconnects, and after the 200: paced and 200-then-reset floods cost a few hundred dials (issue 29)', async (t) => {
+  // Paced rapid reset: each stream reset 5 ms after it was sent (its dial to a fast application has completed).
+  const paced = await resetFlood(5, 6, (st) => new Promise((r) => setTimeout(() => (st.close(h2c.NGHTTP2_CANCEL), r()), 5)));
+  // Wait for the 200, then reset: the stream was established, yet carried nothing.
+  const after200 = await resetFlood(6, 6, (st) =>
+    new Promise((r) => {
+      const done = () => (st.close(h2c.NGHTTP2_CANCEL), r());
+      st.once('response', done);
+      st.once('close', r);
+      setTimeout(done, 1_000);
+    }));
+  for (const [name, a] of [['paced', paced], ['200 then reset', after200]]) {
+    t.diagnostic(`${name}: ${a.resets} streams sent and reset, ${a.dials} dials, ${a.refusedByDaemon} connections refused or closed by the daemon; legitimate round trips ${a.legit.map((ms) => ms.toFixed(0)).join(', ')} ms`);
+    assert.ok(a.dials <= 1_000, `${name}: ${a.dials} upstream dials for ${a.resets} resets`);
+    assert.ok(a.legit.length > 0 && Math.max(...a.legit) < 1_000, `${name}: another peer is served meanwhile (${a.legit.map((ms) => ms.toFixed(0)).join(', ')} ms)`);
+  }
+  // Resets before a stream is taken end the connection in h2 itself (its pending-accept reset limit); the streams
+  // established and then reset are the node's budget's to count: the after-200 flood's peer is banned.
+  assert.ok(after200.refusedByDaemon > 0, 'the banned peer\'s connections were refused or closed');
+  assert.ok(daemon.logs.some((l) => /HBONE peer banned/.test(l.message ?? '') && /attacker-6/.test(l.peer ?? '')), 'the ban is logged');
 });
 
 test('streams parked on dials are bounded per connection (64 dial, the rest wait), and all end when the peer disappears', async () => {
   const baseline = fds();
-  const s = await session();
+  const s = await session(3);
   s.on('error', () => {});
   const closed = [];
   for (let i = 0; i < 100; i++) {
@@ -243,7 +337,7 @@ test('readiness, stats and admin answer 99 % of probes while 300 partial request
 });
 
 test('a flood of failing streams: at most 100 error lines a second per cause, the rest counted', async () => {
-  const s = await session();
+  const s = await session(4);
   s.on('error', () => {});
   const before = daemon.logs.filter((l) => l.message === 'connection complete' && l.target === 'access').length;
   // Port 9 on the workload: nothing listens, every CONNECT fails at once (503) and would log one error line.

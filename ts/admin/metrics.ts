@@ -59,6 +59,7 @@ const NO_TUNNELS: TunnelCounters = {
   inboundHandshakeFailures: 0,
   outboundHandshakeFailures: 0,
   inboundRefusedPeerLimit: 0,
+  inboundRefusedResets: 0,
   acceptErrors: 0,
 };
 
@@ -443,12 +444,14 @@ export class Metrics {
     registerDnsMetrics(reg, () => current().dns);
     new Counter({
       name: 'ztunnel_node_hbone_connections_refused_total',
-      help: 'Inbound HBONE connections closed at accept, by reason (peer_limit: the peer IP held 512 connections to the listener)',
+      help:
+        'Inbound HBONE connections closed at accept, by reason (peer_limit: the peer IP held 512 connections to the listener; premature_resets: the peer is banned for resetting most of its recent streams prematurely)',
       labelNames: ['reason'],
       registers: [reg],
       collect() {
         this.reset();
         this.inc({ reason: 'peer_limit' }, tunnels().inboundRefusedPeerLimit);
+        this.inc({ reason: 'premature_resets' }, tunnels().inboundRefusedResets);
       },
     });
     const handover = this.opts.handover;

@@ -278,6 +278,7 @@ impl Dataplane {
             silos,
             handover: Arc::default(),
             outliers,
+            resets: Arc::default(),
         });
         pi.pool.set_inputs(&pi);
         let reevaluator = Arc::new(proxy::reevaluation::Reevaluator::default());

@@ -324,6 +324,8 @@ pub struct Metrics {
     pub accept_errors: AtomicU64,
     /// Inbound HBONE connections closed at accept: their peer IP held MAX_CONNECTIONS_PER_PEER already.
     pub inbound_refused_peer_limit: AtomicU64,
+    /// Inbound connections refused or closed because the reset budget banned their peer (`proxy::resets`).
+    pub inbound_refused_resets: AtomicU64,
     /// The DNS proxy's counters.
     pub dns: crate::dns::metrics::DnsMetrics,
     /// Revocation (CRL_PATH): the counters of the certificate store's `Revocations`.
@@ -434,6 +436,9 @@ struct TunnelsJson {
     /// Inbound connections closed at accept: their peer IP held the per-peer limit already.
     #[cfg_attr(test, ts(type = "number"))]
     inbound_refused_peer_limit: u64,
+    /// Inbound connections refused or closed: the reset budget banned their peer.
+    #[cfg_attr(test, ts(type = "number"))]
+    inbound_refused_resets: u64,
     /// Failed accepts on the dataplane's listeners (EMFILE and the like).
     #[cfg_attr(test, ts(type = "number"))]
     accept_errors: u64,
@@ -634,6 +639,7 @@ impl Metrics {
                     inbound_handshake_failures: load(&self.tls_handshake_failures_inbound),
                     outbound_handshake_failures: load(&self.tls_handshake_failures_outbound),
                     inbound_refused_peer_limit: load(&self.inbound_refused_peer_limit),
+                    inbound_refused_resets: load(&self.inbound_refused_resets),
                     accept_errors: load(&self.accept_errors),
                 },
                 authorization: AuthorizationJson {

@@ -9,6 +9,10 @@ export type TunnelCounters = { outboundOpened: number, outboundActive: number, i
  */
 inboundRefusedPeerLimit: number, 
 /**
+ * Inbound connections refused or closed: the reset budget banned their peer.
+ */
+inboundRefusedResets: number, 
+/**
  * Failed accepts on the dataplane's listeners (EMFILE and the like).
  */
 acceptErrors: number, };

@@ -87,6 +87,7 @@ impl InPodProxies {
             silos: base.silos.clone(),
             handover: base.handover.clone(),
             outliers: base.outliers.clone(),
+            resets: base.resets.clone(),
         });
         pi.pool.set_inputs(&pi);
         let local = LocalRef::pod(&info.namespace, &info.name, &info.service_account, &base.cfg.node_name);

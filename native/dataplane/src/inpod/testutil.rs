@@ -88,6 +88,7 @@ pub(crate) fn inputs() -> Arc<ProxyInputs> {
         silos: crate::silo::Silos::inline(),
         handover: Arc::default(),
         outliers: Arc::default(),
+        resets: Arc::default(),
     })
 }
 

@@ -282,8 +282,12 @@ pub async fn serve(
     let inputs = pi.clone();
     super::accept_until_drained(listener, &inputs, &drain, move |tcp, peer| {
         let (pi, local, acceptor, d, id) = (pi.clone(), local.clone(), acceptor.clone(), d.clone(), identity.clone());
-        let admitted = peers.admit(peer.ip());
+        let admitted = if pi.resets.source_banned(peer.ip()) { Err(()) } else { Ok(peers.admit(peer.ip())) };
         async move {
+            let Ok(admitted) = admitted else {
+                pi.metrics.inbound_refused_resets.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
             let Some(place) = admitted else {
                 pi.metrics.inbound_refused_peer_limit.fetch_add(1, Ordering::Relaxed);
                 pi.events.log(
@@ -357,6 +361,12 @@ async fn serve_connection(
         Some(Ok(id)) => Arc::new(id),
         _ => return warn("TLS handshake failed", "no verified peer identity".into()),
     };
+    // A peer the reset budget banned (`resets`) is refused until its ban ends.
+    let budget_peer = super::resets::Peer { identity: Arc::from(peer_id.to_string()), source: peer.ip() };
+    if pi.resets.banned(&budget_peer) {
+        pi.metrics.inbound_refused_resets.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
     // A revocation list that revokes the peer closes the connection (`tls::revocation`).
     let revocation = pi.certs.watch_revocation(
         tls.get_ref().1.peer_certificates(),
@@ -391,6 +401,8 @@ async fn serve_connection(
         resets: AtomicU32::new(0),
         established: AtomicU32::new(0),
         calm: CancellationToken::new(),
+        budget_peer,
+        banned: CancellationToken::new(),
         buffers,
         streams_end: CancellationToken::new(),
         revoked: revocation.revoked.clone(),
@@ -430,6 +442,9 @@ async fn serve_connection(
                 }
             }
             next = conn.accept() => match next {
+                Some(Ok(_)) if pi.resets.banned(&ctx.budget_peer) => {
+                    ctx.banned.cancel();
+                }
                 Some(Ok((req, respond))) => {
                     let setup = Box::pin(establish_stream(ctx.clone(), req, respond));
                     drain.tasks.spawn(stream_task(ctx.clone(), setup));
@@ -442,6 +457,14 @@ async fn serve_connection(
             }
             _ = &mut ping => {
                 conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                break;
+            }
+            _ = ctx.banned.cancelled() => {
+                // Banned by the node's reset budget (the ban was logged where it started): GOAWAY and closed.
+                pi.metrics.inbound_refused_resets.fetch_add(1, Ordering::Relaxed);
+                conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                let flush = async { while let Some(Ok(_)) = conn.accept().await {} };
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), flush).await;
                 break;
             }
             _ = ctx.calm.cancelled() => {
@@ -511,6 +534,9 @@ struct StreamContext {
     established: AtomicU32,
     /// Cancelled when the resets exceed the allowance: the connection loop closes the connection.
     calm: CancellationToken,
+    /// The peer as the node's reset budget knows it (`resets`), and cancelled when the budget bans it.
+    budget_peer: super::resets::Peer,
+    banned: CancellationToken,
     /// The connection's share of the node's buffer budget.
     buffers: Arc<crate::budget::ConnBuffers>,
     /// Ends the streams: at once when the connection is drained or shed, CLOSED_STREAM_GRACE after it ended
@@ -524,10 +550,28 @@ struct StreamContext {
 }
 
 impl StreamContext {
+    /// The peer reset a stream before it was established: counted on the connection (its allowance) and for the
+    /// peer across its connections (`resets`).
     fn peer_reset(&self) {
         let resets = self.resets.fetch_add(1, Ordering::Relaxed) + 1;
         if resets > RESET_ALLOWANCE + 2 * self.established.load(Ordering::Relaxed) {
             self.calm.cancel();
+        }
+        self.stream_ended(true);
+    }
+
+    /// One of the peer's streams ended, premature or not: a ban it starts closes this connection.
+    fn stream_ended(&self, premature: bool) {
+        for b in self.pi.resets.record(&self.budget_peer, premature) {
+            self.pi.events.log(
+                Level::Warn,
+                "HBONE peer banned: most of its recent streams were reset prematurely",
+                fields! {
+                    "peer" => b.who, "src.addr" => self.peer.to_string(), "premature" => b.premature,
+                    "streams" => b.streams, "for" => format!("{:?}", b.for_)
+                },
+            );
+            self.banned.cancel();
         }
     }
 }
@@ -543,7 +587,14 @@ struct Established {
     target: SocketAddr,
 }
 
-type EstablishFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Box<Established>>> + Send>>;
+/// How a stream that was not established ended: reset by the peer while it was set up (premature), or answered
+/// with an error (a denial, a failed dial...).
+enum Ended {
+    Reset,
+    Failed,
+}
+
+type EstablishFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Box<Established>, Ended>> + Send>>;
 
 /// One CONNECT stream's task. Validation, authorization and the upstream connect run boxed (the caller's box) and
 /// are freed once established, so the task is sized for the relay, which lives as long as the connection.
@@ -551,10 +602,14 @@ async fn stream_task(ctx: Arc<StreamContext>, establish: EstablishFuture) {
     // Unboxed by value: the box is freed here, not at the end of the connection. A connection with a stream being
     // set up is not handed over.
     let setting_up = ctx.gate.setting_up();
+    let created = Instant::now();
     let established = establish.await.map(|b| *b);
     drop(setting_up);
-    let Some(Established { upstream, send, body, track, result, local, target }) = established else {
-        return;
+    let Established { upstream, send, body, track, result, local, target } = match established {
+        Ok(e) => e,
+        // A reset while it was set up was counted as premature (`peer_reset`).
+        Err(Ended::Reset) => return,
+        Err(Ended::Failed) => return ctx.stream_ended(false),
     };
     let counters = result.counters();
     // The reporter's view: received = bytes from the peer, sent = bytes back to it.
@@ -599,6 +654,14 @@ async fn stream_task(ctx: Arc<StreamContext>, establish: EstablishFuture) {
         "CONNECT"
     };
     drop(track);
+    // Premature (`resets`): the peer reset it within a second of its creation, or after its 200 with no byte moved.
+    // The relay ends on the stream's HTTP/2 error: the peer's RST_STREAM itself, or h2's "inactive stream" for what
+    // the relay still had to do on the stream the peer reset (not the connection's end: I/O or GOAWAY).
+    let reset_by_peer = copied.as_ref().err().is_some_and(|e| {
+        e.get_ref().and_then(|i| i.downcast_ref::<h2::Error>()).is_some_and(|h| !h.is_io() && !h.is_go_away())
+    });
+    let idle = to_peer.get() == 0 && from_peer.get() == 0;
+    ctx.stream_ended(reset_by_peer && (created.elapsed() < super::resets::PREMATURE_LIFETIME || idle));
     let error = copied.err().map(|e| (flag, if flag == "CERT_REVOKED" { REVOKED.to_string() } else { e.to_string() }));
     let record = access_record(ctx.peer, &ctx.peer_id, &local, target);
     result.finish(&ctx.pi, &record, to_peer.get(), from_peer.get(), error);
@@ -609,7 +672,7 @@ async fn establish_stream(
     ctx: Arc<StreamContext>,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
-) -> Option<Box<Established>> {
+) -> Result<Box<Established>, Ended> {
     let (pi, local_ref, peer_id, peer) = (&*ctx.pi, &ctx.local, &*ctx.peer_id, ctx.peer);
     let started = Instant::now();
     // Held until this returns: the streams being set up at once are bounded per connection and per peer. A stream
@@ -628,7 +691,7 @@ async fn establish_stream(
     };
     let Some(_setting_up) = permits else {
         ctx.peer_reset();
-        return None;
+        return Err(Ended::Reset);
     };
     // x-forwarded-network naming another network: the peer is a gateway, its IP says nothing of the source.
     let from_gateway = req
@@ -665,7 +728,7 @@ async fn establish_stream(
                     "status" => e.status().as_u16(),
                 },
             });
-            return None;
+            return Err(Ended::Failed);
         }
     };
     let local = local.expect("validated");
@@ -712,7 +775,7 @@ async fn establish_stream(
         }
         pi.events.push(Event { kind: "access", level: Level::Warn, message: "connection denied".into(), fields: f });
         pi.denials.record(local.uid.clone(), conn, "HBONE");
-        return None;
+        return Err(Ended::Failed);
     }
     // An application tunnel speaking PROXY is reached on loopback, from loopback (LOCALHOST_APP_TUNNEL): it is then
     // reachable only through us, and the PROXY header carries the original addresses.
@@ -743,7 +806,7 @@ async fn establish_stream(
     let Some(dialed) = dialed else {
         ctx.peer_reset();
         result.fail("CONNECT");
-        return None;
+        return Err(Ended::Reset);
     };
     let mut upstream = match dialed {
         Ok(s) => s,
@@ -751,7 +814,7 @@ async fn establish_stream(
             let err = InboundError::Upstream(target, e.to_string());
             respond_error(&mut respond, err.status()).await;
             result.finish(pi, &access_record(peer, peer_id, &local, target), 0, 0, Some(("CONNECT", err.to_string())));
-            return None;
+            return Err(Ended::Failed);
         }
     };
     // ENABLE_RESPONSE_BAGGAGE (Istio's default): the 200 carries the destination's baggage for the client's metrics.
@@ -764,7 +827,7 @@ async fn establish_stream(
         Ok(s) => s,
         Err(e) => {
             result.finish(pi, &access_record(peer, peer_id, &local, target), 0, 0, Some(("CONNECT", e.to_string())));
-            return None;
+            return Err(Ended::Failed);
         }
     };
     if let Some(named) = proxy_to {
@@ -776,11 +839,11 @@ async fn establish_stream(
         if let Err(e) = written {
             let error = Some(("CONNECT", format!("PROXY header: {e}")));
             result.finish(pi, &access_record(peer, peer_id, &local, target), 0, 0, error);
-            return None;
+            return Err(Ended::Failed);
         }
     }
     ctx.established.fetch_add(1, Ordering::Relaxed);
-    Some(Box::new(Established { upstream, send, body: req.into_body(), track, result, local, target }))
+    Ok(Box::new(Established { upstream, send, body: req.into_body(), track, result, local, target }))
 }
 
 /// What the inbound access record names: the peer and its identity, the target and the workload it reaches.
@@ -829,11 +892,16 @@ mod tests {
             resets: AtomicU32::new(0),
             established: AtomicU32::new(0),
             calm: CancellationToken::new(),
+            budget_peer: crate::proxy::resets::Peer {
+                identity: Arc::from("sleep"),
+                source: "127.0.0.1".parse().unwrap(),
+            },
+            banned: CancellationToken::new(),
             streams_end: CancellationToken::new(),
             revoked: CancellationToken::new(),
             gate: Arc::default(),
         });
-        let size = std::mem::size_of_val(&stream_task(ctx, Box::pin(async { None })));
+        let size = std::mem::size_of_val(&stream_task(ctx, Box::pin(async { Err(Ended::Failed) })));
         println!("task_sizes: inbound stream task future {size} bytes");
         // 1,344 bytes with two async copy loops and four waits; 664-672 with the poll-based relay and one wait for
         // the connection's end; 1,160 (debug) since the stream can stop for a hand-over of its connection (the

@@ -12,6 +12,7 @@ pub mod outlier;
 pub mod pool;
 pub mod proxy_protocol;
 pub mod reevaluation;
+pub mod resets;
 pub mod self_inbound;
 pub mod socks5;
 pub mod tracker;
@@ -190,6 +191,8 @@ pub struct ProxyInputs {
     pub handover: Arc<crate::handover::Hub>,
     /// The node's outlier detection of outbound endpoints (one per process, shared by every proxy).
     pub outliers: Arc<outlier::Outliers>,
+    /// Premature stream resets per peer across connections (one per process, shared by every inbound listener).
+    pub resets: Arc<resets::PeerResets>,
 }
 
 /// An inbound connection's authorization, logged as ztunnel's `authpol_log!` logs it: each dry-run policy that

@@ -51,6 +51,7 @@ pub fn start(base: &Arc<ProxyInputs>, spec: &SelfInboundSpec, drain: &Drain) -> 
         silos: base.silos.clone(),
         handover: base.handover.clone(),
         outliers: base.outliers.clone(),
+        resets: base.resets.clone(),
     });
     let local = LocalRef::pod(&spec.namespace, &spec.name, &spec.service_account, &base.cfg.node_name);
     let identity = local.pod_identity(&base.state.read(), &base.cfg.trust_domain).ok_or("not a pod")?;
