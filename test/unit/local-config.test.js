@@ -259,3 +259,14 @@ test('a document with thousands of problems is refused in a screenful: the first
   // A few problems are all listed.
   assert.throws(() => parseLocalConfig(JSON.stringify({ workloads: workloads.slice(0, 3) }), 'few.yaml'), (e) => e.message.split('\n').length === 3 && !/more problem/.test(e.message));
 });
+
+test('a file of 100,000 nested brackets is refused in well under a second, saying where (issue 29)', () => {
+  const deep = `workloads: ${'['.repeat(100_000)}${']'.repeat(100_000)}\n`;
+  const t0 = performance.now();
+  assert.throws(() => parseLocalConfig(deep, 'deep.yaml'), (e) => {
+    assert.ok(e instanceof LocalConfigError);
+    assert.equal(e.message, 'deep.yaml: line 1, column 76: invalid YAML: collections nested deeper than 64 levels');
+    return true;
+  });
+  assert.ok(performance.now() - t0 < 1_000, `refused after ${(performance.now() - t0).toFixed(0)} ms (a minute before)`);
+});

@@ -12,7 +12,65 @@ use serde::ser::{Error as _, SerializeMap};
 use serde::{Serialize, Serializer};
 use yaml_serde::Value;
 
+/// Flow collections (`[...]`, `{...}`) nested deeper than this are refused before parsing. The parsers' own limit
+/// (128) is met only after a scan whose cost grows with the square of the depth: a 200 KB file of nested brackets
+/// took a minute to be refused (issue 29), blocking readiness meanwhile. A local config nests a few levels.
+pub const MAX_FLOW_DEPTH: usize = 64;
+
+/// Refuses, in one pass, text whose flow collections nest deeper than MAX_FLOW_DEPTH: `line L, column C: invalid
+/// YAML: ...` at the bracket that goes too deep. Brackets in quoted scalars and comments do not count.
+pub fn check_nesting(text: &str) -> Result<(), String> {
+    let (mut depth, mut line, mut column) = (0usize, 1usize, 0usize);
+    let mut quote: Option<char> = None;
+    let mut comment = false;
+    let mut prev = '\n';
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        column += 1;
+        if c == '\n' {
+            (line, column, comment) = (line + 1, 0, false);
+            prev = c;
+            continue;
+        }
+        match quote {
+            _ if comment => {}
+            Some('"') if c == '\\' => {
+                chars.next();
+                column += 1;
+            }
+            Some(q) if c == q => {
+                // '' inside a single-quoted scalar is an escaped quote.
+                if q == '\'' && chars.peek() == Some(&'\'') {
+                    chars.next();
+                    column += 1;
+                } else {
+                    quote = None;
+                }
+            }
+            Some(_) => {}
+            None => match c {
+                '#' if prev.is_whitespace() => comment = true,
+                // A quoted scalar starts a token (`it's` is a plain scalar's apostrophe).
+                '"' | '\'' if prev.is_whitespace() || "[{,:-?".contains(prev) => quote = Some(c),
+                '[' | '{' => {
+                    depth += 1;
+                    if depth > MAX_FLOW_DEPTH {
+                        return Err(format!(
+                            "line {line}, column {column}: invalid YAML: collections nested deeper than {MAX_FLOW_DEPTH} levels"
+                        ));
+                    }
+                }
+                ']' | '}' => depth = depth.saturating_sub(1),
+                _ => {}
+            },
+        }
+        prev = c;
+    }
+    Ok(())
+}
+
 pub fn yaml_to_json(text: &str) -> Result<String, String> {
+    check_nesting(text)?;
     let doc: Value = yaml_serde::from_str(text).map_err(|e| {
         let message = e.to_string();
         match e.location() {
@@ -77,7 +135,27 @@ impl Serialize for Json<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::yaml_to_json;
+    use super::{check_nesting, yaml_to_json};
+
+    #[test]
+    fn flow_collections_nested_too_deep_are_refused_in_one_pass_quoted_brackets_do_not_count() {
+        let deep = format!("workloads: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+        let started = std::time::Instant::now();
+        let err = yaml_to_json(&deep).unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "{:?}", started.elapsed());
+        assert_eq!(err, "line 1, column 76: invalid YAML: collections nested deeper than 64 levels");
+        let at_limit = format!("a: {}{}\n", "[".repeat(64), "]".repeat(64));
+        assert!(check_nesting(&at_limit).is_ok());
+        let quoted = format!(
+            "a: \"{}\"\nb: '{}'\nc: it's [x]\n# {}\nd: [\"]\\\"\", '[it''s]']\n",
+            "[".repeat(100),
+            "{".repeat(100),
+            "[".repeat(100)
+        );
+        assert!(check_nesting(&quoted).is_ok(), "{quoted}");
+        assert!(yaml_to_json(&quoted).is_ok(), "and it is YAML");
+        assert!(crate::state::local::LocalDocument::from_yaml(&deep).is_err());
+    }
 
     #[test]
     fn the_document_as_javascript_reads_it() {

@@ -64,6 +64,7 @@ impl LocalDocument {
     /// `from_yaml`, reading a document of at least `split_at` bytes in parallel pieces when its layout allows it
     /// (`sections`).
     pub fn from_yaml_split(text: &str, split_at: usize) -> R<LocalDocument> {
+        crate::yaml::check_nesting(text).map_err(Declined)?;
         if text.len() >= split_at {
             if let Some(sections) = sections(text) {
                 return Self::from_sections(text, sections);
