@@ -196,6 +196,23 @@ test('/debug/authz/preview: the body parsed by the local config schema (both str
   assert.equal((await fetch(`http://127.0.0.1:${port}/debug/authz/preview`)).status, 405);
 });
 
+test('/debug/authz/preview: one at a time, a second meanwhile is 409 (issue 29)', async (t) => {
+  let release;
+  const { port } = await start(t, { previewAuthz: () => new Promise((r) => (release = () => r({ closes: [], allows: [] }))) });
+  const body = 'name: p\nnamespace: n\nscope: Global\naction: Deny\n';
+  const first = fetch(`http://127.0.0.1:${port}/debug/authz/preview`, { method: 'POST', body });
+  while (release === undefined) await new Promise((r) => setTimeout(r, 10));
+  const second = await fetch(`http://127.0.0.1:${port}/debug/authz/preview`, { method: 'POST', body });
+  assert.equal(second.status, 409);
+  release();
+  assert.equal((await first).status, 200);
+  release = undefined;
+  const third = fetch(`http://127.0.0.1:${port}/debug/authz/preview`, { method: 'POST', body });
+  while (release === undefined) await new Promise((r) => setTimeout(r, 10));
+  release();
+  assert.equal((await third).status, 200, 'the slot is free again once the first is answered');
+});
+
 test('/debug/authz/preview without a dataplane: 503', async (t) => {
   const { port } = await start(t);
   const res = await fetch(`http://127.0.0.1:${port}/debug/authz/preview`, { method: 'POST', body: 'name: p\nscope: Global\naction: Deny\n' });
