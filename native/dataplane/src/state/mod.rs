@@ -83,6 +83,8 @@ pub struct State {
     services_by_hostname: HashMap<Str, index::Keys>,
     /// Services addressed by a whole range.
     services_by_cidr: index::Ranges,
+    /// Bumped by every change of the services (what an answer derived from them depends on: `services_generation`).
+    services_generation: u64,
     /// service key → endpoint workload uid → (service port → target port). Kept even for services that have not
     /// arrived yet (ztunnel's "staged" endpoints), so arrival order does not matter.
     endpoints: HashMap<ServiceKey, BTreeMap<Str, PortMap>>,
@@ -398,6 +400,7 @@ impl State {
 
     fn insert_service(&mut self, s: Service) {
         self.remove_service(&s.key);
+        self.services_generation += 1;
         let s = Arc::new(s);
         for vip in &s.vips {
             self.services_by_vip.entry(vip.clone()).or_default().push(s.key.clone());
@@ -411,6 +414,7 @@ impl State {
 
     fn remove_service(&mut self, key: &ServiceKey) -> bool {
         let Some(old) = self.services.remove(key) else { return false };
+        self.services_generation += 1;
         for (net, cidr) in &old.cidr_vips {
             self.services_by_cidr.remove(net, *cidr, key);
         }
@@ -564,6 +568,16 @@ impl State {
         let keys = self.services_by_hostname.get(hostname)?;
         let host = keys.first()?.hostname.clone();
         keys.in_namespace(prefer_ns, &host).or_else(|| keys.first()).and_then(|k| self.services.get(k))
+    }
+
+    /// How many services have this hostname.
+    pub fn services_by_host_len(&self, hostname: &str) -> usize {
+        self.services_by_hostname.get(hostname).map_or(0, index::Keys::len)
+    }
+
+    /// A number that changes whenever a service is added, changed or removed.
+    pub fn services_generation(&self) -> u64 {
+        self.services_generation
     }
 
     /// Every service with this hostname (the DNS proxy chooses among them).
