@@ -335,6 +335,42 @@ test('bad input is refused with what is wrong and where; other methods 405; a we
   assert.match(index.body, /\/debug\/authz\/preview/);
 });
 
+test('a 1 MiB candidate is parsed off the main thread: readiness answers within 100 ms meanwhile; bad input is still named (issue 29)', async () => {
+  // About 1 MiB of policies in the local config's form (each a few principals), under the body limit.
+  const policies = [];
+  let size = 0;
+  for (let i = 0; size < 1_000_000; i++) {
+    const p = { name: `p${i}`, namespace: 'default', scope: 'Namespace', action: 'Deny', rules: rule({ principals: [principal('ns9', `sa-${i}-a`), principal('ns9', `sa-${i}-b`)], destinationPorts: [9999] }) };
+    size += JSON.stringify(p).length + 2;
+    policies.push(p);
+  }
+  const body = JSON.stringify(policies);
+  assert.ok(body.length < 1 << 20, `${body.length} bytes`);
+  const probe = async () => {
+    const t0 = performance.now();
+    const r = await httpGet(`http://${B.admin(2)}:15021/healthz/ready`);
+    assert.equal(r.status, 200);
+    return performance.now() - t0;
+  };
+  let done = false;
+  const answered = post(body).finally(() => (done = true));
+  const latencies = [];
+  while (!done) {
+    latencies.push(await probe());
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  const r = await answered;
+  assert.equal(r.status, 200, r.body.slice(0, 300));
+  assert.equal(JSON.parse(r.body).candidates.length, policies.length);
+  assert.ok(latencies.length >= 3, `${latencies.length} probes while the preview ran`);
+  assert.ok(Math.max(...latencies) < 100, `readiness took up to ${Math.max(...latencies).toFixed(0)} ms while the preview ran`);
+  // A mistake in a large body is named as in a small one (the worker's answer).
+  policies[7].action = 'Alow';
+  const bad = await post(JSON.stringify(policies));
+  assert.equal(bad.status, 400);
+  assert.match(bad.body, /^request body: \[7\]\.action: "Alow" is not one of Allow\|Deny/);
+});
+
 test('`ztunnel-node authz preview FILE` against the running daemon: the answer, its JSON and its exit status', async (t) => {
   const { live } = await openAll();
   t.after(async () => {

@@ -12,6 +12,8 @@ import { notRunning, queryOf, readBody, reply } from './http.js';
 
 /** Candidate policies are a few KiB; a whole namespace's worth fits many times over. */
 export const PREVIEW_BODY_LIMIT = 1 << 20;
+/** Bodies larger than this are parsed and compiled on a worker thread (preview-worker.ts): milliseconds below it. */
+export const PREVIEW_IN_THREAD_MAX_BYTES = 32 * 1024;
 
 export const PREVIEW_HELP = `usage: POST /debug/authz/preview[?limit=<n>] with a body of candidate policies (YAML or JSON):
   one policy as the local config writes it, a list of them, or { policies: [...], selects: { "<ns>/<name>": [<uid>, ...] } }
@@ -30,6 +32,21 @@ export function previewRequest(body: string, query: URLSearchParams): AuthzPrevi
     request.limit = Number(limit);
   }
   return request;
+}
+
+/** previewRequest on a worker thread (preview-worker.ts); rejects as previewRequest throws. */
+function previewRequestOffThread(body: string, query: URLSearchParams): Promise<AuthzPreviewRequest> {
+  const { Worker } = process.getBuiltinModule('node:worker_threads');
+  return new Promise((resolve, reject) => {
+    const worker = new Worker(new URL('./preview-worker.js', import.meta.url), { workerData: { body, query: query.toString() } });
+    type Answer = { ok: true; request: AuthzPreviewRequest } | { ok: false; invalid: boolean; message: string };
+    worker.once('message', (m: Answer) => {
+      if (m.ok) resolve(m.request);
+      else reject(m.invalid ? new LocalConfigError(m.message) : new Error(m.message));
+    });
+    worker.once('error', reject);
+    worker.once('exit', (code) => reject(new Error(`the preview worker exited (${code}) without an answer`)));
+  });
 }
 
 /**
@@ -56,7 +73,7 @@ export function servePreview(req: IncomingMessage, res: ServerResponse, preview:
       }
       let request: AuthzPreviewRequest;
       try {
-        request = previewRequest(body, query);
+        request = body.length > PREVIEW_IN_THREAD_MAX_BYTES ? await previewRequestOffThread(body, query) : previewRequest(body, query);
       } catch (err) {
         if (err instanceof LocalConfigError) return reply(res, 400, `${err.message}\n\n${PREVIEW_HELP}`);
         throw err;
