@@ -403,6 +403,7 @@ async fn serve_connection(
         calm: CancellationToken::new(),
         budget_peer,
         banned: CancellationToken::new(),
+        clean_streams: AtomicU32::new(0),
         buffers,
         streams_end: CancellationToken::new(),
         revoked: revocation.revoked.clone(),
@@ -537,6 +538,8 @@ struct StreamContext {
     /// The peer as the node's reset budget knows it (`resets`), and cancelled when the budget bans it.
     budget_peer: super::resets::Peer,
     banned: CancellationToken,
+    /// Streams that ended well since the last report to the reset budget.
+    clean_streams: AtomicU32,
     /// The connection's share of the node's buffer budget.
     buffers: Arc<crate::budget::ConnBuffers>,
     /// Ends the streams: at once when the connection is drained or shed, CLOSED_STREAM_GRACE after it ended
@@ -560,9 +563,16 @@ impl StreamContext {
         self.stream_ended(true);
     }
 
-    /// One of the peer's streams ended, premature or not: a ban it starts closes this connection.
+    /// One of the peer's streams ended, premature or not. Clean ones are counted here and reported with the next
+    /// premature one, or when the connection and its last stream are gone (`Drop`); a ban it starts closes this
+    /// connection.
     fn stream_ended(&self, premature: bool) {
-        for b in self.pi.resets.record(&self.budget_peer, premature) {
+        if !premature {
+            self.clean_streams.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let clean = self.clean_streams.swap(0, Ordering::Relaxed);
+        for b in self.pi.resets.record(&self.budget_peer, clean, true) {
             self.pi.events.log(
                 Level::Warn,
                 "HBONE peer banned: most of its recent streams were reset prematurely",
@@ -573,6 +583,14 @@ impl StreamContext {
             );
             self.banned.cancel();
         }
+    }
+}
+
+impl Drop for StreamContext {
+    /// The connection and its last stream have ended: the clean streams not reported yet go to the reset budget.
+    fn drop(&mut self) {
+        let clean = *self.clean_streams.get_mut();
+        self.pi.resets.record(&self.budget_peer, clean, false);
     }
 }
 
@@ -897,6 +915,7 @@ mod tests {
                 source: "127.0.0.1".parse().unwrap(),
             },
             banned: CancellationToken::new(),
+            clean_streams: AtomicU32::new(0),
             streams_end: CancellationToken::new(),
             revoked: CancellationToken::new(),
             gate: Arc::default(),
