@@ -50,4 +50,13 @@ test('OTLP export: off without an endpoint; the logs variables win; HTTP gets /v
   refused({ OTEL_EXPORTER_OTLP_ENDPOINT: 'collector:4317' }, 'OTEL_EXPORTER_OTLP_ENDPOINT', 'URL');
   refused({ OTEL_EXPORTER_OTLP_PROTOCOL: 'thrift' }, 'OTEL_EXPORTER_OTLP_PROTOCOL');
   refused({ OTEL_BLRP_MAX_QUEUE_SIZE: '10', OTEL_BLRP_MAX_EXPORT_BATCH_SIZE: '20' }, 'OTEL_BLRP_MAX_EXPORT_BATCH_SIZE');
+  // Nothing turns export on: its settings would be ignored, so they are refused by name (ours and the SDK's own).
+  refused({ OTEL_SERVICE_NAME: 'zt' }, 'OTEL_SERVICE_NAME', 'which is off', 'OTEL_EXPORTER_OTLP_ENDPOINT');
+  refused({ OTEL_EXPORTER_OTLP_PROTOCOL: 'grpc', OTEL_BLRP_SCHEDULE_DELAY: '100' }, 'OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_BLRP_SCHEDULE_DELAY');
+  refused({ OTEL_EXPORTER_OTLP_HEADERS: 'a=b' }, 'OTEL_EXPORTER_OTLP_HEADERS');
+  refused({ OTEL_RESOURCE_ATTRIBUTES: 'team=x' }, 'OTEL_RESOURCE_ATTRIBUTES');
+  // An explicit off switch keeps them (OpenTelemetry's OTEL_SDK_DISABLED is meant for that); with export on they apply.
+  assert.equal(load({ OTEL_SERVICE_NAME: 'zt', OTEL_SDK_DISABLED: 'true' }).otlp, null);
+  assert.equal(load({ OTEL_SERVICE_NAME: 'zt', OTEL_LOGS_EXPORTER: 'none' }).otlp, null);
+  assert.equal(load({ OTEL_SERVICE_NAME: 'zt', OTEL_EXPORTER_OTLP_ENDPOINT: 'http://c:4318' }).otlp.serviceName, 'zt');
 });

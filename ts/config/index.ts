@@ -189,6 +189,12 @@ export function loadConfig(input: ConfigInput): Config {
   });
   const pc = proxyConfigSettings(proxyConfig, parsed.data);
   const config = resolve(parsed.data, pc, fromFlag, input.cpuCount ?? availableParallelism(), input.allArgs ?? args, input.env.XDG_RUNTIME_DIR);
+  const inert = inertOtlpSettings(config.otlp, parsed.data, input.env);
+  if (inert.length > 0) {
+    throw new ConfigError(
+      `invalid configuration: ${inert.join(', ')} configure${inert.length === 1 ? 's' : ''} the OTLP export of the access log, which is off: set OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_LOGS_EXPORTER=otlp), or unset ${inert.length === 1 ? 'it' : 'them'}`,
+    );
+  }
   const unmet = controlPlaneTlsProblem(config.tls, [config.xdsAddress, config.caAddress]);
   if (unmet !== null) throw new ConfigError(`invalid configuration: COMPLIANCE_POLICY=${parsed.data.COMPLIANCE_POLICY ?? ''}: ${unmet}`);
   return deepFreeze({ ...config, ...resolvePrefixed(prefixed.data, pc.metadata) });
@@ -367,6 +373,26 @@ function otlp(raw: RawConfig): OtlpConfig | null {
     exportTimeoutMs: raw.OTEL_BLRP_EXPORT_TIMEOUT ?? 30_000,
     serviceName: raw.OTEL_SERVICE_NAME ?? 'ztunnel-node',
   };
+}
+
+/** The OpenTelemetry exporter's variables the SDK reads itself (ts/log/otlp.ts), general and logs forms. */
+const SDK_READ_OTLP_VARIABLES = ['HEADERS', 'TIMEOUT', 'COMPRESSION', 'CERTIFICATE', 'CLIENT_KEY', 'CLIENT_CERTIFICATE', 'INSECURE'].flatMap((v) => [
+  `OTEL_EXPORTER_OTLP_${v}`,
+  `OTEL_EXPORTER_OTLP_LOGS_${v}`,
+]);
+
+/**
+ * The export's settings given while nothing turns export on (no endpoint, no OTEL_LOGS_EXPORTER=otlp): they would be
+ * ignored, so they are refused by name. An explicit off switch (OTEL_SDK_DISABLED=true, OTEL_LOGS_EXPORTER=none)
+ * keeps them, as OpenTelemetry's spec means it to.
+ */
+function inertOtlpSettings(otlp: OtlpConfig | null, raw: RawConfig, env: Readonly<Record<string, string | undefined>>): string[] {
+  if (otlp !== null || raw.OTEL_SDK_DISABLED === true || raw.OTEL_LOGS_EXPORTER === 'none') return [];
+  const ours = (
+    ['OTEL_EXPORTER_OTLP_PROTOCOL', 'OTEL_EXPORTER_OTLP_LOGS_PROTOCOL', 'OTEL_SERVICE_NAME', 'OTEL_BLRP_MAX_QUEUE_SIZE', 'OTEL_BLRP_MAX_EXPORT_BATCH_SIZE', 'OTEL_BLRP_SCHEDULE_DELAY', 'OTEL_BLRP_EXPORT_TIMEOUT'] as const
+  ).filter((k) => raw[k] !== undefined);
+  const sdks = [...SDK_READ_OTLP_VARIABLES, 'OTEL_RESOURCE_ATTRIBUTES'].filter((k) => (env[k] ?? '') !== '');
+  return [...ours, ...sdks];
 }
 
 /** CONNECT_RESILIENCE and its settings; off is one attempt and no ejection (ztunnel's connect). */
