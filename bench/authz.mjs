@@ -52,6 +52,7 @@ dp.shutdown();
 const result = {
   policies: POLICIES, rulesPerPolicy: RULES, namespaces: NAMESPACES,
   decision: { allowedP50Ns: decision.allowedP50Ns, allowedP99Ns: decision.allowedP99Ns, deniedP50Ns: decision.deniedP50Ns, deniedP99Ns: decision.deniedP99Ns },
+  bigPolicy: { rules: decision.bigPolicyRules, deniedP50Ns: decision.bigPolicyDeniedP50Ns, deniedP99Ns: decision.bigPolicyDeniedP99Ns },
   initialLoadMs: Math.round(loadMs),
   policyChangeMs: { p50: Number(pct(50).toFixed(3)), p99: Number(pct(99).toFixed(3)) },
 };

@@ -149,9 +149,9 @@ fn match_holds(m: &Match, c: &Connection) -> bool {
         && field(&m.principals, &m.not_principals, |l| principal_matches(l, &c.principals))
 }
 
-/// The index of the first matching rule, if any.
+/// The index of the first matching rule, if any. An indexed policy (`RuleIndex`) tries only the rules that can match.
 pub fn policy_matches(p: &Policy, c: &Connection) -> Option<usize> {
-    p.rules.iter().position(|rule| {
+    let holds = |rule: &[Vec<Match>]| {
         rule.iter().all(|clause| {
             clause.iter().any(|m| {
                 if m.is_empty() {
@@ -162,7 +162,16 @@ pub fn policy_matches(p: &Policy, c: &Connection) -> Option<usize> {
                 }
             })
         })
-    })
+    };
+    let ns = c.src_identity.as_ref().map(|i| i.namespace.as_str());
+    match &p.index {
+        Some(index) => index
+            .candidates(&c.principals, ns, c.dst_port)
+            .into_iter()
+            .map(|i| i as usize)
+            .find(|&i| holds(&p.rules[i])),
+        None => p.rules.iter().position(|rule| holds(rule)),
+    }
 }
 
 /// One member of a workload's policy set.
@@ -649,5 +658,64 @@ mod tests {
         let bad_port = json!({"policies": [{"name": "q", "namespace": "ns", "scope": "Namespace", "action": "Allow",
             "rules": [[[{"destinationPorts": [70000]}]]]}]});
         assert!(st.apply(serde_json::from_value(bad_port).unwrap()).is_err());
+    }
+
+    /// The rule index (`RuleIndex`) only skips rules that cannot match: for random policies of 16 to 40 rules (indexed)
+    /// the first matching rule is the one a scan of every rule finds, for random connections, mTLS and plaintext,
+    /// with and without trust-domain aliases.
+    #[test]
+    fn indexed_rules_decide_as_a_scan() {
+        use crate::identity::TrustDomains;
+        use crate::state::policy::PolicyJson;
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+
+        let names = ["a", "b", "c"];
+        let string_match = prop_oneof![
+            4 => (0..3usize).prop_map(move |i| json!({"exact": names[i]})),
+            1 => (0..3usize).prop_map(move |i| json!({"prefix": names[i]})),
+            1 => Just(json!({"presence": true})),
+        ];
+        let principal = prop_oneof![
+            4 => (0..3usize, 0..3usize, 0..2usize).prop_map(move |(n, a, td)| {
+                json!({"exact": format!("{}/ns/{}/sa/{}", ["cluster.local", "old.td"][td], names[n], names[a])})
+            }),
+            1 => Just(json!({"suffix": "/sa/a"})),
+        ];
+        let one_match = (
+            prop::collection::vec(principal.clone(), 0..3),
+            prop::collection::vec(principal, 0..2),
+            prop::collection::vec(string_match.clone(), 0..3),
+            prop::collection::vec(string_match, 0..2),
+            prop::collection::vec(80u32..84, 0..3),
+            prop::collection::vec(80u32..84, 0..2),
+        )
+            .prop_map(|(p, np, n, nn, port, nport)| {
+                json!({"principals": p, "notPrincipals": np, "namespaces": n, "notNamespaces": nn,
+                       "destinationPorts": port, "notDestinationPorts": nport})
+            });
+        let rule = prop::collection::vec(prop::collection::vec(one_match, 0..3), 0..3);
+        let policy = (prop::collection::vec(rule, 16..40), prop::bool::ANY);
+        let conn = (prop::option::of((0..3usize, 0..3usize, 0..2usize)), 80u16..84);
+        let mut runner = TestRunner::new(Config { cases: 300, ..Config::default() });
+        runner
+            .run(&(policy, prop::collection::vec(conn, 8)), |((rules, deny), conns)| {
+                let json = json!({"name": "p", "namespace": "ns1", "scope": "Namespace",
+                                  "action": if deny { "Deny" } else { "Allow" }, "rules": rules});
+                let indexed = serde_json::from_value::<PolicyJson>(json).unwrap().validate().unwrap();
+                prop_assert!(indexed.index.is_some(), "a policy of 16 rules or more is indexed");
+                let mut scanned = indexed.clone();
+                scanned.index = None;
+                let aliases = TrustDomains::new(vec!["old.td".into()]);
+                for (peer, port) in conns {
+                    let id = peer.map(|(n, a, td)| Identity::new(["cluster.local", "old.td"][td], names[n], names[a]));
+                    let c = Connection::new(id, "10.1.0.5".parse().unwrap(), DST.parse().unwrap(), port);
+                    for c in [c.clone(), c.with_trust_domains(&aliases, "cluster.local")] {
+                        prop_assert_eq!(policy_matches(&indexed, &c), policy_matches(&scanned, &c), "{:?}", c);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
     }
 }
