@@ -202,6 +202,7 @@ function registerDnsMetrics(reg: Registry<ContentType>, dns: () => DnsCounters |
   const cache = [
     { name: 'ztunnel_node_dns_cache_hits_total', help: 'DNS questions the mesh does not answer, answered from a cache of forwarded answers', field: 'cacheHits' },
     { name: 'ztunnel_node_dns_cache_misses_total', help: 'DNS questions the mesh does not answer that no cache held, forwarded upstream', field: 'cacheMisses' },
+    { name: 'ztunnel_node_dns_requests_dropped_total', help: "DNS questions dropped over a proxy's rate budget or in-flight cap, and TCP connections refused or closed at its cap", field: 'dropped' },
   ] as const;
   registerTotals(reg, cache, () => dns());
   new Gauge({

@@ -260,7 +260,16 @@ impl H2Relay<'_, '_> {
             if let Some(m) = &self.meter {
                 m.queued(n);
             }
-            self.out = self.buf.split().freeze();
+            // What h2 holds pins the allocation it is a slice of, and the budget counts `n`: a read that filled less
+            // than half of the buffer is copied out (cheap, it is small) and the buffer kept for the next read, so a
+            // queued chunk never holds more than twice what it counts.
+            self.out = if 2 * n < self.buf.capacity() {
+                let chunk = Bytes::copy_from_slice(&self.buf);
+                self.buf.clear();
+                chunk
+            } else {
+                self.buf.split().freeze()
+            };
             self.out_len = n;
         }
     }

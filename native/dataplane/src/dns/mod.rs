@@ -14,7 +14,11 @@
 //! - Answers over UDP fit the client's size: 512 bytes without EDNS, else its advertised payload (at least 512, at
 //!   most ours); a larger answer goes out as the question alone with TC set, so the client asks again over TCP. A
 //!   query with EDNS gets an OPT record back carrying our payload size (RFC 6891 §6.1.1).
-//! - Bounded: UDP questions in flight per server and TCP connections per server are capped (excess UDP is dropped);
+//! - Bounded: each server answers at most `rate::QUESTIONS_PER_SECOND` (over it, the UDP question in hand is dropped
+//!   and the socket left unread until the budget refills, so the kernel drops the excess at the full receive buffer; a
+//!   TCP connection's next question waits), so a workload flooding its own proxy takes a bounded share of the control
+//!   thread that serves every proxy; UDP questions in flight per server and TCP connections per server are
+//!   capped (excess UDP is dropped);
 //!   TCP connections are shared fairly (`slots`: a source's share, the oldest waiting connection closed first when
 //!   full, as RFC 7766 allows); a TCP connection that sends no complete question for 5 s is closed; a forward gives up
 //!   after its deadline.
@@ -23,6 +27,7 @@ pub mod cache;
 pub mod forward;
 pub mod lookup;
 pub mod metrics;
+mod rate;
 mod slots;
 
 use std::net::SocketAddr;
@@ -94,6 +99,8 @@ pub struct Server {
     domains: Domains,
     forwarder: Forwarder,
     cache: cache::Cache,
+    /// Questions per second this server answers (`rate`): a workload flooding its own proxy is cut there.
+    rate: rate::Rate,
 }
 
 impl Server {
@@ -110,7 +117,8 @@ impl Server {
         let domains = Domains::new(&c.cluster_domain, search, &c.prefered_service_namespace, c.ipv6_enabled)?;
         let forwarder = Forwarder { upstreams: c.upstreams.clone().into(), sockets, deadline: FORWARD_DEADLINE };
         let cache = cache::Cache::new(pi.metrics.clone());
-        Ok(Arc::new(Server { pi, client, domains, forwarder, cache }))
+        let rate = rate::Rate::new(rate::QUESTIONS_PER_SECOND);
+        Ok(Arc::new(Server { pi, client, domains, forwarder, cache, rate }))
     }
 
     /// Bind UDP and TCP on each address and serve them until `drain`. Returns the bound addresses (UDP and TCP share
@@ -158,6 +166,15 @@ impl Server {
                 },
                 _ = drain.graceful.cancelled() => return,
             };
+            if let Err(refill) = self.rate.take(Instant::now()) {
+                // Over budget: this question is dropped and the socket is not read until the budget refills, so the
+                // flood's excess is dropped by the kernel at the full receive buffer instead of costing a read here.
+                self.pi.metrics.dns.dropped();
+                tokio::select! {
+                    _ = tokio::time::sleep(refill) => continue,
+                    _ = drain.graceful.cancelled() => return,
+                }
+            }
             let f = match self.decide(&buf[..n], Transport::Udp) {
                 Decision::Drop => continue,
                 Decision::Reply(answer) => {
@@ -228,6 +245,7 @@ impl Server {
                 _ => return,
             };
             held.answering(true);
+            self.rate.wait().await;
             let Some(answer) = self.answer(&query, Transport::Tcp).await else { return };
             let Ok(len) = u16::try_from(answer.len()) else { return };
             let mut framed = Vec::with_capacity(answer.len() + 2);
