@@ -4,6 +4,7 @@
 // and the last good config keeps serving.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { writeFileSync } from 'node:fs';
 import { makeTempDir, removeTempDir, startDaemon } from '../helpers/daemon.js';
 import { writeLargeConfig, largeConfigYaml } from '../helpers/large-config.js';
 import { BLOCKS, block, httpGet } from '../helpers/net.js';
@@ -92,5 +93,24 @@ test('readiness and /metrics answer while a large local file loads and reloads; 
   assert.equal(dump.workloads.length, WORKLOADS);
   assert.ok(dump.workloads.every((w) => w.canonicalRevision === 'v2'), 'the last good config keeps serving');
   assert.equal(d.logs.filter((l) => l.message === 'local config reloaded').length, 1, 'the bad file applied nothing');
+
+  // 200 KB of nested brackets (issue 29: the YAML parser took about 20 s to refuse it, with readiness and /metrics
+  // blocked meanwhile): refused at once, naming where, while both keep answering.
+  p = prober(adminIp);
+  await new Promise((r) => setTimeout(r, 300));
+  const refusals = d.logs.length;
+  const written = performance.now();
+  writeFileSync(d.configPath, `workloads: ${'['.repeat(100_000)}${']'.repeat(100_000)}\n`);
+  const deep = await d.waitForLog(
+    (l) => d.logs.indexOf(l) >= refusals && l.message === 'local config is invalid; keeping the last good config',
+    { timeoutMs: 30_000, message: 'the deep file refused' },
+  );
+  const took = performance.now() - written;
+  assertResponsive(await p.stop(), 'deep file');
+  assert.equal(deep.err, `${d.configPath}: line 1, column 76: invalid YAML: collections nested deeper than 64 levels`);
+  // The file watcher's own delay included; parsing it took about 20 s before the nesting check.
+  assert.ok(took < 5_000, `refused ${took.toFixed(0)} ms after it was written`);
+  console.log(`# deep file refused ${took.toFixed(0)} ms after it was written`);
+  assert.equal((await httpGet(d.readinessUrl)).status, 200);
   await d.stop();
 });

@@ -71,6 +71,8 @@ pub enum DataplaneError {
 
 /// A WDS batch this large (a first push) leaves enough freed heap behind to be worth giving back.
 const LARGE_BATCH: usize = 1000;
+/// Removals applied per hold of the state's write lock in a large batch (`apply_valid`): a few ms in a release build.
+const REMOVAL_CHUNK: usize = 4_096;
 
 // Short-lived, one per resource: boxing would add an allocation per resource for nothing.
 #[allow(clippy::large_enum_variant)]
@@ -381,7 +383,11 @@ impl Dataplane {
     }
 
     /// Under the state lock: `before` (completes the delta from what is held), drop what changes nothing, compute
-    /// the re-evaluation scope, apply, then `after` (more bookkeeping under the same lock).
+    /// the re-evaluation scope, apply, then `after` (more bookkeeping under the same lock). Past `REMOVAL_CHUNK`
+    /// removals (of keys the batch does not upsert), those are applied first, that many at a time, the lock yielded
+    /// to waiting readers between parts: a tunnel's set-up never waits for a whole mass removal (issue #29: removing
+    /// 100k services held it for the whole batch). Readers may see some of the removals before the rest, as they
+    /// would if istiod had sent them in several responses; batches are applied one at a time (one caller).
     fn apply_valid<T>(
         &self,
         mut valid: state::ValidDelta,
@@ -389,9 +395,16 @@ impl Dataplane {
         after: impl FnOnce(&mut State, T),
     ) -> state::Applied {
         let (scope, applied) = {
-            let mut state = self.pi.state.write();
+            // Reading what the batch changes excludes other writers only; readers (set-ups) go on until it applies.
+            let state = self.pi.state.upgradable_read();
             let kept = before(&state, &mut valid);
             state.drop_unchanged(&mut valid);
+            let parts = if !valid.full && valid.removed_workloads.len() + valid.removed_services.len() > REMOVAL_CHUNK {
+                valid.take_removal_chunks(REMOVAL_CHUNK)
+            } else {
+                Vec::new()
+            };
+            let mut state = parking_lot::RwLockUpgradableReadGuard::upgrade(state);
             // What istiod says anew of an endpoint ends its ejection: healthy again (a new pod, a new status), or gone.
             if !self.pi.outliers.is_idle() {
                 let healthy = valid.workloads.iter().filter(|w| w.status == state::WorkloadStatus::Healthy);
@@ -399,8 +412,15 @@ impl Dataplane {
                     self.pi.outliers.forget(uid);
                 }
             }
+            let mut applied = state::Applied::default();
+            for part in parts {
+                let scope = proxy::reevaluation::Scope::of_change(&state, &part);
+                applied.merge(state.apply_valid(part));
+                self.reevaluator.submit(scope);
+                parking_lot::RwLockWriteGuard::bump(&mut state);
+            }
             let scope = proxy::reevaluation::Scope::of_change(&state, &valid);
-            let applied = state.apply_valid(valid);
+            applied.merge(state.apply_valid(valid));
             after(&mut state, kept);
             (scope, applied)
         };

@@ -70,6 +70,16 @@ pub struct Applied {
     pub missing: Vec<(Str, Str)>,
 }
 
+impl Applied {
+    /// What a batch applied in parts changed, in all.
+    pub fn merge(&mut self, other: Applied) {
+        self.workloads.extend(other.workloads);
+        self.services += other.services;
+        self.policies += other.policies;
+        self.missing.extend(other.missing);
+    }
+}
+
 #[derive(Default, Debug)]
 pub struct State {
     workloads: HashMap<Str, Arc<Workload>>,

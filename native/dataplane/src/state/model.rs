@@ -375,6 +375,32 @@ pub struct ValidDelta {
     pub removed_policies: Vec<String>,
 }
 
+impl ValidDelta {
+    /// The removals of workloads and services this delta does not also upsert, taken out of it `n` at a time (a
+    /// large batch applies them with the state lock released between parts: `Dataplane::apply_valid`). A removal of a
+    /// key the delta upserts stays in it, so that key changes once (the upsert wins, as in one batch).
+    pub fn take_removal_chunks(&mut self, n: usize) -> Vec<ValidDelta> {
+        let upserted_uids: std::collections::HashSet<&str> = self.workloads.iter().map(|w| &*w.uid).collect();
+        let upserted_services: std::collections::HashSet<ServiceKey> =
+            self.services.iter().map(|s| s.key.clone()).collect();
+        let (workloads, kept): (Vec<String>, Vec<String>) =
+            std::mem::take(&mut self.removed_workloads).into_iter().partition(|u| !upserted_uids.contains(u.as_str()));
+        self.removed_workloads = kept;
+        let (services, kept): (Vec<String>, Vec<String>) = std::mem::take(&mut self.removed_services)
+            .into_iter()
+            .partition(|k| ServiceKey::parse(k).is_none_or(|k| !upserted_services.contains(&k)));
+        self.removed_services = kept;
+        let mut parts = Vec::new();
+        for chunk in workloads.chunks(n.max(1)) {
+            parts.push(ValidDelta { removed_workloads: chunk.to_vec(), ..ValidDelta::default() });
+        }
+        for chunk in services.chunks(n.max(1)) {
+            parts.push(ValidDelta { removed_services: chunk.to_vec(), ..ValidDelta::default() });
+        }
+        parts
+    }
+}
+
 /// A validated workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workload {
