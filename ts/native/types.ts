@@ -3,8 +3,9 @@
 // differ from what the Rust types generate). Edit the Rust type, never these.
 
 // The dataplane's configuration: generated from the Rust types (native/dataplane/src/config.rs, ts-rs, written by
-// `cargo test`; CI fails when the committed files differ). Every field is required: the daemon sends them all, so
-// the defaults that apply are ts/config/defaults.ts's (Rust's `Default` serves its own tests and examples).
+// `cargo test`; CI fails when the committed files differ). Every field is required: the daemon sends them all. The
+// defaults have one table, Rust's `Default`: written out as DATAPLANE_DEFAULTS (./generated/dataplaneDefaults.ts),
+// which ts/config/defaults.ts reads and gives its reasons for.
 export type { ColdCodeReleased } from './generated/ColdCodeReleased.js';
 export type { DataplaneConfig } from './generated/DataplaneConfig.js';
 export type { DnsConfig } from './generated/DnsConfig.js';

@@ -1,5 +1,5 @@
 // What the control side keeps of the mesh state. The mesh itself (every workload and service) lives once, in the
-// dataplane (README "Architecture"): it is the store that indexes, diffs and reports what changed. This side keeps
+// dataplane (ARCHITECTURE.md): it is the store that indexes, diffs and reports what changed. This side keeps
 // only what its own control loop needs:
 // - the authorization policies as written (the policy compiler's input, and config_dump's `policies`; about 1% of
 //   the resources), so that only policies whose compiled form changed cross the boundary;

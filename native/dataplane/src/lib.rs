@@ -1,8 +1,10 @@
 //! ztunnel-node's dataplane: every byte of HBONE traffic, with no Node.js dependency.
 //!
-//! `Dataplane` owns a multi-thread tokio runtime (threads `ztunnel-N`) and everything that runs on it: the
-//! inbound HBONE listeners, the SOCKS5 entries, the HBONE client pool and the copy loops. The napi binding is a thin
-//! facade over this type; Rust tests drive it directly.
+//! `Dataplane` owns the threads every byte runs on and the mesh state they read: the connection silos (`silo.rs`:
+//! `ztunnel-N`, one single-threaded tokio runtime each, where every listener is served and every connection, HBONE
+//! stream and pooled HBONE connection lives) and the control runtime (`ztunnel-control`, one worker: xDS-driven work,
+//! the CNI server, the DNS proxies, timers, napi calls). The napi binding is a thin facade over this type; Rust tests
+//! drive it directly. ARCHITECTURE.md draws the whole.
 
 pub mod alloc;
 pub mod budget;

@@ -1,7 +1,7 @@
 //! The mesh state written out: config_dump's `workloads`, `services` and `stagedServices` (ztunnel's keys, in
 //! ztunnel's order, with ztunnel's omissions of default values), and the whole workload records a state change hands
 //! back to the control side (every key, the same shape as the `Workload` it sends). The dataplane's state is the only
-//! copy of the mesh (README "Architecture"), so this is the one place it is written out.
+//! copy of the mesh (ARCHITECTURE.md), so this is the one place it is written out.
 
 use std::collections::BTreeMap;
 

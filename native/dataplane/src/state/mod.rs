@@ -1,6 +1,6 @@
 //! The dataplane's view of the mesh: workloads and services, indexed for the lookups a connection needs.
 //!
-//! This is the only copy of the mesh (README "Architecture"): the control side hands over batched deltas
+//! This is the only copy of the mesh (ARCHITECTURE.md): the control side hands over batched deltas
 //! (`StateDelta`, from a local config file) or still-encoded WDS resources (wds.rs), and gets back what changed
 //! (`Applied`: the workload transitions it reconciles certificates and listeners from) and, for config_dump, the
 //! state rendered in its own JSON shape (dump.rs). A JSON delta is validated whole and rejected whole on error, so

@@ -1,6 +1,6 @@
 //! istio.workload.Address resources (WDS), decoded in the dataplane: the control side hands over each xDS
 //! `Resource` still encoded, and gets back what applied and what was refused, so the mesh lives once, here
-//! (README "Architecture"). Message types use prost's derive; the field numbers are those of
+//! (ARCHITECTURE.md). Message types use prost's derive; the field numbers are those of
 //! `proto/istio/workload/workload.proto` and `proto/envoy/service/discovery/v3/discovery.proto` (fields the
 //! dataplane does not use are left out: prost skips unknown fields, as every protobuf reader must).
 //!
