@@ -3,27 +3,38 @@
 // with `<CODE>: ` (docs/native-api.md); `fromNativeError` turns them into ZtunnelErrors so callers switch on
 // `code`, never on message text.
 
+import type { NativeErrorCode } from './native/generated/NativeErrorCode.js';
+
 export interface ErrorKind {
   readonly retryable: boolean;
   readonly description: string;
 }
 
-export const ERROR_CATALOG = {
-  // From the native module (prefixes of its error messages).
+/**
+ * The native module's codes (prefixes of its error messages), one entry for each code of the Rust enum
+ * `ErrorCode` (native/dataplane/src/error_code.rs), from which `NativeErrorCode` is generated: a code added there
+ * without a description here does not compile.
+ */
+const NATIVE_ERRORS = {
   INVALID_STATE: { retryable: false, description: 'the dataplane rejected a state delta; the previous state stays' },
   CERT_MISMATCH: { retryable: false, description: 'the certificate does not match the pending key; create a new CSR' },
   BIND_FAILED: { retryable: true, description: 'a listener could not bind (address in use or not local)' },
   CA_ERROR: { retryable: true, description: 'the local CA could not load or create its root' },
   CSR_INVALID: { retryable: false, description: 'the CSR signature or identity did not verify' },
-  // Also emitted by the native module, though docs/native-api.md does not list them (yet).
   INVALID_CONFIG: { retryable: false, description: 'the dataplane rejected its DataplaneConfig' },
-  INVALID_SPEC: { retryable: false, description: 'a local workload spec was malformed' },
+  INVALID_SPEC: { retryable: false, description: 'a request to the dataplane was malformed (a workload spec, a preview, a log level)' },
   INVALID_IDENTITY: { retryable: false, description: 'not a SPIFFE identity the dataplane accepts' },
+  INVALID_CRL: { retryable: false, description: 'the certificate revocation lists do not parse; the lists in force stay' },
   CSR_FAILED: { retryable: true, description: 'key or CSR generation failed' },
   CERT_INVALID: { retryable: false, description: 'the certificate chain or roots do not parse' },
   NO_CERTIFICATE: { retryable: true, description: 'no certificate installed for the identity yet' },
   TLS_CONFIG: { retryable: false, description: 'a TLS configuration could not be built from the certificate' },
   RUNTIME: { retryable: false, description: 'the dataplane runtime failed' },
+  PROFILE: { retryable: true, description: 'a profile could not be taken (one is running, it was cancelled, or sampling is off)' },
+} as const satisfies Record<NativeErrorCode, ErrorKind>;
+
+export const ERROR_CATALOG = {
+  ...NATIVE_ERRORS,
   // From the TypeScript layer.
   NATIVE_UNAVAILABLE: { retryable: false, description: 'no native binary for this platform' },
   NOT_RUNNING: { retryable: true, description: 'the dataplane is not running yet (the local config is loading)' },
@@ -63,21 +74,9 @@ export class LocalConfigError extends ZtunnelError {
   }
 }
 
-const NATIVE_CODES = [
-  'INVALID_STATE',
-  'CERT_MISMATCH',
-  'BIND_FAILED',
-  'CA_ERROR',
-  'CSR_INVALID',
-  'INVALID_CONFIG',
-  'INVALID_SPEC',
-  'INVALID_IDENTITY',
-  'CSR_FAILED',
-  'CERT_INVALID',
-  'NO_CERTIFICATE',
-  'TLS_CONFIG',
-  'RUNTIME',
-] as const satisfies readonly ErrorCode[];
+function isNativeCode(code: string): code is NativeErrorCode {
+  return Object.hasOwn(NATIVE_ERRORS, code);
+}
 
 /**
  * Maps an error thrown by the native module to a ZtunnelError. The `<CODE>: ` prefix is stripped from the message
@@ -86,11 +85,9 @@ const NATIVE_CODES = [
 export function fromNativeError(err: unknown): ZtunnelError {
   if (err instanceof ZtunnelError) return err;
   const message = err instanceof Error ? err.message : String(err);
-  for (const code of NATIVE_CODES) {
-    const prefix = `${code}:`;
-    if (message.startsWith(prefix)) {
-      return new ZtunnelError(code, message.slice(prefix.length).trim(), { cause: err });
-    }
+  const code = /^([A-Z][A-Z_]*):/.exec(message)?.[1];
+  if (code !== undefined && isNativeCode(code)) {
+    return new ZtunnelError(code, message.slice(code.length + 1).trim(), { cause: err });
   }
   return new ZtunnelError('NATIVE_ERROR', message, { cause: err });
 }

@@ -53,8 +53,8 @@ test('the native dataplane refuses a PEM that is not a CRL, and takes an empty o
   const dp = openNativeDataplane();
   t.after(() => dp.shutdown());
   assert.equal(dp.setCrls(''), 0);
-  assert.throws(() => dp.setCrls('-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n'), /INVALID_CRL/);
-  assert.throws(() => dp.setCrls('garbage'), /INVALID_CRL: holds no X509 CRL block/);
+  assert.throws(() => dp.setCrls('-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n'), (e) => e.code === 'INVALID_CRL');
+  assert.throws(() => dp.setCrls('garbage'), (e) => e.code === 'INVALID_CRL' && e.message === 'holds no X509 CRL block');
 });
 
 test('an invalid or unreadable CRL_PATH stops the start, naming the file', async (t) => {
@@ -63,7 +63,7 @@ test('an invalid or unreadable CRL_PATH stops the start, naming the file', async
   const { log } = recordingLogs();
   const bad = join(dir, 'bad.pem');
   writeFileSync(bad, 'garbage');
-  await assert.rejects(followCrls(bad, dp, log), (err) => err instanceof ConfigError && err.message.startsWith(`CRL_PATH ${bad}: INVALID_CRL`));
+  await assert.rejects(followCrls(bad, dp, log), (err) => err instanceof ConfigError && err.message === `CRL_PATH ${bad}: holds no X509 CRL block`);
   const notAFile = join(dir, 'a-directory');
   mkdirSync(notAFile);
   await assert.rejects(followCrls(notAFile, dp, log), (err) => err instanceof ConfigError && err.message.includes(`CRL_PATH ${notAFile}: cannot read it`));

@@ -1,12 +1,17 @@
 // The error catalog (native prefixes → codes), the plain log format, and the Drain.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { ERROR_CATALOG, ZtunnelError, fromNativeError, isConfigError, ConfigError } from '../../dist/errors.js';
 import { createLogs, toPlain } from '../../dist/log/logger.js';
 import { Drain } from '../../dist/lifecycle/drain.js';
 
 test('native error prefixes map to stable codes; the prefix is stripped', () => {
-  for (const code of ['INVALID_STATE', 'CERT_MISMATCH', 'BIND_FAILED', 'CA_ERROR', 'CSR_INVALID', 'INVALID_SPEC', 'NO_CERTIFICATE']) {
+  // Every code of the Rust enum (native/dataplane/src/error_code.rs, generated as NativeErrorCode).
+  const rust = readFileSync(new URL('../../native/dataplane/src/error_code.rs', import.meta.url), 'utf8');
+  const codes = [...rust.matchAll(/=> "([A-Z_]+)",/g)].map((m) => m[1]);
+  assert.ok(codes.includes('INVALID_CRL') && codes.includes('PROFILE') && codes.length >= 15, codes.join());
+  for (const code of codes) {
     const e = fromNativeError(new Error(`${code}: something about ${code}`));
     assert.ok(e instanceof ZtunnelError);
     assert.equal(e.code, code);

@@ -9,6 +9,8 @@ use std::time::Duration;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
+use dataplane::ErrorCode;
+
 /// The system allocator, sampled while the heap profile is on (native heap_profile.rs); otherwise one atomic load more
 /// per allocation and free.
 #[global_allocator]
@@ -133,7 +135,7 @@ impl Dataplane {
     #[napi]
     pub async fn add_local_workload(&self, spec_json: String) -> Result<String> {
         let spec: dataplane::LocalWorkloadSpec =
-            serde_json::from_str(&spec_json).map_err(|e| err(format!("INVALID_SPEC: {e}")))?;
+            serde_json::from_str(&spec_json).map_err(|e| err(format!("{}: {e}", ErrorCode::InvalidSpec)))?;
         let inner = self.inner.clone();
         let bound = inner
             .handle()
@@ -184,7 +186,7 @@ impl Dataplane {
             .await
             .map_err(err)?
             .map(Buffer::from)
-            .map_err(|e| err(format!("PROFILE: {e}")))
+            .map_err(|e| err(format!("{}: {e}", ErrorCode::Profile)))
     }
 
     /// Stops the CPU profile being taken, if any (its requester went away): its `cpuProfile` rejects with
@@ -211,7 +213,7 @@ impl Dataplane {
             .await
             .map_err(err)?
             .map(Buffer::from)
-            .map_err(|e| err(format!("PROFILE: {e}")))
+            .map_err(|e| err(format!("{}: {e}", ErrorCode::Profile)))
     }
 
     /// Shared mode: start the in-pod workload manager (ZDS client). `{ uds, mark, reusePort, origSrc? }`.
@@ -224,7 +226,7 @@ impl Dataplane {
     #[napi]
     pub async fn start_dedicated(&self, spec_json: String) -> Result<()> {
         let spec: dataplane::DedicatedSpec =
-            serde_json::from_str(&spec_json).map_err(|e| err(format!("INVALID_SPEC: {e}")))?;
+            serde_json::from_str(&spec_json).map_err(|e| err(format!("{}: {e}", ErrorCode::InvalidSpec)))?;
         let inner = self.inner.clone();
         inner.handle().clone().spawn(async move { inner.start_dedicated(spec).await }).await.map_err(err)?.map_err(err)
     }
@@ -234,7 +236,7 @@ impl Dataplane {
     #[napi]
     pub async fn start_self_inbound(&self, spec_json: String) -> Result<String> {
         let spec: dataplane::proxy::self_inbound::SelfInboundSpec =
-            serde_json::from_str(&spec_json).map_err(|e| err(format!("INVALID_SPEC: {e}")))?;
+            serde_json::from_str(&spec_json).map_err(|e| err(format!("{}: {e}", ErrorCode::InvalidSpec)))?;
         let inner = self.inner.clone();
         let addr = inner
             .handle()

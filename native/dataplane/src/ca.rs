@@ -28,11 +28,11 @@ const BACKDATE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaError {
-    #[error("CA_ERROR: {path}: {source}")]
+    #[error("{code}: {path}: {source}", code = crate::ErrorCode::CaError)]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("CA_ERROR: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::CaError)]
     Crypto(String),
-    #[error("CSR_INVALID: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::CsrInvalid)]
     Csr(String),
 }
 

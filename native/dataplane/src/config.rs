@@ -277,9 +277,9 @@ impl Default for Config {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("INVALID_CONFIG: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::InvalidConfig)]
     Parse(#[from] serde_json::Error),
-    #[error("INVALID_CONFIG: {field}: {problem}")]
+    #[error("{code}: {field}: {problem}", code = crate::ErrorCode::InvalidConfig)]
     Range { field: &'static str, problem: String },
 }
 

@@ -13,6 +13,7 @@ pub mod config;
 pub mod copy;
 pub mod dns;
 pub mod drain;
+pub mod error_code;
 pub mod events;
 pub mod footprint;
 pub mod handover;
@@ -40,6 +41,7 @@ use serde::{Deserialize, Serialize};
 
 use config::Config;
 use drain::Drain;
+pub use error_code::ErrorCode;
 use events::Events;
 use identity::{CertStore, Identity};
 use metrics::Metrics;
@@ -55,17 +57,17 @@ pub enum DataplaneError {
     State(#[from] state::StateError),
     #[error("{0}")]
     Store(#[from] identity::StoreError),
-    #[error("INVALID_IDENTITY: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::InvalidIdentity)]
     Identity(#[from] identity::IdentityError),
-    #[error("INVALID_SPEC: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::InvalidSpec)]
     Spec(String),
-    #[error("BIND_FAILED: {0}: {1}")]
+    #[error("{code}: {0}: {1}", code = crate::ErrorCode::BindFailed)]
     Bind(SocketAddr, std::io::Error),
     #[error("{0}")]
     Tls(#[from] tls::TlsError),
-    #[error("RUNTIME: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::Runtime)]
     Runtime(String),
-    #[error("INVALID_CRL: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::InvalidCrl)]
     Crl(String),
     #[error("{0}")]
     Preview(#[from] preview::PreviewError),

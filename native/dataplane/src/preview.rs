@@ -45,7 +45,7 @@ pub enum PreviewError {
     /// A candidate that `applyState` would refuse (its message names the policy and the field).
     #[error("{0}")]
     Policy(#[from] StateError),
-    #[error("INVALID_SPEC: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::InvalidSpec)]
     Request(String),
 }
 

@@ -26,13 +26,13 @@ use super::{create_csr, spiffe_identity, Identity, PendingKey};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("CSR_FAILED: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::CsrFailed)]
     Csr(String),
-    #[error("CERT_MISMATCH: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::CertMismatch)]
     Mismatch(String),
-    #[error("CERT_INVALID: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::CertInvalid)]
     Invalid(String),
-    #[error("NO_CERTIFICATE: no certificate for {0}")]
+    #[error("{code}: no certificate for {0}", code = crate::ErrorCode::NoCertificate)]
     Missing(String),
 }
 

@@ -34,9 +34,9 @@ use intern::Str;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("INVALID_STATE: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::InvalidState)]
     Json(#[from] serde_json::Error),
-    #[error("INVALID_STATE: {what} {name:?}: {problem}")]
+    #[error("{code}: {what} {name:?}: {problem}", code = crate::ErrorCode::InvalidState)]
     Invalid { what: &'static str, name: String, problem: String },
 }
 

@@ -123,9 +123,9 @@ pub fn versions(provider: &CryptoProvider) -> &'static [&'static rustls::Support
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("TLS_CONFIG: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::TlsConfig)]
     Config(#[from] rustls::Error),
-    #[error("NO_CERTIFICATE: {0}")]
+    #[error("{code}: {0}", code = crate::ErrorCode::NoCertificate)]
     NoCertificate(String),
 }
 
