@@ -43,7 +43,7 @@ impl<'a> Tally<'a> {
     }
 }
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use h2::{RecvStream, SendStream};
 use tokio::io::AsyncWrite;
 
@@ -95,7 +95,7 @@ pub fn tcp_h2_bidirectional<'a, 't>(
         meter,
         receiver,
         admit: None,
-        buf: BytesMut::new(),
+        buf: Vec::new(),
         out: Bytes::new(),
         out_len: 0,
         up_moved: 0,
@@ -137,7 +137,8 @@ pub struct H2Relay<'a, 't> {
     admit: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
     /// TCP → HTTP/2: the read buffer (empty while the socket has nothing to read), the chunk h2 has not taken yet
     /// and its size when read (counted once all of it is handed over).
-    buf: BytesMut,
+    /// The next read's buffer: a fresh allocation of `buffer_size`, shrunk to what was read and handed to h2 whole.
+    buf: Vec<u8>,
     out: Bytes,
     out_len: usize,
     up_moved: u64,
@@ -228,10 +229,9 @@ impl H2Relay<'_, '_> {
             if self.up_done {
                 return Poll::Ready(Ok(()));
             }
-            // Readiness is polled on the socket itself; about to wait for the peer, wait without a buffer (the last
-            // one's unused tail is still tied to the allocation h2 may be holding).
+            // Readiness is polled on the socket itself; about to wait for the peer, wait without a buffer.
             if self.tcp.poll_read_ready(cx).is_pending() {
-                self.buf = BytesMut::new();
+                self.buf = Vec::new();
                 return Poll::Pending;
             }
             if let Some(m) = &self.meter {
@@ -243,7 +243,9 @@ impl H2Relay<'_, '_> {
                     self.admit = None;
                 }
             }
-            self.buf.reserve(buffer_size(self.up_moved));
+            if self.buf.capacity() == 0 {
+                self.buf.reserve_exact(buffer_size(self.up_moved));
+            }
             let n = match self.tcp.try_read_buf(&mut self.buf) {
                 Ok(n) => n,
                 // Not readable after all: poll_read_ready registers for the next readiness.
@@ -253,23 +255,20 @@ impl H2Relay<'_, '_> {
             if n == 0 {
                 self.send.send_data(Bytes::new(), true).map_err(h2_io)?;
                 self.up_done = true;
-                self.buf = BytesMut::new();
+                self.buf = Vec::new();
                 return Poll::Ready(Ok(()));
             }
             // Counted before h2 has it: the connection may write it (and take it off) as soon as it is handed over.
             if let Some(m) = &self.meter {
                 m.queued(n);
             }
-            // What h2 holds pins the allocation it is a slice of, and the budget counts `n`: a read that filled less
-            // than half of the buffer is copied out (cheap, it is small) and the buffer kept for the next read, so a
-            // queued chunk never holds more than twice what it counts.
-            self.out = if 2 * n < self.buf.capacity() {
-                let chunk = Bytes::copy_from_slice(&self.buf);
-                self.buf.clear();
-                chunk
-            } else {
-                self.buf.split().freeze()
-            };
+            // What h2 holds is what the budget counts, `n`, and the memory behind it is that too: the buffer is
+            // shrunk to what was read (glibc's realloc gives the tail back in place, without copying) and handed
+            // over whole, so no queued chunk pins a larger allocation (issue #29: the budget counted lengths while
+            // partly filled buffers stayed resident).
+            let mut chunk = std::mem::take(&mut self.buf);
+            chunk.shrink_to_fit();
+            self.out = Bytes::from(chunk);
             self.out_len = n;
         }
     }
