@@ -70,6 +70,28 @@ test('access records reach a real collector over OTLP/gRPC and OTLP/HTTP, with z
   for (const d of [a, b]) assert.equal((await d.stop()).code, 0);
 });
 
+test('OTLP/HTTP with JSON bodies (http/json): the same record and resource', async (t) => {
+  const app = await startEchoServer(ECHO, 8080);
+  t.after(() => app.close());
+  const collector = await startCollector({ ip: COLLECTOR, dir: makeTempDir('ztn-otelcol-json-'), cleanup: t });
+  const caDir = makeTempDir('ztn-otlp-json-ca-');
+  const env = { OTEL_BLRP_SCHEDULE_DELAY: '100', OTEL_EXPORTER_OTLP_ENDPOINT: `http://${COLLECTOR}:4318`, OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json', OTEL_RESOURCE_ATTRIBUTES: 'deployment.environment=test' };
+  const a = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(1), env, cleanup: t });
+  const b = await startDaemon({ node: 'node-b', config: CONFIG, caDir, adminIp: net.admin(2), cleanup: t });
+  assert.equal(await throughSocks5(SLEEP, ECHO, 8080, 'json'), 0);
+  const out = await waitFor(() => collector.records().find((r) => r.body === 'connection complete' && r.attributes.direction === 'outbound'), {
+    timeoutMs: 15_000,
+    message: 'node-a\'s record at the collector',
+  });
+  assert.equal(out.attributes['dst.addr'], `${ECHO}:8080`);
+  assert.equal(out.attributes['destination.port'], 8080);
+  assert.equal(typeof out.attributes['source.port'], 'number');
+  assert.equal(out.severity, 'INFO');
+  assert.equal(out.resource['k8s.node.name'], 'node-a');
+  assert.equal(out.resource['deployment.environment'], 'test');
+  for (const d of [a, b]) assert.equal((await d.stop()).code, 0);
+});
+
 test('with the collector down the daemon keeps serving; the queue stays bounded and the drop counter counts', async (t) => {
   const app = await startEchoServer(ECHO, 8080);
   t.after(() => app.close());

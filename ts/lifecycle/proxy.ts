@@ -725,7 +725,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     // Revocation lists before any listener or certificate: no handshake happens without them.
     if (config.crlPath !== null) crlWatch = await followCrls(config.crlPath, plane, logs.forTarget('ca'));
     if (config.otlp !== null) {
-      // The SDK loads only here: a daemon without export never does.
+      // The exporters load only here: a daemon without export never does.
       const { startAccessExport } = await import('../log/otlp.js');
       accessExport = await startAccessExport({ ...config.otlp, resource: otlpResource(config) }, logs.forTarget('access'));
     }

@@ -1,20 +1,22 @@
 // OpenTelemetry export of the access log (beyond ztunnel, README "Access logs over OpenTelemetry"): every access
 // record the dataplane reports is also sent as an OTLP log record, over gRPC or HTTP, by the OpenTelemetry project's
-// own SDK (batching, retries with backoff on retryable answers, its standard OTEL_EXPORTER_OTLP_* variables).
+// own export transports (@opentelemetry/otlp-grpc-exporter-base, otlp-exporter-base: retries with backoff on
+// retryable answers, timeouts, their standard OTEL_EXPORTER_OTLP_* variables), in batches encoded here.
 //
-// - Off the connection path: records leave the dataplane in batches (the event pump's drainEvents), and this module
-//   only turns them into log records for the SDK's batch processor.
-// - Bounded: at most `maxQueueSize` records wait to be exported; past that a record is dropped and counted (the
-//   SDK's processor would drop it too, silently). Memory does not grow while the collector is down.
+// - Off the connection path: records leave the dataplane in batches (the event pump's drainEvents); they are queued and
+//   encoded a batch at a time (protobuf by otlp-wire.ts, or OTLP/JSON for http/json), one export at a time.
+// - Bounded: at most `maxQueueSize` records wait to be exported; past that a record is dropped, counted and the drop
+//   logged. Memory does not grow while the collector is down.
 // - Attributes: the record's fields under ztunnel's names (`src.addr`, `dst.workload`, ...), and the OpenTelemetry
 //   semantic conventions' names for what they have (`source.address`, `source.port`, `destination.address`,
 //   `destination.port`, `network.transport`).
-// - Loaded only when export is configured: a daemon without it loads none of the SDK.
+// - Loaded only when export is configured: a daemon without it loads none of the exporters.
 import type { Logger as PinoLogger } from 'pino';
-import { SeverityNumber, type Logger as OtelLogger, type LogAttributes } from '@opentelemetry/api-logs';
+import type { IOtlpExportDelegate } from '@opentelemetry/otlp-exporter-base';
+import type { IExporterMetricsHelper, ISerializer } from '@opentelemetry/otlp-transformer';
 import { detectResources, envDetector, resourceFromAttributes } from '@opentelemetry/resources';
-import { BatchLogRecordProcessor, LoggerProvider, type LogRecordExporter, type ReadableLogRecord } from '@opentelemetry/sdk-logs';
 import type { NativeEvent } from '../native/types.js';
+import { LogsRequestWriter, type AttributeValue, type Attributes, type LogRecordIn } from './otlp-wire.js';
 
 /** What export needs, from the config (ts/config: OTEL_*). */
 export interface OtlpSettings {
@@ -46,126 +48,218 @@ export interface AccessExport {
   shutdown(timeoutMs: number): Promise<void>;
 }
 
-const SEVERITY: Readonly<Record<string, SeverityNumber>> = {
-  debug: SeverityNumber.DEBUG,
-  info: SeverityNumber.INFO,
-  warn: SeverityNumber.WARN,
-  error: SeverityNumber.ERROR,
+/** OTLP's SeverityNumber values (logs/v1). */
+const SEVERITY_INFO = 9;
+const SEVERITY: Readonly<Record<string, number>> = {
+  debug: 5,
+  info: SEVERITY_INFO,
+  warn: 13,
+  error: 17,
 };
 
 /** `ip:port` or `[ip6]:port` → its parts (null when it is neither). */
 export function splitAddress(addr: unknown): { address: string; port: number } | null {
   if (typeof addr !== 'string') return null;
-  const m = /^\[?([^\]]+?)\]?:(\d+)$/.exec(addr);
-  return m === null ? null : { address: m[1] as string, port: Number(m[2]) };
+  const colon = addr.lastIndexOf(':');
+  if (colon <= 0) return null;
+  const port = Number(addr.slice(colon + 1));
+  if (!Number.isInteger(port) || port < 0 || colon + 1 === addr.length) return null;
+  const host = addr.startsWith('[') && addr[colon - 1] === ']' ? addr.slice(1, colon - 1) : addr.slice(0, colon);
+  return host === '' ? null : { address: host, port };
 }
 
-/** An access record's OTLP attributes: ztunnel's fields as they are, and the semantic conventions' names. */
-export function accessAttributes(fields: Readonly<Record<string, string | number | boolean>>): LogAttributes {
-  const out: LogAttributes = { ...fields, 'network.transport': 'tcp' };
+/**
+ * What the semantic conventions name of an access record (`network.transport`, and the source and destination
+ * address and port where its fields carry them), as attributes beside ztunnel's own fields (which are sent as they
+ * are, without a copy: this runs for every record).
+ */
+export function semconvAttributes(fields: Attributes): Attributes {
   const src = splitAddress(fields['src.addr']);
-  if (src !== null) Object.assign(out, { 'source.address': src.address, 'source.port': src.port });
   const dst = splitAddress(fields['dst.addr']);
+  if (src !== null && dst !== null) {
+    // One shape for the usual case (both known): the encoder walks it as fast as a literal.
+    return { 'network.transport': 'tcp', 'source.address': src.address, 'source.port': src.port, 'destination.address': dst.address, 'destination.port': dst.port };
+  }
+  const out: Record<string, AttributeValue> = { 'network.transport': 'tcp' };
+  if (src !== null) Object.assign(out, { 'source.address': src.address, 'source.port': src.port });
   if (dst !== null) Object.assign(out, { 'destination.address': dst.address, 'destination.port': dst.port });
   return out;
 }
 
-type ExportDone = Parameters<LogRecordExporter['export']>[1];
+/** An access record's OTLP attributes in one object: ztunnel's fields and the semantic conventions' names. */
+export function accessAttributes(fields: Attributes): Record<string, AttributeValue> {
+  return { ...fields, ...semconvAttributes(fields) };
+}
 
-/** Counts what the SDK's processor hands the exporter: the records leaving the queue, and how their export ended. */
-class CountingExporter implements LogRecordExporter {
-  queued = 0;
-  readonly counts: ExportCounters = { exported: 0, dropped: 0, failed: 0 };
-  constructor(private readonly inner: LogRecordExporter) {}
+/**
+ * One encoded batch as the exporter's transport sends it: protobuf bytes of an ExportLogsServiceRequest, or its
+ * OTLP/JSON form.
+ */
+interface Batch {
+  readonly body: Uint8Array;
+  readonly count: number;
+}
 
-  export(logs: ReadableLogRecord[], done: ExportDone): void {
-    this.queued = Math.max(0, this.queued - logs.length);
-    this.inner.export(logs, (result) => {
-      // ExportResultCode.SUCCESS is 0.
-      if (result.code === 0) this.counts.exported += logs.length;
-      else this.counts.failed += logs.length;
-      done(result);
+/** The JSON form of an attribute value (OTLP/JSON: 64-bit integers as strings). */
+function jsonValue(v: AttributeValue): Record<string, unknown> {
+  if (typeof v === 'string') return { stringValue: v };
+  if (typeof v === 'boolean') return { boolValue: v };
+  return Number.isInteger(v) ? { intValue: String(v) } : { doubleValue: v };
+}
+
+const jsonAttributes = (attrs: Attributes): unknown[] => Object.entries(attrs).map(([key, value]) => ({ key, value: jsonValue(value) }));
+
+/** A batch of records as its protocol sends it: protobuf (otlp-wire.ts), or OTLP/JSON for http/json. */
+type Encode = (records: readonly LogRecordIn[]) => Uint8Array;
+
+function jsonEncode(resource: Attributes, scope: string): Encode {
+  return (records) => {
+    const logRecords = records.map((r) => {
+      const nanos = String(BigInt(r.timeMs) * 1_000_000n);
+      return {
+        timeUnixNano: nanos,
+        observedTimeUnixNano: nanos,
+        severityNumber: r.severityNumber,
+        severityText: r.severityText,
+        body: { stringValue: r.body },
+        attributes: [...jsonAttributes(r.attributes), ...(r.more === undefined ? [] : jsonAttributes(r.more))],
+      };
     });
-  }
-
-  shutdown(): Promise<void> {
-    return this.inner.shutdown();
-  }
-
-  forceFlush(): Promise<void> {
-    return this.inner.forceFlush();
-  }
+    const request = { resourceLogs: [{ resource: { attributes: jsonAttributes(resource) }, scopeLogs: [{ scope: { name: scope }, logRecords }] }] };
+    return Buffer.from(JSON.stringify(request));
+  };
 }
 
-async function exporterFor(s: OtlpSettings): Promise<LogRecordExporter> {
-  // The SDK reads the rest of its standard variables itself (headers, timeout, compression, TLS files).
-  switch (s.protocol) {
-    case 'grpc': {
-      const { OTLPLogExporter } = await import('@opentelemetry/exporter-logs-otlp-grpc');
-      return new OTLPLogExporter({ url: s.url });
-    }
-    case 'http/json': {
-      const { OTLPLogExporter } = await import('@opentelemetry/exporter-logs-otlp-http');
-      return new OTLPLogExporter({ url: s.url });
-    }
-    case 'http/protobuf': {
-      const { OTLPLogExporter } = await import('@opentelemetry/exporter-logs-otlp-proto');
-      return new OTLPLogExporter({ url: s.url });
-    }
+/** The transport gets the batch as encoded here; the collector's answer (partial success) is not read. */
+const passThrough: ISerializer<Batch, unknown> = {
+  serializeRequest: (b) => b.body,
+  deserializeResponse: () => ({}),
+};
+const batchCount: IExporterMetricsHelper<Batch> = { name: 'log', countItems: (b) => b.count };
+
+/**
+ * The OpenTelemetry project's export transport for the protocol (its retries with backoff on retryable answers, its
+ * timeout, and the standard variables it reads itself: headers, timeout, compression, TLS files).
+ */
+async function transportFor(s: OtlpSettings): Promise<IOtlpExportDelegate<Batch>> {
+  if (s.protocol === 'grpc') {
+    const grpc = await import('@opentelemetry/otlp-grpc-exporter-base');
+    return grpc.createOtlpGrpcExportDelegate(
+      grpc.convertLegacyOtlpGrpcOptions({ url: s.url, timeoutMillis: s.exportTimeoutMs }, 'LOGS'),
+      passThrough,
+      'otlp_grpc_log_exporter',
+      batchCount,
+      undefined,
+      'LogsExportService',
+      '/opentelemetry.proto.collector.logs.v1.LogsService/Export',
+    );
   }
+  const http = await import('@opentelemetry/otlp-exporter-base/node-http');
+  const contentType = s.protocol === 'http/json' ? 'application/json' : 'application/x-protobuf';
+  return http.createOtlpHttpExportDelegate(
+    http.convertLegacyHttpOptions({ url: s.url, timeoutMillis: s.exportTimeoutMs }, 'LOGS', 'v1/logs', { 'Content-Type': contentType }),
+    passThrough,
+    'otlp_http_log_exporter',
+    batchCount,
+    undefined,
+  );
 }
 
+/**
+ * The records are queued as they arrive and encoded a batch at a time (otlp-wire.ts, by hand: see there why); the
+ * project's transport sends each batch.
+ */
 export async function startAccessExport(s: OtlpSettings, log: PinoLogger): Promise<AccessExport> {
-  const exporter = new CountingExporter(await exporterFor(s));
-  const resource = resourceFromAttributes({ ...s.resource }).merge(detectResources({ detectors: [envDetector] }));
-  const provider = new LoggerProvider({
-    resource,
-    processors: [
-      new BatchLogRecordProcessor({
-        exporter,
-        maxQueueSize: s.maxQueueSize,
-        maxExportBatchSize: s.maxExportBatchSize,
-        scheduledDelayMillis: s.scheduledDelayMs,
-        exportTimeoutMillis: s.exportTimeoutMs,
-      }),
-    ],
-  });
-  const logger: OtelLogger = provider.getLogger('ztunnel-node.access');
-  log.info({ protocol: s.protocol, url: s.url, maxQueueSize: s.maxQueueSize }, 'exporting access records over OTLP');
+  const transport = await transportFor(s);
+  const detected = resourceFromAttributes({ ...s.resource }).merge(detectResources({ detectors: [envDetector] }));
+  await detected.waitForAsyncAttributes?.();
+  const resource: Record<string, string | number | boolean> = {};
+  for (const [k, v] of Object.entries(detected.attributes)) {
+    if (typeof v === 'string' || typeof v === 'number' || typeof v === 'boolean') resource[k] = v;
+  }
+  const writer = new LogsRequestWriter(resource, SCOPE);
+  const encode: Encode = s.protocol === 'http/json' ? jsonEncode(resource, SCOPE) : (records) => writer.encode(records);
+  return exportWith(encode, transport, s, log);
+}
+
+const SCOPE = 'ztunnel-node.access';
+
+function exportWith(encode: Encode, transport: IOtlpExportDelegate<Batch>, s: OtlpSettings, log: PinoLogger): AccessExport {
+  const counts: ExportCounters = { exported: 0, dropped: 0, failed: 0 };
+  let queue: LogRecordIn[] = [];
+  let exporting: Promise<void> | null = null;
   let lastDropWarning = 0;
+  let stopped = false;
+  log.info({ protocol: s.protocol, url: s.url, maxQueueSize: s.maxQueueSize }, 'exporting access records over OTLP');
+
+  // One export at a time, as the SDK's batch processor: while the collector is slow or down the queue fills and its
+  // excess is dropped, so memory stays bounded.
+  const exportOne = (): Promise<void> => {
+    const records = queue.slice(0, s.maxExportBatchSize);
+    queue = queue.slice(records.length);
+    const batch: Batch = { body: encode(records), count: records.length };
+    return new Promise<void>((resolve) => {
+      transport.export(batch, (result) => {
+        // ExportResultCode.SUCCESS is 0.
+        if (result.code === 0) counts.exported += batch.count;
+        else counts.failed += batch.count;
+        resolve();
+      });
+    });
+  };
+  const pump = (): void => {
+    if (exporting !== null || queue.length === 0) return;
+    exporting = exportOne().finally(() => {
+      exporting = null;
+      if (queue.length >= s.maxExportBatchSize || (stopped && queue.length > 0)) pump();
+    });
+  };
+  const timer = setInterval(pump, s.scheduledDelayMs);
+  timer.unref();
+
   return {
     emit(events) {
       const now = Date.now();
       for (const ev of events) {
         if (ev.kind !== 'access') continue;
-        if (exporter.queued >= s.maxQueueSize) {
-          exporter.counts.dropped++;
+        if (queue.length >= s.maxQueueSize) {
+          counts.dropped++;
           if (now - lastDropWarning > 10_000) {
             lastDropWarning = now;
-            log.warn({ queued: exporter.queued, dropped: exporter.counts.dropped }, 'OTLP export queue full: access records dropped');
+            log.warn({ queued: queue.length, dropped: counts.dropped }, 'OTLP export queue full: access records dropped');
           }
           continue;
         }
-        exporter.queued++;
-        logger.emit({
-          timestamp: now,
-          severityNumber: SEVERITY[ev.level] ?? SeverityNumber.INFO,
+        queue.push({
+          timeMs: now,
+          severityNumber: SEVERITY[ev.level] ?? SEVERITY_INFO,
           severityText: ev.level.toUpperCase(),
           body: ev.message,
-          attributes: accessAttributes(ev.fields),
+          attributes: ev.fields,
+          more: semconvAttributes(ev.fields),
         });
       }
+      if (queue.length >= s.maxExportBatchSize) pump();
     },
-    counters: () => ({ ...exporter.counts }),
+    counters: () => ({ ...counts }),
     async shutdown(timeoutMs) {
-      let timer: NodeJS.Timeout | undefined;
-      const deadline = new Promise<void>((resolve) => (timer = setTimeout(resolve, timeoutMs)));
+      stopped = true;
+      clearInterval(timer);
+      let deadlineTimer: NodeJS.Timeout | undefined;
+      const deadline = new Promise<void>((resolve) => (deadlineTimer = setTimeout(resolve, timeoutMs)));
+      const flushed = (async () => {
+        while (exporting !== null || queue.length > 0) {
+          pump();
+          await exporting;
+        }
+        await transport.shutdown();
+      })();
       try {
-        await Promise.race([provider.shutdown(), deadline]);
+        await Promise.race([flushed, deadline]);
       } catch (err) {
         log.warn({ err: err instanceof Error ? err.message : String(err) }, 'OTLP export did not shut down cleanly');
       } finally {
-        clearTimeout(timer);
+        clearTimeout(deadlineTimer);
       }
     },
   };
