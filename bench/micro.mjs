@@ -11,8 +11,6 @@ import { nativeVersion } from '../dist/native/index.js';
 import { emptyMatch, openBenchDataplane } from './common.mjs';
 import { compilePolicy } from '../dist/policy/compile.js';
 import { StateStore } from '../dist/state/store.js';
-import { LogsRequestWriter } from '../dist/log/otlp-wire.js';
-import { semconvAttributes } from '../dist/log/otlp.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const WORKLOADS = 10_000;
@@ -34,22 +32,8 @@ const store = new StateStore(null);
 store.apply({ workloads: Array.from({ length: WORKLOADS }, (_, i) => workload(i)), policies: [policy] }, (d) => dp.applyState(d));
 let flip = 0;
 
-// One access record as the dataplane reports it, for the OTLP export's encoding (ts/log/otlp-wire.ts).
-const accessFields = {
-  'src.addr': '10.0.0.9:40000', 'src.workload': 'sleep', 'src.namespace': 'default', 'src.identity': 'spiffe://cluster.local/ns/default/sa/sleep',
-  'dst.addr': '10.0.0.1:8080', 'dst.hbone_addr': '10.0.0.1:8080', 'dst.service': 'echo.default.svc.cluster.local', 'dst.workload': 'echo',
-  'dst.namespace': 'default', 'dst.identity': 'spiffe://cluster.local/ns/default/sa/echo', direction: 'outbound', bytes_sent: 1024, bytes_recv: 1024, duration: '3ms',
-};
-let otlpTick = 0;
-const otlpWriter = new LogsRequestWriter({ 'service.name': 'ztunnel-node', 'k8s.node.name': 'node-a' }, 'ztunnel-node.access');
-const otlpBatch = Array.from({ length: 512 }, () => ({ timeMs: Date.now(), severityNumber: 9, severityText: 'INFO', body: 'connection complete', attributes: accessFields, more: semconvAttributes(accessFields) }));
-
 const suite = new Benchmark.Suite('ztunnel-node micro');
 suite
-  .add('OTLP export: one access record\'s attributes and its share of a 512-record batch\'s protobuf (per record)', () => {
-    semconvAttributes(accessFields);
-    if ((otlpTick = (otlpTick + 1) % 512) === 0) otlpWriter.encode(otlpBatch);
-  })
   .add('napi, Rust → JS: nativeVersion() (one sync call returning a small JSON string)', () => nativeVersion())
   .add('napi, Rust → JS: metrics() snapshot (empty buckets)', () => dp.metrics())
   .add('napi, JS → Rust: applyState(one workload upsert)', () => {

@@ -32,6 +32,8 @@ export function fakeDataplane(overrides = {}, { nodeName = 'node-a' } = {}) {
     // Judges nothing live (no listener), but the candidates are read and refused as the daemon's would be.
     previewAuthz: (r) => real.previewAuthz(r),
     drainEvents: () => [],
+    exportOtlp: () => undefined,
+    takeOtlp: () => ({ body: null, count: 0, dropped: 0 }),
     setEventLevels: () => undefined,
     // Hand-over: no predecessor, and no successor ever comes.
     handoverTake: async (path) => (log.push(['handoverTake', path]), { role: 'take', found: false, connections: 0, kept: 0, durationMs: 0, pauseMs: 0, peerPid: 0, peerVersion: 0, waves: 0 }),

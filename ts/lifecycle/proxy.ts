@@ -92,6 +92,8 @@ export type DataplanePort = Pick<
   | 'outliers'
   | 'inpodState'
   | 'drainEvents'
+  | 'exportOtlp'
+  | 'takeOtlp'
   | 'setEventLevels'
   | 'handoverTake'
   | 'handoverListen'
@@ -727,7 +729,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     if (config.otlp !== null) {
       // The exporters load only here: a daemon without export never does.
       const { startAccessExport } = await import('../log/otlp.js');
-      accessExport = await startAccessExport({ ...config.otlp, resource: otlpResource(config) }, logs.forTarget('access'));
+      accessExport = await startAccessExport({ ...config.otlp, resource: otlpResource(config) }, logs.forTarget('access'), plane);
     }
     // The dataplane builds only the events the log filter lets through, and follows its changes (admin /logging);
     // access records at info at least while they are exported, whatever the access log shows.

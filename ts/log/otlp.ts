@@ -1,10 +1,11 @@
 // OpenTelemetry export of the access log (beyond ztunnel, README "Access logs over OpenTelemetry"): every access
 // record the dataplane reports is also sent as an OTLP log record, over gRPC or HTTP, by the OpenTelemetry project's
 // own export transports (@opentelemetry/otlp-grpc-exporter-base, otlp-exporter-base: retries with backoff on
-// retryable answers, timeouts, their standard OTEL_EXPORTER_OTLP_* variables), in batches encoded here.
+// retryable answers, timeouts, their standard OTEL_EXPORTER_OTLP_* variables), in batches the dataplane encodes.
 //
-// - Off the connection path: records leave the dataplane in batches (the event pump's drainEvents); they are queued and
-//   encoded a batch at a time (protobuf by otlp-wire.ts, or OTLP/JSON for http/json), one export at a time.
+// - Off the connection path and off JavaScript: the dataplane encodes each access record as an OTLP log record when the
+//   event pump drains it (native otlp.rs) and queues it; this module takes whole requests and sends them, one export
+//   at a time. (http/json alone is encoded here, as OTLP/JSON.)
 // - Bounded: at most `maxQueueSize` records wait to be exported; past that a record is dropped, counted and the drop
 //   logged. Memory does not grow while the collector is down.
 // - Attributes: the record's fields under ztunnel's names (`src.addr`, `dst.workload`, ...), and the OpenTelemetry
@@ -16,7 +17,19 @@ import type { IOtlpExportDelegate } from '@opentelemetry/otlp-exporter-base';
 import type { IExporterMetricsHelper, ISerializer } from '@opentelemetry/otlp-transformer';
 import { detectResources, envDetector, resourceFromAttributes } from '@opentelemetry/resources';
 import type { NativeEvent } from '../native/types.js';
-import { LogsRequestWriter, type AttributeValue, type Attributes, type LogRecordIn } from './otlp-wire.js';
+
+type AttributeValue = string | number | boolean;
+type Attributes = Readonly<Record<string, AttributeValue>>;
+
+/** One access record as http/json sends it. */
+interface LogRecordIn {
+  readonly timeMs: number;
+  readonly severityNumber: number;
+  readonly severityText: string;
+  readonly body: string;
+  readonly attributes: Attributes;
+  readonly more: Attributes;
+}
 
 /** What export needs, from the config (ts/config: OTEL_*). */
 export interface OtlpSettings {
@@ -109,25 +122,74 @@ function jsonValue(v: AttributeValue): Record<string, unknown> {
 
 const jsonAttributes = (attrs: Attributes): unknown[] => Object.entries(attrs).map(([key, value]) => ({ key, value: jsonValue(value) }));
 
-/** A batch of records as its protocol sends it: protobuf (otlp-wire.ts), or OTLP/JSON for http/json. */
-type Encode = (records: readonly LogRecordIn[]) => Uint8Array;
+/**
+ * Where the records wait and how a batch of them is encoded: in the dataplane (protobuf: native otlp.rs encodes each
+ * access record as it is drained) or here (OTLP/JSON for http/json).
+ */
+interface RecordQueue {
+  /** A drained batch of events: its access records are queued (a no-op where the dataplane queues them itself). */
+  add(events: readonly NativeEvent[]): void;
+  /** Up to `max` records, encoded as one request (null when none wait), and the records dropped since the last take. */
+  take(max: number): { batch: Batch | null; dropped: number };
+}
 
-function jsonEncode(resource: Attributes, scope: string): Encode {
-  return (records) => {
-    const logRecords = records.map((r) => {
-      const nanos = String(BigInt(r.timeMs) * 1_000_000n);
-      return {
-        timeUnixNano: nanos,
-        observedTimeUnixNano: nanos,
-        severityNumber: r.severityNumber,
-        severityText: r.severityText,
-        body: { stringValue: r.body },
-        attributes: [...jsonAttributes(r.attributes), ...(r.more === undefined ? [] : jsonAttributes(r.more))],
-      };
-    });
-    const request = { resourceLogs: [{ resource: { attributes: jsonAttributes(resource) }, scopeLogs: [{ scope: { name: scope }, logRecords }] }] };
-    return Buffer.from(JSON.stringify(request));
+/** What the OTLP export needs of the dataplane (ts/native Dataplane). */
+export interface OtlpEncoder {
+  exportOtlp(resource: Readonly<Record<string, string | number | boolean>>, scope: string, maxQueue: number): void;
+  takeOtlp(max: number): { body: Uint8Array | null; count: number; dropped: number };
+}
+
+function nativeQueue(dp: OtlpEncoder, resource: Attributes, scope: string, maxQueue: number): RecordQueue {
+  dp.exportOtlp(resource, scope, maxQueue);
+  return {
+    add: () => undefined,
+    take(max) {
+      const t = dp.takeOtlp(max);
+      return { batch: t.body === null ? null : { body: t.body, count: t.count }, dropped: t.dropped };
+    },
   };
+}
+
+/** http/json: the records as OTLP/JSON, queued here (bounded) and encoded a batch at a time. */
+function jsonQueue(resource: Attributes, scope: string, maxQueue: number): RecordQueue {
+  let queue: LogRecordIn[] = [];
+  let dropped = 0;
+  return {
+    add(events) {
+      const now = Date.now();
+      for (const ev of events) {
+        if (ev.kind !== 'access') continue;
+        if (queue.length >= maxQueue) {
+          dropped++;
+          continue;
+        }
+        queue.push({ timeMs: now, severityNumber: SEVERITY[ev.level] ?? SEVERITY_INFO, severityText: ev.level.toUpperCase(), body: ev.message, attributes: ev.fields, more: semconvAttributes(ev.fields) });
+      }
+    },
+    take(max) {
+      const records = queue.slice(0, max);
+      queue = queue.slice(records.length);
+      const d = dropped;
+      dropped = 0;
+      return { batch: records.length === 0 ? null : { body: jsonEncode(resource, scope, records), count: records.length }, dropped: d };
+    },
+  };
+}
+
+function jsonEncode(resource: Attributes, scope: string, records: readonly LogRecordIn[]): Uint8Array {
+  const logRecords = records.map((r) => {
+    const nanos = String(BigInt(r.timeMs) * 1_000_000n);
+    return {
+      timeUnixNano: nanos,
+      observedTimeUnixNano: nanos,
+      severityNumber: r.severityNumber,
+      severityText: r.severityText,
+      body: { stringValue: r.body },
+      attributes: [...jsonAttributes(r.attributes), ...jsonAttributes(r.more)],
+    };
+  });
+  const request = { resourceLogs: [{ resource: { attributes: jsonAttributes(resource) }, scopeLogs: [{ scope: { name: scope }, logRecords }] }] };
+  return Buffer.from(JSON.stringify(request));
 }
 
 /** The transport gets the batch as encoded here; the collector's answer (partial success) is not read. */
@@ -166,52 +228,60 @@ async function transportFor(s: OtlpSettings): Promise<IOtlpExportDelegate<Batch>
 }
 
 /**
- * The records are queued as they arrive and encoded a batch at a time (otlp-wire.ts, by hand: see there why); the
- * project's transport sends each batch.
+ * Export through the project's transport, one batch at a time, of records the dataplane encodes (or, for http/json,
+ * this module). `dp`: the dataplane, which encodes and queues the access records it drains.
  */
-export async function startAccessExport(s: OtlpSettings, log: PinoLogger): Promise<AccessExport> {
+export async function startAccessExport(s: OtlpSettings, log: PinoLogger, dp: OtlpEncoder): Promise<AccessExport> {
   const transport = await transportFor(s);
   const detected = resourceFromAttributes({ ...s.resource }).merge(detectResources({ detectors: [envDetector] }));
   await detected.waitForAsyncAttributes?.();
-  const resource: Record<string, string | number | boolean> = {};
+  const resource: Record<string, AttributeValue> = {};
   for (const [k, v] of Object.entries(detected.attributes)) {
     if (typeof v === 'string' || typeof v === 'number' || typeof v === 'boolean') resource[k] = v;
   }
-  const writer = new LogsRequestWriter(resource, SCOPE);
-  const encode: Encode = s.protocol === 'http/json' ? jsonEncode(resource, SCOPE) : (records) => writer.encode(records);
-  return exportWith(encode, transport, s, log);
+  const queue = s.protocol === 'http/json' ? jsonQueue(resource, SCOPE, s.maxQueueSize) : nativeQueue(dp, resource, SCOPE, s.maxQueueSize);
+  return exportWith(queue, transport, s, log);
 }
 
 const SCOPE = 'ztunnel-node.access';
 
-function exportWith(encode: Encode, transport: IOtlpExportDelegate<Batch>, s: OtlpSettings, log: PinoLogger): AccessExport {
+function exportWith(queue: RecordQueue, transport: IOtlpExportDelegate<Batch>, s: OtlpSettings, log: PinoLogger): AccessExport {
   const counts: ExportCounters = { exported: 0, dropped: 0, failed: 0 };
-  let queue: LogRecordIn[] = [];
   let exporting: Promise<void> | null = null;
   let lastDropWarning = 0;
-  let stopped = false;
   log.info({ protocol: s.protocol, url: s.url, maxQueueSize: s.maxQueueSize }, 'exporting access records over OTLP');
 
+  const countDropped = (n: number): void => {
+    if (n === 0) return;
+    counts.dropped += n;
+    const now = Date.now();
+    if (now - lastDropWarning > 10_000) {
+      lastDropWarning = now;
+      log.warn({ dropped: counts.dropped }, 'OTLP export queue full: access records dropped');
+    }
+  };
+  /** The next batch, if any, and whether a full one was taken (more may wait). */
+  const next = (): { batch: Batch | null; full: boolean } => {
+    const t = queue.take(s.maxExportBatchSize);
+    countDropped(t.dropped);
+    return { batch: t.batch, full: t.batch !== null && t.batch.count >= s.maxExportBatchSize };
+  };
   // One export at a time, as the SDK's batch processor: while the collector is slow or down the queue fills and its
   // excess is dropped, so memory stays bounded.
-  const exportOne = (): Promise<void> => {
-    const records = queue.slice(0, s.maxExportBatchSize);
-    queue = queue.slice(records.length);
-    const batch: Batch = { body: encode(records), count: records.length };
-    return new Promise<void>((resolve) => {
+  const pump = (): void => {
+    if (exporting !== null) return;
+    const { batch, full } = next();
+    if (batch === null) return;
+    exporting = new Promise<void>((resolve) => {
       transport.export(batch, (result) => {
         // ExportResultCode.SUCCESS is 0.
         if (result.code === 0) counts.exported += batch.count;
         else counts.failed += batch.count;
         resolve();
       });
-    });
-  };
-  const pump = (): void => {
-    if (exporting !== null || queue.length === 0) return;
-    exporting = exportOne().finally(() => {
+    }).finally(() => {
       exporting = null;
-      if (queue.length >= s.maxExportBatchSize || (stopped && queue.length > 0)) pump();
+      if (full) pump();
     });
   };
   const timer = setInterval(pump, s.scheduledDelayMs);
@@ -219,38 +289,20 @@ function exportWith(encode: Encode, transport: IOtlpExportDelegate<Batch>, s: Ot
 
   return {
     emit(events) {
-      const now = Date.now();
-      for (const ev of events) {
-        if (ev.kind !== 'access') continue;
-        if (queue.length >= s.maxQueueSize) {
-          counts.dropped++;
-          if (now - lastDropWarning > 10_000) {
-            lastDropWarning = now;
-            log.warn({ queued: queue.length, dropped: counts.dropped }, 'OTLP export queue full: access records dropped');
-          }
-          continue;
-        }
-        queue.push({
-          timeMs: now,
-          severityNumber: SEVERITY[ev.level] ?? SEVERITY_INFO,
-          severityText: ev.level.toUpperCase(),
-          body: ev.message,
-          attributes: ev.fields,
-          more: semconvAttributes(ev.fields),
-        });
-      }
-      if (queue.length >= s.maxExportBatchSize) pump();
+      queue.add(events);
+      // A full batch goes now; the rest at the next tick of the schedule.
+      pump();
     },
     counters: () => ({ ...counts }),
     async shutdown(timeoutMs) {
-      stopped = true;
       clearInterval(timer);
       let deadlineTimer: NodeJS.Timeout | undefined;
       const deadline = new Promise<void>((resolve) => (deadlineTimer = setTimeout(resolve, timeoutMs)));
       const flushed = (async () => {
-        while (exporting !== null || queue.length > 0) {
-          pump();
+        for (;;) {
           await exporting;
+          pump();
+          if (exporting === null) break;
         }
         await transport.shutdown();
       })();

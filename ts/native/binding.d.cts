@@ -108,6 +108,16 @@ export declare class Dataplane {
    */
   setEventLevels(access: string, dataplane: string, dns: string): void
   drainEvents(): string
+  /**
+   * Turns on the OTLP encoding of access records (native otlp.rs): each `drainEvents` also encodes its access
+   * records and queues them (at most `maxQueue`) for `takeOtlp`.
+   */
+  exportOtlp(resourceJson: string, scope: string, maxQueue: number): void
+  /**
+   * Up to `max` queued access records as one OTLP ExportLogsServiceRequest (protobuf; `body` null when none wait),
+   * with the records dropped at the full queue since the last call.
+   */
+  takeOtlp(max: number): OtlpBatch
   /** The endpoints outlier detection tracks: JSON `OutlierEndpoint[]` (config_dump's `outliers`). */
   outliers(): string
   certificates(): string
@@ -163,6 +173,13 @@ export declare function localPrepare(text: Uint8Array): string
  * schema accepted the document), validated and held like `localPrepare`'s; returns the ticket.
  */
 export declare function localPrepareRecords(json: Uint8Array): number
+
+/** One `takeOtlp` answer. */
+export interface OtlpBatch {
+  body?: Buffer
+  count: number
+  dropped: number
+}
 
 /**
  * Releases the resident pages of the process's executable file mappings that hold only the file's bytes (native

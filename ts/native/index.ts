@@ -394,6 +394,23 @@ export class Dataplane {
     return JSON.parse(call(() => this.inner.drainEvents())) as NativeEvent[];
   }
 
+  /**
+   * Turns on the OTLP encoding of access records (native otlp.rs): from now on each `drainEvents()` also encodes its
+   * access records as OTLP log records of this resource and scope, and queues them (at most `maxQueue`) for `takeOtlp`.
+   */
+  exportOtlp(resource: Readonly<Record<string, string | number | boolean>>, scope: string, maxQueue: number): void {
+    call(() => this.inner.exportOtlp(JSON.stringify(resource), scope, maxQueue));
+  }
+
+  /**
+   * Up to `max` queued access records as one OTLP ExportLogsServiceRequest (protobuf; null when none wait), and the
+   * records dropped at the full queue since the last call.
+   */
+  takeOtlp(max: number): { body: Uint8Array | null; count: number; dropped: number } {
+    const r = call(() => this.inner.takeOtlp(max));
+    return { body: r.body ?? null, count: r.count, dropped: r.dropped };
+  }
+
   certificates(): InstalledCertificate[] {
     return JSON.parse(call(() => this.inner.certificates())) as InstalledCertificate[];
   }

@@ -20,6 +20,14 @@ fn err(e: impl std::fmt::Display) -> Error {
     Error::new(Status::GenericFailure, e.to_string())
 }
 
+/// One `takeOtlp` answer.
+#[napi(object)]
+pub struct OtlpBatch {
+    pub body: Option<Buffer>,
+    pub count: u32,
+    pub dropped: f64,
+}
+
 #[napi]
 pub struct Dataplane {
     inner: Arc<dataplane::Dataplane>,
@@ -279,6 +287,25 @@ impl Dataplane {
     #[napi]
     pub fn drain_events(&self) -> String {
         self.inner.drain_events_json()
+    }
+
+    /// Turns on the OTLP encoding of access records (native otlp.rs): each `drainEvents` also encodes its access
+    /// records and queues them (at most `maxQueue`) for `takeOtlp`.
+    #[napi]
+    pub fn export_otlp(&self, resource_json: String, scope: String, max_queue: u32) -> Result<()> {
+        self.inner.export_otlp(&resource_json, &scope, max_queue as usize).map_err(err)
+    }
+
+    /// Up to `max` queued access records as one OTLP ExportLogsServiceRequest (protobuf; `body` null when none wait),
+    /// with the records dropped at the full queue since the last call.
+    #[napi]
+    pub fn take_otlp(&self, max: u32) -> OtlpBatch {
+        let (batch, dropped) = self.inner.take_otlp(max as usize);
+        OtlpBatch {
+            count: batch.as_ref().map_or(0, |b| b.count as u32),
+            body: batch.map(|b| b.body.into()),
+            dropped: dropped as f64,
+        }
     }
 
     /// The endpoints outlier detection tracks: JSON `OutlierEndpoint[]` (config_dump's `outliers`).

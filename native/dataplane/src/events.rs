@@ -122,6 +122,8 @@ fn suppressed_event(kind: &str, message: &str, count: u64) -> Event {
 #[derive(Default)]
 pub struct Events {
     inner: Mutex<Queue>,
+    /// The OTLP export of access records, once the control side turns it on: drained access events are encoded there.
+    otlp: std::sync::OnceLock<crate::otlp::Exporter>,
     min_access: AtomicU8,
     min_log: AtomicU8,
     min_dns: AtomicU8,
@@ -188,12 +190,24 @@ impl Events {
         self.push(Event { kind: "log", level, message: message.into(), fields });
     }
 
+    /// Turns the OTLP export of access records on (once; false if it already was).
+    pub fn export_otlp(&self, exporter: crate::otlp::Exporter) -> bool {
+        self.otlp.set(exporter).is_ok()
+    }
+
+    pub fn otlp(&self) -> Option<&crate::otlp::Exporter> {
+        self.otlp.get()
+    }
+
     pub fn drain_json(&self) -> String {
         let (events, dropped) = {
             let mut g = self.inner.lock();
             g.flush_windows(Instant::now(), false);
             (std::mem::take(&mut g.events), std::mem::take(&mut g.dropped))
         };
+        if let Some(x) = self.otlp.get() {
+            x.add(events.iter());
+        }
         let mut out: Vec<Value> = events.into_iter().map(|e| serde_json::to_value(e).unwrap_or(Value::Null)).collect();
         if dropped > 0 {
             out.push(serde_json::to_value(DroppedEvents { kind: "dropped", count: dropped }).unwrap_or(Value::Null));

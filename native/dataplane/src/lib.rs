@@ -21,6 +21,7 @@ pub mod heap_profile;
 pub mod identity;
 pub mod inpod;
 pub mod metrics;
+pub mod otlp;
 pub mod preview;
 pub mod profile;
 pub mod proxy;
@@ -757,6 +758,27 @@ impl Dataplane {
 
     pub fn drain_events_json(&self) -> String {
         self.pi.events.drain_json()
+    }
+
+    /// Turns on the OTLP encoding of access records (`otlp.rs`): `resource_json` the daemon's resource attributes (a
+    /// JSON object of strings, numbers and booleans), `scope` the instrumentation scope's name, `max_queue` the
+    /// records that may wait to be taken.
+    pub fn export_otlp(&self, resource_json: &str, scope: &str, max_queue: usize) -> Result<(), DataplaneError> {
+        let resource: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(resource_json).map_err(|e| DataplaneError::Spec(format!("OTLP resource: {e}")))?;
+        if !self.pi.events.export_otlp(otlp::Exporter::new(&resource, scope, max_queue)) {
+            return Err(DataplaneError::Spec("OTLP export is already on".into()));
+        }
+        Ok(())
+    }
+
+    /// Up to `max` queued access records as one OTLP `ExportLogsServiceRequest` (None when none wait, or export is
+    /// off), and the records dropped at the full queue since the last take.
+    pub fn take_otlp(&self, max: usize) -> (Option<otlp::Batch>, u64) {
+        match self.pi.events.otlp() {
+            Some(x) => x.take(max),
+            None => (None, 0),
+        }
     }
 
     /// The endpoints outlier detection tracks (JSON `OutlierEndpoint[]`, by uid): config_dump's `outliers`.
