@@ -7,6 +7,7 @@ import { readFile } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import { z } from 'zod';
 import { LocalConfigError, ZtunnelError } from '../errors.js';
+import { WORKLOAD_DEFAULTS } from '../native/generated/workloadDefaults.js';
 import { yamlToJson } from '../native/index.js';
 import type { Policy, ServiceInfo, StateSnapshot, StringMatch, WorkloadInfo } from '../state/model.js';
 import { policyKey, serviceKey } from '../state/model.js';
@@ -135,8 +136,8 @@ const workloadSchema = z.strictObject({
   uid: z.string().min(1, { error: 'must not be empty' }),
   name: z.string().min(1, { error: 'must not be empty' }),
   namespace: segmentText().min(1, { error: 'must not be empty' }),
-  serviceAccount: segmentText().default('default'),
-  trustDomain: segmentText().default('cluster.local'),
+  serviceAccount: segmentText().default(WORKLOAD_DEFAULTS.serviceAccount),
+  trustDomain: segmentText().default(WORKLOAD_DEFAULTS.trustDomain),
   workloadIps: z.array(ip()).default([]),
   network: headerText().default(''),
   protocol: z.enum(['HBONE', 'TCP']).default('TCP'),
@@ -144,11 +145,11 @@ const workloadSchema = z.strictObject({
   node: z.string().default(''),
   hostname: z.string().default(''),
   status: z.enum(['Healthy', 'Unhealthy']).default('Healthy'),
-  capacity: z.number().int().min(0).default(1),
+  capacity: z.number().int().min(0).default(WORKLOAD_DEFAULTS.capacity),
   canonicalName: headerText().default(''),
   canonicalRevision: headerText().default(''),
   workloadName: headerText().default(''),
-  workloadType: lowerEnum(['deployment', 'cronjob', 'pod', 'job']).default('deployment'),
+  workloadType: lowerEnum(WORKLOAD_DEFAULTS.workloadTypes).default(WORKLOAD_DEFAULTS.workloadType),
   clusterId: headerText().default(''),
   locality: z
     .strictObject({ region: headerText().default(''), zone: headerText().default(''), subzone: headerText().default('') })

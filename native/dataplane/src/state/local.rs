@@ -30,9 +30,9 @@ use saphyr_parser::{Event, Parser, ScalarStyle, StrInput};
 use serde::Deserialize;
 
 use super::model::{
-    header_safe, segment_safe, AppTunnelProtocol, ApplicationTunnel, GatewayAddressJson, HealthPolicy, IpFamilies,
-    LbMode, LbScope, LoadBalancer, Locality, NetworkMode, Protocol, ServiceJson, Visibility, WeightedWaypointJson,
-    WorkloadJson, WorkloadStatus,
+    defaults, header_safe, segment_safe, AppTunnelProtocol, ApplicationTunnel, GatewayAddressJson, HealthPolicy,
+    IpFamilies, LbMode, LbScope, LoadBalancer, Locality, NetworkMode, Protocol, ServiceJson, Visibility,
+    WeightedWaypointJson, WorkloadJson, WorkloadStatus,
 };
 use super::{Service, ServiceKey, StateError, Workload};
 
@@ -484,10 +484,10 @@ impl<'a> Reader<'a> {
             "nativeTunnel",
         ];
         let mut w = WorkloadJson {
-            service_account: "default".into(),
-            trust_domain: "cluster.local".into(),
-            workload_type: "deployment".into(),
-            capacity: Some(1),
+            service_account: defaults::SERVICE_ACCOUNT.into(),
+            trust_domain: defaults::TRUST_DOMAIN.into(),
+            workload_type: defaults::WORKLOAD_TYPE.into(),
+            capacity: Some(defaults::CAPACITY),
             ..WorkloadJson::default()
         };
         let mut required = Seen(0);
@@ -536,7 +536,7 @@ impl<'a> Reader<'a> {
                 16 => {
                     let s = r.string()?;
                     let lower = s.to_ascii_lowercase();
-                    if !s.is_ascii() || !["deployment", "cronjob", "pod", "job"].contains(&lower.as_str()) {
+                    if !s.is_ascii() || !defaults::WORKLOAD_TYPES.contains(&lower.as_str()) {
                         return decline("not a workload type");
                     }
                     w.workload_type = lower;

@@ -301,13 +301,11 @@ fn workload(w: WireWorkload) -> Result<WorkloadJson, Reason> {
         }
         services.insert(key.clone(), ports);
     }
-    let workload_type = match w.workload_type {
-        0 => "deployment",
-        1 => "cronjob",
-        2 => "pod",
-        3 => "job",
-        v => return Err(unknown("workloadType", v)),
-    };
+    let workload_type =
+        match usize::try_from(w.workload_type).ok().and_then(|i| super::model::defaults::WORKLOAD_TYPES.get(i)) {
+            Some(t) => *t,
+            None => return Err(unknown("workloadType", w.workload_type)),
+        };
     let status = match w.status {
         0 => WorkloadStatus::Healthy,
         1 => WorkloadStatus::Unhealthy,
