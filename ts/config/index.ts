@@ -375,8 +375,8 @@ function otlp(raw: RawConfig): OtlpConfig | null {
   };
 }
 
-/** The OpenTelemetry exporter's variables the SDK reads itself (ts/log/otlp.ts), general and logs forms. */
-const SDK_READ_OTLP_VARIABLES = ['HEADERS', 'TIMEOUT', 'COMPRESSION', 'CERTIFICATE', 'CLIENT_KEY', 'CLIENT_CERTIFICATE', 'INSECURE'].flatMap((v) => [
+/** The OpenTelemetry exporter's variables its transports read themselves (ts/log/otlp.ts), general and logs forms. */
+const TRANSPORT_READ_OTLP_VARIABLES = ['HEADERS', 'TIMEOUT', 'COMPRESSION', 'CERTIFICATE', 'CLIENT_KEY', 'CLIENT_CERTIFICATE', 'INSECURE'].flatMap((v) => [
   `OTEL_EXPORTER_OTLP_${v}`,
   `OTEL_EXPORTER_OTLP_LOGS_${v}`,
 ]);
@@ -391,8 +391,8 @@ function inertOtlpSettings(otlp: OtlpConfig | null, raw: RawConfig, env: Readonl
   const ours = (
     ['OTEL_EXPORTER_OTLP_PROTOCOL', 'OTEL_EXPORTER_OTLP_LOGS_PROTOCOL', 'OTEL_SERVICE_NAME', 'OTEL_BLRP_MAX_QUEUE_SIZE', 'OTEL_BLRP_MAX_EXPORT_BATCH_SIZE', 'OTEL_BLRP_SCHEDULE_DELAY', 'OTEL_BLRP_EXPORT_TIMEOUT'] as const
   ).filter((k) => raw[k] !== undefined);
-  const sdks = [...SDK_READ_OTLP_VARIABLES, 'OTEL_RESOURCE_ATTRIBUTES'].filter((k) => (env[k] ?? '') !== '');
-  return [...ours, ...sdks];
+  const theirs = [...TRANSPORT_READ_OTLP_VARIABLES, 'OTEL_RESOURCE_ATTRIBUTES'].filter((k) => (env[k] ?? '') !== '');
+  return [...ours, ...theirs];
 }
 
 /** CONNECT_RESILIENCE and its settings; off is one attempt and no ejection (ztunnel's connect). */
