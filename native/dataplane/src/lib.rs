@@ -508,6 +508,11 @@ impl Dataplane {
         self.reevaluator.progress()
     }
 
+    /// Re-evaluation passes a missing policy's grace period running out has woken (tests wait on this).
+    pub fn reevaluation_grace_passes(&self) -> u64 {
+        self.reevaluator.grace_passes()
+    }
+
     pub fn create_csr(&self, identity: &str) -> Result<String, DataplaneError> {
         Ok(self.pi.certs.create_csr(&identity.parse::<Identity>()?)?)
     }

@@ -79,8 +79,12 @@ fn istiod_order_reference_then_policy_keeps_the_allowed_connection() {
     apply_and_settle(&dp, json!({"policies": [allow_sleep()]}));
     assert!(other.close.is_cancelled(), "the connection the policy does not allow is closed once it arrives");
     assert!(!sleep.close.is_cancelled(), "the connection the policy allows survives");
-    // The grace running out later changes nothing: the policy is known.
-    std::thread::sleep(Duration::from_millis(1_200));
+    // The grace running out later changes nothing: the policy is known (waited for as the pass it wakes, not as time).
+    assert_eq!(dp.reevaluation_grace_passes(), 0, "the grace has not run out yet");
+    assert!(
+        wait_until(Duration::from_secs(5), || dp.reevaluation_grace_passes() >= 1),
+        "no pass when the grace ran out"
+    );
     assert!(!sleep.close.is_cancelled());
     assert_eq!(dp.inputs().metrics.authz_closed_by_policy.load(std::sync::atomic::Ordering::Relaxed), 1);
 }

@@ -136,6 +136,8 @@ pub struct Reevaluator {
     /// Changes submitted, and how many of them a completed pass has judged (tests and benchmarks wait on these).
     submitted: AtomicU64,
     judged: AtomicU64,
+    /// Passes woken by a grace period running out (tests wait on it instead of on the clock).
+    grace_passes: AtomicU64,
 }
 
 impl Reevaluator {
@@ -159,6 +161,11 @@ impl Reevaluator {
         (self.submitted.load(Ordering::Acquire), self.judged.load(Ordering::Acquire))
     }
 
+    /// How many passes a grace period running out has woken, each counted once it completed.
+    pub fn grace_passes(&self) -> u64 {
+        self.grace_passes.load(Ordering::Acquire)
+    }
+
     /// The pending scope, and how many submitted changes it holds (all of them so far).
     fn take(&self) -> (Scope, u64) {
         let mut pending = self.pending.lock();
@@ -176,11 +183,16 @@ impl Reevaluator {
                 _ = stop.cancelled() => return,
             }
             let (mut scope, submitted) = self.take();
-            scope.merge(grace.take_due(Instant::now()));
+            let due = grace.take_due(Instant::now());
+            let grace_ran_out = !due.is_empty();
+            scope.merge(due);
             if !scope.is_empty() {
                 pass(&pi, &scope, &mut grace).await;
             }
             self.judged.store(submitted, Ordering::Release);
+            if grace_ran_out {
+                self.grace_passes.fetch_add(1, Ordering::Release);
+            }
         }
     }
 }
