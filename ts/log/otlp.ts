@@ -83,25 +83,16 @@ export function splitAddress(addr: unknown): { address: string; port: number } |
 
 /**
  * What the semantic conventions name of an access record (`network.transport`, and the source and destination
- * address and port where its fields carry them), as attributes beside ztunnel's own fields (which are sent as they
- * are, without a copy: this runs for every record).
+ * address and port where its fields carry them), written beside ztunnel's own fields. For http/json only: the
+ * dataplane adds the same to the protobuf records (native otlp.rs `log_record`).
  */
 export function semconvAttributes(fields: Attributes): Attributes {
-  const src = splitAddress(fields['src.addr']);
-  const dst = splitAddress(fields['dst.addr']);
-  if (src !== null && dst !== null) {
-    // One shape for the usual case (both known): the encoder walks it as fast as a literal.
-    return { 'network.transport': 'tcp', 'source.address': src.address, 'source.port': src.port, 'destination.address': dst.address, 'destination.port': dst.port };
-  }
   const out: Record<string, AttributeValue> = { 'network.transport': 'tcp' };
+  const src = splitAddress(fields['src.addr']);
   if (src !== null) Object.assign(out, { 'source.address': src.address, 'source.port': src.port });
+  const dst = splitAddress(fields['dst.addr']);
   if (dst !== null) Object.assign(out, { 'destination.address': dst.address, 'destination.port': dst.port });
   return out;
-}
-
-/** An access record's OTLP attributes in one object: ztunnel's fields and the semantic conventions' names. */
-export function accessAttributes(fields: Attributes): Record<string, AttributeValue> {
-  return { ...fields, ...semconvAttributes(fields) };
 }
 
 /**
@@ -207,7 +198,7 @@ async function transportFor(s: OtlpSettings): Promise<IOtlpExportDelegate<Batch>
   if (s.protocol === 'grpc') {
     const grpc = await import('@opentelemetry/otlp-grpc-exporter-base');
     return grpc.createOtlpGrpcExportDelegate(
-      grpc.convertLegacyOtlpGrpcOptions({ url: s.url, timeoutMillis: s.exportTimeoutMs }, 'LOGS'),
+      grpc.convertLegacyOtlpGrpcOptions({ url: s.url }, 'LOGS'),
       passThrough,
       'otlp_grpc_log_exporter',
       batchCount,
@@ -219,7 +210,7 @@ async function transportFor(s: OtlpSettings): Promise<IOtlpExportDelegate<Batch>
   const http = await import('@opentelemetry/otlp-exporter-base/node-http');
   const contentType = s.protocol === 'http/json' ? 'application/json' : 'application/x-protobuf';
   return http.createOtlpHttpExportDelegate(
-    http.convertLegacyHttpOptions({ url: s.url, timeoutMillis: s.exportTimeoutMs }, 'LOGS', 'v1/logs', { 'Content-Type': contentType }),
+    http.convertLegacyHttpOptions({ url: s.url }, 'LOGS', 'v1/logs', { 'Content-Type': contentType }),
     passThrough,
     'otlp_http_log_exporter',
     batchCount,
@@ -273,12 +264,21 @@ function exportWith(queue: RecordQueue, transport: IOtlpExportDelegate<Batch>, s
     const { batch, full } = next();
     if (batch === null) return;
     exporting = new Promise<void>((resolve) => {
-      transport.export(batch, (result) => {
-        // ExportResultCode.SUCCESS is 0.
-        if (result.code === 0) counts.exported += batch.count;
+      // OTEL_BLRP_EXPORT_TIMEOUT bounds the whole export, retries included, as the SDK's batch processor does (each
+      // attempt's own OTEL_EXPORTER_OTLP_TIMEOUT is the transport's); a late answer is then not counted again.
+      let done = false;
+      // Set before the export starts, so that an answer given at once finds it.
+      const deadline = setTimeout(() => finish(false), s.exportTimeoutMs);
+      const finish = (ok: boolean): void => {
+        if (done) return;
+        done = true;
+        clearTimeout(deadline);
+        if (ok) counts.exported += batch.count;
         else counts.failed += batch.count;
         resolve();
-      });
+      };
+      // ExportResultCode.SUCCESS is 0.
+      transport.export(batch, (result) => finish(result.code === 0));
     }).finally(() => {
       exporting = null;
       if (full) pump();
