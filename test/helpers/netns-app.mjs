@@ -7,9 +7,10 @@
 //   hold <host> <port>                connect and keep sending a byte every 50 ms; prints {"event":"open"} and
 //                                     {"event":"closed","error":...} when the connection ends
 //   stream <host> <port>              connect, send pseudo-random bytes paced (8 KiB every 10 ms) and read the echo
-//                                     until SIGUSR2, then half-close and read to EOF; prints {"event":"open"}, then
-//                                     {"ok":true,"sent":N,"received":N,"same":bool} (sha256 of both ways) or
-//                                     {"ok":false,"error":...}
+//                                     until SIGUSR2, then half-close and read to EOF; prints {"event":"open"},
+//                                     {"event":"echoed","received":N} at the first echoed bytes and every 256 KiB
+//                                     after, then {"ok":true,"sent":N,"received":N,"same":bool} (sha256 of both
+//                                     ways) or {"ok":false,"error":...}
 //   probe <host> <port> <timeoutMs>   connect and wait for EOF/error/timeout; prints {"result":"closed"|"refused"|
 //                                     "reset"|"timeout"|"data","ms":T}
 import { createHash, randomBytes } from 'node:crypto';
@@ -64,6 +65,7 @@ if (mode === 'serve') {
   const sent = createHash('sha256');
   const received = createHash('sha256');
   let [nSent, nReceived] = [0, 0];
+  let report = 1;
   const s = connect({ host, port: Number(port) });
   let timer;
   s.on('connect', () => {
@@ -78,6 +80,10 @@ if (mode === 'serve') {
   s.on('data', (d) => {
     received.update(d);
     nReceived += d.length;
+    if (nReceived >= report) {
+      out({ event: 'echoed', received: nReceived });
+      report = nReceived + 256 * 1024;
+    }
   });
   process.on('SIGUSR2', () => {
     clearInterval(timer);

@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { sumSamples } from '../../dist/cli/prom-text.js';
 import { ROOT, makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
-import { BLOCKS, block } from '../helpers/net.js';
+import { BLOCKS, block, waitFor } from '../helpers/net.js';
 
 const run = promisify(execFile);
 const net = block(BLOCKS.dns);
@@ -308,12 +308,13 @@ test('DNS over TCP answers 99 % of questions while 300 slow clients hold connect
   const octet = SLEEP_IP.split('.')[1];
   let stop = false;
   const held = new Set();
+  const connected = new Set();
   const open = (i) => {
     if (stop) return;
     const c = connect({ host: SLEEP_IP, port: DNS_PORT, localAddress: `127.${octet}.200.${1 + (i % 4)}` });
     held.add(c);
     c.on('error', () => {});
-    c.on('connect', () => c.write(Buffer.from([0]))); // half a length prefix, never the rest
+    c.on('connect', () => (connected.add(i), c.write(Buffer.from([0])))); // half a length prefix, never the rest
     c.on('close', () => {
       held.delete(c);
       // Re-opened 100 ms after it is closed: up to 3,000 connections a second (the issue's attack re-opened 64 a
@@ -323,7 +324,8 @@ test('DNS over TCP answers 99 % of questions while 300 slow clients hold connect
   };
   for (let i = 0; i < 300; i++) open(i);
   try {
-    await new Promise((r) => setTimeout(r, 1_000));
+    // The questions start once every slow client has connected (and sent its half prefix).
+    await waitFor(() => connected.size === 300, { timeoutMs: 10_000, message: 'the 300 slow clients connected' });
     const questions = Array.from({ length: 197 }, () => q('echo.default.svc.cluster.local.', { tcp: true, timeout: 2, source: `127.${octet}.201.1` }));
     const answers = await ask(questions);
     const answered = answers.filter((a) => a.rcode === 'NOERROR' && a.answers.length === 1).length;
@@ -367,7 +369,8 @@ print(n)`]);
   flood.stdout.on('data', (b) => { sent += b; });
   const done = new Promise((resolve) => flood.on('exit', resolve));
   try {
-    await new Promise((r) => setTimeout(r, 1_000));
+    // The flood under way: the flooded proxy is over its budget and dropping.
+    await waitFor(async () => (await d.metric('ztunnel_node_dns_requests_dropped_total')) > before, { timeoutMs: 5_000, message: 'the flood to be dropped over the budget' });
     const questions = Array.from({ length: 300 }, () => q('echo.default.svc.cluster.local.', { server: OTHER_IP, timeout: 1 }));
     const answers = await ask(questions);
     const answered = answers.filter((a) => a.rcode === 'NOERROR' && a.answers.length === 1).length;

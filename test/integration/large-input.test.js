@@ -14,10 +14,16 @@ const net = block(BLOCKS['large-input']);
 const WORKLOADS = 6_000;
 /** Generous (the CI machine is loaded); a blocked event loop misses it by seconds. */
 const PROBE_BOUND_MS = 1_000;
+/** The probes each phase needs at least (some before the file changes, as the test waits for them). */
+const MIN_PROBES = 6;
 
-/** Probes readiness and /metrics on fresh connections, back to back with a 50 ms pause, until stopped. */
+/**
+ * Probes readiness and /metrics on fresh connections, back to back with a 50 ms pause (the probing rate), until
+ * stopped. `answered(n)` resolves once `n` probes have been answered or have failed.
+ */
 function prober(adminIp) {
   const answers = [];
+  const waiters = [];
   let running = true;
   const once = async (what, url) => {
     const t0 = performance.now();
@@ -27,6 +33,10 @@ function prober(adminIp) {
     } catch (err) {
       answers.push({ what, error: err.code ?? err.message, ms: performance.now() - t0 });
     }
+    for (const w of waiters.filter((x) => answers.length >= x.n)) {
+      waiters.splice(waiters.indexOf(w), 1);
+      w.resolve();
+    }
   };
   const loop = (async () => {
     while (running) {
@@ -35,6 +45,7 @@ function prober(adminIp) {
     }
   })();
   return {
+    answered: (n) => (answers.length >= n ? Promise.resolve() : new Promise((resolve) => waiters.push({ n, resolve }))),
     async stop() {
       running = false;
       await loop;
@@ -55,7 +66,7 @@ function assertResponsive(answers, phase) {
     assert.ok(first >= 0, `${phase}: ${what} answered at all`);
     after.push(...mine.slice(first));
   }
-  assert.ok(after.length >= 6, `${phase}: probes ran while it worked (${after.length})`);
+  assert.ok(after.length >= MIN_PROBES, `${phase}: probes ran while it worked (${after.length})`);
   assert.deepEqual(after.filter((a) => a.error !== undefined), [], `${phase}: none refused or stuck`);
   assert.deepEqual(after.filter((a) => a.ms > PROBE_BOUND_MS), [], `${phase}: each answered within ${PROBE_BOUND_MS} ms`);
   return after;
@@ -76,14 +87,14 @@ test('readiness and /metrics answer while a large local file loads and reloads; 
 
   // A reload that changes every workload.
   p = prober(adminIp);
-  await new Promise((r) => setTimeout(r, 300));
+  await p.answered(MIN_PROBES); // probing from before the file changes
   writeLargeConfig(d.configPath, { workloads: WORKLOADS, revision: 'v2' });
   await d.waitForLog((l) => l.message === 'local config reloaded' && l.workloads === WORKLOADS, { timeoutMs: 120_000, message: 'the reload' });
   assertResponsive(await p.stop(), 'reload');
 
   // A bad large file: named by file, path and field; the last good config keeps serving.
   p = prober(adminIp);
-  await new Promise((r) => setTimeout(r, 300));
+  await p.answered(MIN_PROBES); // probing from before the file changes
   writeLargeConfig(d.configPath, { workloads: WORKLOADS, revision: 'v3', badAt: WORKLOADS - 3 });
   const refused = await d.waitForLog((l) => l.message === 'local config is invalid; keeping the last good config', { timeoutMs: 120_000, message: 'the refusal' });
   assertResponsive(await p.stop(), 'bad file');
@@ -97,7 +108,7 @@ test('readiness and /metrics answer while a large local file loads and reloads; 
   // 200 KB of nested brackets (issue 29: the YAML parser took about 20 s to refuse it, with readiness and /metrics
   // blocked meanwhile): refused at once, naming where, while both keep answering.
   p = prober(adminIp);
-  await new Promise((r) => setTimeout(r, 300));
+  await p.answered(MIN_PROBES); // probing from before the file changes
   const refusals = d.logs.length;
   const written = performance.now();
   writeFileSync(d.configPath, `workloads: ${'['.repeat(100_000)}${']'.repeat(100_000)}\n`);

@@ -52,6 +52,16 @@ after(async () => {
 });
 
 const fds = () => readdirSync(`/proc/${daemon.child.pid}/fd`).length;
+/** The never-accepting listener as /proc/net/tcp writes it (address in host byte order, little-endian here). */
+const BLACKHOLE_HEX = `${ECHO_IP.split('.').reverse().map((b) => Number(b).toString(16).padStart(2, '0')).join('')}:${BLACKHOLE_PORT.toString(16).padStart(4, '0')}`.toUpperCase();
+/** The daemon's dials to the never-accepting listener in progress: its sockets to it in SYN_SENT (state 02). */
+const dialing = () =>
+  readFileSync('/proc/net/tcp', 'utf8')
+    .split('\n')
+    .filter((l) => {
+      const f = l.trim().split(/\s+/);
+      return f[2] === BLACKHOLE_HEX && f[3] === '02';
+    }).length;
 /**
  * Attacker `n`'s session: an identity and a source address of its own, so that what the node's reset budget holds
  * against one attack (`proxy/resets.rs`: per identity and per source address) does not follow the next test.
@@ -111,8 +121,10 @@ test('a peer that keeps resetting streams while their dials are pending is close
   s.on('goaway', (code) => (goaway = code));
   s.on('error', () => {});
   let reset = 0;
-  // Batches of 50 streams (under the 64 being set up): each is surely dialing when it is reset 150 ms later.
-  while (goaway === null && !s.destroyed && reset < 400) {
+  const ended = () => goaway !== null || s.destroyed;
+  // Batches of 50 streams (under the 64 being set up), each reset once the daemon is dialing for it (one dial may
+  // complete into the listener's backlog), the next once those dials have ended.
+  while (!ended() && reset < 400) {
     const batch = [];
     for (let i = 0; i < 50; i++) {
       try {
@@ -123,10 +135,10 @@ test('a peer that keeps resetting streams while their dials are pending is close
         break;
       }
     }
-    await new Promise((r) => setTimeout(r, 150));
+    await waitFor(() => ended() || dialing() >= batch.length - 1, { timeoutMs: 5_000, intervalMs: 5, message: `the batch's ${batch.length} dials` });
     for (const st of batch) st.close(h2c.NGHTTP2_CANCEL);
     reset += batch.length;
-    await new Promise((r) => setTimeout(r, 50));
+    await waitFor(() => ended() || dialing() === 0, { timeoutMs: 5_000, intervalMs: 5, message: "the batch's dials to end" });
   }
   assert.equal(goaway, h2c.NGHTTP2_ENHANCE_YOUR_CALM, `GOAWAY after ${reset} resets (got ${goaway})`);
   assert.ok(reset <= 200, `closed after ${reset} resets (the allowance is 100)`);
@@ -225,7 +237,9 @@ test('streams parked on dials are bounded per connection (64 dial, the rest wait
     stream.on('error', () => {});
     stream.on('close', () => closed.push(stream.rstCode));
   }
-  await new Promise((r) => setTimeout(r, 1_500));
+  await waitFor(() => dialing() >= 63, { timeoutMs: 10_000, intervalMs: 10, message: 'the 64 dials the connection may have' });
+  // Then a negative check: 300 ms in which a stream beyond the bound would have dialed or been refused.
+  await new Promise((r) => setTimeout(r, 300));
   // 64 streams hold a dial each (plus the connection's own descriptor); the other 36 wait, neither dialing nor
   // refused (one dial may complete into the never-accepting listener's backlog and free its place for another).
   const parked = fds() - baseline;
@@ -242,6 +256,7 @@ test('streams parked on dials are bounded per connection (64 dial, the rest wait
 test('2,000 slow partial requests to stats: capped and timed out, descriptors bounded, tunnels unaffected, drops counted', async (t) => {
   const { connect } = await import('node:net');
   const baseline = fds();
+  const logged = daemon.logs.length;
   const slow = [];
   const closed = [];
   for (let i = 0; i < 2_000; i++) {
@@ -255,8 +270,10 @@ test('2,000 slow partial requests to stats: capped and timed out, descriptors bo
   const drip = setInterval(() => {
     for (const c of slow) if (!c.destroyed) c.write('X-Slow: 1\r\n');
   }, 300);
+  const atCap = (l) => /connection limit/.test(l.message ?? '') && l.server === 'stats';
   try {
-    await new Promise((r) => setTimeout(r, 1_000));
+    // The attack in full swing: the server is at its cap and refusing.
+    await waitFor(() => daemon.logs.slice(logged).some(atCap), { timeoutMs: 10_000, message: "stats' connection limit reached" });
     const during = fds() - baseline;
     assert.ok(during <= 128 + 20, `${during} descriptors above the baseline while 2,000 slow clients knock (cap 128)`);
     assert.ok((await roundTrip()) < 1_000, 'a tunnel works during the attack');
@@ -275,7 +292,7 @@ test('2,000 slow partial requests to stats: capped and timed out, descriptors bo
   // server at all depends on how fast the kernel's accept queue drains here (1,087 to 1,408 on the dev machine, fewer
   // in CI): the others are refused by the kernel or reach the header timeout.
   assert.ok(dropped > 200, `${dropped} dropped`);
-  assert.ok(daemon.logs.some((l) => /connection limit/.test(l.message ?? '') && l.server === 'stats'), 'the refusals are logged');
+  assert.ok(daemon.logs.some(atCap), 'the refusals are logged');
 });
 
 /**
@@ -289,12 +306,13 @@ async function probesUnderSlowClients(port, path, sources) {
   const host = net.admin(1);
   let stop = false;
   const held = new Set();
+  const connected = new Set();
   const open = (i) => {
     if (stop) return;
     const c = connect({ host, port, localAddress: `127.${octet}.200.${1 + (i % sources)}` });
     held.add(c);
     c.on('error', () => {});
-    c.on('connect', () => c.write(`GET ${path} HTTP/1.1\r\nHost: ${host}\r\n`));
+    c.on('connect', () => (connected.add(i), c.write(`GET ${path} HTTP/1.1\r\nHost: ${host}\r\n`)));
     c.on('close', () => {
       held.delete(c);
       // Re-opened 100 ms after it is closed: up to 3,000 connections a second (the issue's attack re-opened 64 a
@@ -306,7 +324,8 @@ async function probesUnderSlowClients(port, path, sources) {
   const drip = setInterval(() => {
     for (const c of held) if (!c.destroyed && c.writable) c.write('X-Slow: 1\r\n');
   }, 500);
-  await new Promise((r) => setTimeout(r, 1_000));
+  // The probes start once every slow client has connected (and sent its partial request).
+  await waitFor(() => connected.size === 300, { timeoutMs: 10_000, message: 'the 300 slow clients connected' });
   const probe = () =>
     new Promise((resolve) => {
       const r = request({ host, port, path, localAddress: `127.${octet}.201.1`, agent: false, timeout: 2_000, headers: { host: `${host}:${port}` } }, (res) => {
@@ -401,6 +420,7 @@ test('one peer IP holds at most 512 connections to a listener (the rest closed a
       const refused = await daemon.metric('ztunnel_node_hbone_connections_refused_total', { reason: 'peer_limit' });
       throw new Error(`${e.message}: ${closed} closed, ${fds() - baseline} descriptors, ${refused} refused`);
     });
+    // A negative check: 300 ms in which a connection under the limit, wrongly closed, would have been.
     await new Promise((r) => setTimeout(r, 300));
     assert.equal(closed, 18, 'exactly the connections over 512 were closed; the others wait for their handshake deadline');
     assert.ok(fds() - baseline <= 512 + 10);

@@ -354,15 +354,18 @@ test('metrics and access logs of both nodes match a known transfer, from each re
 test('/debug/pprof/profile: a CPU profile of the process under traffic that go tool pprof reads, with ztunnel\'s bounds', { skip: GO ? false : 'no go toolchain (CI has one)' }, async () => {
   assert.equal((await httpGet(`${a.adminUrl}/debug/pprof/profile?seconds=0`)).status, 400);
   assert.equal((await httpGet(`${a.adminUrl}/debug/pprof/profile?frequency=5000`)).status, 400);
-  const profile = httpGetBytes(`${a.adminUrl}/debug/pprof/profile?seconds=2&frequency=250`);
-  await new Promise((r) => setTimeout(r, 200)); // the first one has started
-  assert.equal((await httpGet(`${a.adminUrl}/debug/pprof/profile?seconds=1`)).status, 409, 'one profile at a time');
+  // Two requests at once: whichever the admin takes first is profiled, and the other is refused while it runs (no
+  // sleep to order them; the daemon shows no sign of a profile having started but the refusal itself).
+  const url = `${a.adminUrl}/debug/pprof/profile?seconds=2&frequency=250`;
+  const requests = [httpGetBytes(url), httpGetBytes(url)];
+  assert.equal((await Promise.race(requests)).status, 409, 'one profile at a time');
   // Traffic meanwhile, so the dataplane's tunnel has samples.
   const payload = pattern(4 * 1024 * 1024, 11);
   const until = Date.now() + 1_500;
   while (Date.now() < until) await socksRoundTrip({ socks: SOCKS, dest: dest(PORT.echo), payload });
-  const { status, body } = await profile;
-  assert.equal(status, 200);
+  const answers = await Promise.all(requests);
+  assert.deepEqual(answers.map((r) => r.status).sort(), [200, 409]);
+  const { body } = answers.find((r) => r.status === 200);
   const file = join(makeTempDir('ztn-pprof-'), 'profile.pb');
   writeFileSync(file, body);
   // An independent reader: Go's pprof, as an operator would run it.
@@ -385,8 +388,10 @@ test("/debug/pprof/heap: the dataplane's live sampled allocations, toggled by /d
       Array.from({ length: 20 }, () => socks5Connect({ proxyHost: SOCKS.host, proxyPort: SOCKS.port, destHost: ECHO_IP, destPort: PORT.echo })),
     );
     try {
+      const echoed = apps.echo.stats.bytes + held.length * 256 * 1024;
       for (const s of held) s.write(pattern(256 * 1024, 3));
-      await new Promise((r) => setTimeout(r, 300));
+      // Through both daemons to the application (its echo stays in the tunnels: the sockets are not read).
+      await waitFor(() => apps.echo.stats.bytes >= echoed, { timeoutMs: 10_000, intervalMs: 10, message: 'the held connections\' bytes at the echo server' });
       const { status, body } = await httpGetBytes(`${a.adminUrl}/debug/pprof/heap`);
       assert.equal(status, 200);
       const file = join(makeTempDir('ztn-heap-'), 'heap.pb');

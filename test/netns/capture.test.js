@@ -299,7 +299,7 @@ test('DNS capture: a forwarded answer is kept for its TTL, counted down, a negat
   const asked = (name) => upstream.events.filter((e) => e.name === name).length;
   const hits0 = await metric('a', 'ztunnel_node_dns_cache_hits_total', {});
   const [first] = await dnsIn(pods.a1, [ask('cached.test.')]);
-  await new Promise((r) => setTimeout(r, 2_100));
+  await new Promise((r) => setTimeout(r, 2_100)); // deliberate: the cached TTL must count down 2 s
   const [again, overTcp] = await dnsIn(pods.a1, [ask('cached.test.'), ask('CACHED.test.', { tcp: true })]);
   assert.equal(asked('cached.test.'), 1, 'the upstream was asked once');
   for (const r of [again, overTcp]) {
@@ -310,7 +310,7 @@ test('DNS capture: a forwarded answer is kept for its TTL, counted down, a negat
   const [gone, goneAgain] = await dnsIn(pods.a1, [ask('gone.test.'), ask('gone.test.')]);
   assert.deepEqual([gone.rcode, goneAgain.rcode], ['NXDOMAIN', 'NXDOMAIN']);
   assert.equal(asked('gone.test.'), 1, 'the negative answer was kept');
-  await new Promise((r) => setTimeout(r, 2_500));
+  await new Promise((r) => setTimeout(r, 2_500)); // deliberate: the negative entry must expire (2 s)
   assert.equal((await dnsIn(pods.a1, [ask('gone.test.')]))[0].rcode, 'NXDOMAIN');
   assert.equal(asked('gone.test.'), 2, 'asked again once its SOA minimum (2 s) ran out');
   const [v4, v6] = await dnsIn(pods.a1, [ask('localhost.'), ask('localhost.', { type: 'AAAA' })]);
@@ -335,10 +335,12 @@ test('DNS capture: an upstream that never answers gives SERVFAIL within the forw
      let n = 0; const send = () => { if (n++ >= 3000) { s.close(); console.log(JSON.stringify({ sent: n - 1 })); return; } s.send(q, 53, '${KUBE_DNS}', send); }; send();`,
   ]);
   assert.equal(flood.sent, 3000);
-  // The flood's forwards hold their slots until their UDP attempt times out (2 s).
-  await new Promise((r) => setTimeout(r, 2500));
-  const [after] = await dnsIn(pods.a1, [ask('b1.default.svc.cluster.local.')]);
-  assert.deepEqual(after.answers.map((a) => a.data), [B1_VIP]);
+  // The flood's forwards hold their slots until their UDP attempt times out (2 s): asked until it answers again.
+  let after;
+  for (const until = Date.now() + 15_000; !after?.answers?.length && Date.now() < until; ) {
+    [after] = await dnsIn(pods.a1, [ask('b1.default.svc.cluster.local.', { timeout: 1 })]);
+  }
+  assert.deepEqual(after.answers?.map((a) => a.data), [B1_VIP], JSON.stringify(after));
   const { body } = await http('a', '/metrics');
   const rss = Number(/^process_resident_memory_bytes (\S+)$/m.exec(body)?.[1]);
   assert.ok(rss < 400 * 1024 * 1024, `daemon RSS ${(rss / 2 ** 20).toFixed(0)} MiB`);
@@ -523,6 +525,7 @@ async function handOver(node, { next, base }) {
   assert.deepEqual(results.filter((r) => !(r.ok && r.same)), [], `no new connection failed during node-${node}'s hand-over`);
   // Handed over, the old daemon drains and then waits for its SIGTERM (a kubelet would restart one that exits).
   await waitForEvent(old.logs, (l) => l.message === 'handed over and drained: exiting on SIGTERM (an orchestrator would restart a daemon that exits)', `the old node-${node} daemon drained`, 10_000);
+  // A negative check: 300 ms in which a daemon exiting on its own would have.
   await new Promise((r) => setTimeout(r, 300));
   assert.equal(old.child.exitCode, null, 'still there until its SIGTERM');
   old.child.kill('SIGTERM');
@@ -548,14 +551,15 @@ test('restarts of the source node and then of the destination node: no new conne
   // A passthrough stream (a1 → b2, uncaptured: TCP ⇄ TCP through node a's 15001).
   await serveIn(pods.b2, 8090);
   const [stream, streamed] = await streamFrom(pods.b2.ip, 8090, 'the passthrough stream');
-  await new Promise((r) => setTimeout(r, 500));
+  const bothFlowing = (when) => Promise.all([flowing(tunneled, `the HBONE stream ${when}`), flowing(streamed, `the passthrough stream ${when}`)]);
+  await bothFlowing('before the restarts');
 
   const takenA = await handOver('a', await restart('a', ['a1', 'a2']));
   assert.ok(takenA?.connections >= 2, `node-a's successor took both streams: ${JSON.stringify(takenA)}`);
-  await new Promise((r) => setTimeout(r, 500));
+  await bothFlowing("through node-a's successor");
   const takenB = await handOver('b', await restart('b', ['b1', 'b3']));
   assert.ok(takenB?.connections >= 1, `node-b's successor took the HBONE stream: ${JSON.stringify(takenB)}`);
-  await new Promise((r) => setTimeout(r, 500));
+  await bothFlowing("through node-b's successor");
   assert.ok(!tunneled.some((e) => 'ok' in e) && !streamed.some((e) => 'ok' in e), 'both streams still open');
 
   // The streams outlived both old daemons: every byte came back, in order.
@@ -585,7 +589,7 @@ test('a rolling update at its worst: the old daemon gets its SIGTERM before the 
   const events = [];
   lines(child, (e) => events.push(e));
   await waitForEvent(events, (e) => e.event === 'open', 'the HBONE stream');
-  await new Promise((r) => setTimeout(r, 300));
+  await flowing(events, 'the HBONE stream');
   const old = daemons.a;
   const oldExit = new Promise((resolve) => old.child.once('close', (code) => resolve(code)));
   const base = adminBase.a === 15000 ? 15100 : 15000;
@@ -607,7 +611,7 @@ test('a rolling update at its worst: the old daemon gets its SIGTERM before the 
   assert.ok(taken.connections >= 1, `it took the stream from the draining daemon: ${JSON.stringify(taken)}`);
   daemons.a = next;
   adminBase.a = base;
-  await new Promise((r) => setTimeout(r, 300));
+  await flowing(events, 'the HBONE stream through the new daemon');
   assert.ok(!events.some((e) => 'ok' in e), 'the stream is still open');
   child.kill('SIGUSR2');
   await waitForEvent(events, (e) => 'ok' in e, 'the stream to finish');
@@ -641,6 +645,15 @@ test('dedicated mode: one workload, iptables redirection in its own namespace', 
   assert.equal(inConns[0].split(':')[0], pods.a1.ip);
   child.kill('SIGTERM');
 });
+
+/**
+ * Resolves once a `stream` app's events show echoed bytes past those seen when called: its connection carries data
+ * end to end (through the daemons that serve it now).
+ */
+function flowing(events, what) {
+  const seen = Math.max(0, ...events.filter((e) => e.event === 'echoed').map((e) => e.received));
+  return waitForEvent(events, (e) => e.event === 'echoed' && e.received > seen, `${what} to carry data`);
+}
 
 async function waitForEvent(events, pred, what, ms = 10_000) {
   const deadline = Date.now() + ms;

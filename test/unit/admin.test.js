@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import { createAdminServer } from '../../dist/admin/admin-server.js';
 import { listen, closeServer } from '../../dist/admin/http.js';
 import { createLogs } from '../../dist/log/logger.js';
+import { waitFor } from '../helpers/net.js';
 
 async function start(t, overrides = {}) {
   const quits = [];
@@ -105,18 +106,18 @@ test('a CPU profile is cancelled when its requester goes away; a second request 
   });
   const aborter = new AbortController();
   const first = fetch(`http://127.0.0.1:${port}/debug/pprof/profile?seconds=300`, { signal: aborter.signal }).catch((e) => e);
-  while (finish === null) await new Promise((r) => setTimeout(r, 10));
+  await waitFor(() => finish !== null, { timeoutMs: 5_000, intervalMs: 5, message: 'the profile to start' });
   const second = await rawGet(port, '/debug/pprof/profile?seconds=1', { host: `127.0.0.1:${port}` });
   assert.equal(second.status, 409);
   assert.equal(cancelled, 0, 'the busy answer cancels nothing');
   aborter.abort();
   assert.ok((await first) instanceof Error);
-  for (let i = 0; i < 100 && cancelled === 0; i++) await new Promise((r) => setTimeout(r, 10));
+  await waitFor(() => cancelled > 0, { timeoutMs: 5_000, intervalMs: 5, message: 'the profile to be cancelled' });
   assert.equal(cancelled, 1, 'the requester went away: the profile was stopped');
   // The next request starts a profile of its own.
   finish = null;
   const next = fetch(`http://127.0.0.1:${port}/debug/pprof/profile?seconds=1`);
-  while (finish === null) await new Promise((r) => setTimeout(r, 10));
+  await waitFor(() => finish !== null, { timeoutMs: 5_000, intervalMs: 5, message: 'the profile to start' });
   finish.resolve(new Uint8Array([7]));
   assert.equal((await next).status, 200);
   assert.equal(cancelled, 1, 'a profile that finished is not cancelled');
@@ -201,14 +202,14 @@ test('/debug/authz/preview: one at a time, a second meanwhile is 409 (issue 29)'
   const { port } = await start(t, { previewAuthz: () => new Promise((r) => (release = () => r({ closes: [], allows: [] }))) });
   const body = 'name: p\nnamespace: n\nscope: Global\naction: Deny\n';
   const first = fetch(`http://127.0.0.1:${port}/debug/authz/preview`, { method: 'POST', body });
-  while (release === undefined) await new Promise((r) => setTimeout(r, 10));
+  await waitFor(() => release !== undefined, { timeoutMs: 5_000, intervalMs: 5, message: 'the preview to reach the dataplane' });
   const second = await fetch(`http://127.0.0.1:${port}/debug/authz/preview`, { method: 'POST', body });
   assert.equal(second.status, 409);
   release();
   assert.equal((await first).status, 200);
   release = undefined;
   const third = fetch(`http://127.0.0.1:${port}/debug/authz/preview`, { method: 'POST', body });
-  while (release === undefined) await new Promise((r) => setTimeout(r, 10));
+  await waitFor(() => release !== undefined, { timeoutMs: 5_000, intervalMs: 5, message: 'the preview to reach the dataplane' });
   release();
   assert.equal((await third).status, 200, 'the slot is free again once the first is answered');
 });

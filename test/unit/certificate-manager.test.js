@@ -11,6 +11,7 @@ import { X509Certificate } from 'node:crypto';
 import { CertificateManager, refreshDelayMs } from '../../dist/ca/manager.js';
 import { splitPem } from '../../dist/ca/pem.js';
 import { createLogs } from '../../dist/log/logger.js';
+import { waitFor } from '../helpers/net.js';
 
 function pki() {
   try {
@@ -133,24 +134,28 @@ function gatedCa() {
     },
   };
   const release = () => pending.splice(0).forEach((f) => f());
-  return { ca, order, release, stats: () => ({ inflight, maxInflight }) };
+  /** Resolves once the CA has been asked `n` times in all (a request reached it). */
+  const asked = (n) => waitFor(() => order.length >= n, { timeoutMs: 5_000, intervalMs: 1, message: `CA request ${n}` });
+  return { ca, order, release, asked, stats: () => ({ inflight, maxInflight }) };
 }
 
 const keysOnly = { createCsr: (id) => `CSR ${id}`, installCertificate: () => {} };
-const tick = () => new Promise((r) => setTimeout(r, 5));
 
 test('at most 8 requests in flight; the rest wait their turn', { skip }, async () => {
   const g = gatedCa();
   const m = new CertificateManager({ keys: keysOnly, ca: g.ca, ttlSeconds: 60, logger });
   const ids = Array.from({ length: 20 }, (_, i) => `spiffe://cluster.local/ns/n/sa/s${i}`);
   const all = Promise.all(ids.map((id) => m.ensure(id)));
-  await tick();
+  await g.asked(8);
   assert.equal(g.stats().inflight, 8);
   assert.deepEqual(m.pending(), { queued: 12, inflight: 8 });
-  while (g.stats().inflight > 0) {
+  // Each answer frees a slot for the next queued request: 8 answered, 8 more asked; then the last 4.
+  for (const n of [16, 20]) {
     g.release();
-    await tick();
+    await g.asked(n);
+    assert.ok(g.stats().inflight <= 8);
   }
+  g.release();
   assert.deepEqual(await all, ids.map(() => true));
   assert.equal(g.stats().maxInflight, 8);
   m.stop();
@@ -161,14 +166,16 @@ test('priorities: RealTime before Warmup before Background, ties in arrival orde
   const m = new CertificateManager({ keys: keysOnly, ca: g.ca, ttlSeconds: 60, logger, maxConcurrent: 1 });
   const id = (s) => `spiffe://cluster.local/ns/n/sa/${s}`;
   const done = [m.ensure(id('first'))];
-  await tick();
+  await g.asked(1);
   done.push(m.ensure(id('bg'), 'Background'), m.ensure(id('warm1'), 'Warmup'), m.ensure(id('rt'), 'RealTime'), m.ensure(id('warm2'), 'Warmup'));
   // A queued request raised by a more urgent caller moves up (and, queued earlier, goes before rt).
   done.push(m.ensure(id('bg'), 'RealTime'));
-  for (let i = 0; i < 6; i++) {
+  // One slot: each answer lets the next request by priority reach the CA.
+  for (let n = 2; n <= 5; n++) {
     g.release();
-    await tick();
+    await g.asked(n);
   }
+  g.release();
   await Promise.all(done);
   assert.deepEqual(g.order.map((s) => s.split('/').pop()), ['first', 'bg', 'rt', 'warm1', 'warm2']);
   m.stop();
@@ -179,12 +186,13 @@ test('forget: waiters resolve false, the identity leaves the dump, a late respon
   const installed = [];
   const m = new CertificateManager({ keys: { ...keysOnly, installCertificate: (i) => installed.push(i) }, ca: g.ca, ttlSeconds: 60, logger });
   const p = m.ensure(ID);
-  await tick();
+  await g.asked(1);
   m.forget(ID);
   assert.equal(await p, false);
   assert.deepEqual(m.dump(), []);
   g.release();
-  await tick();
+  // The late response has been handled once its request left the in-flight count.
+  await waitFor(() => m.pending().inflight === 0, { timeoutMs: 5_000, intervalMs: 1, message: 'the late response to be handled' });
   assert.deepEqual(installed, []);
   m.stop();
 });

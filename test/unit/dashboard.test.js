@@ -247,6 +247,7 @@ test('the dataplane is read every interval while a page watches, and not at all 
   const snapshot = s.snapshot;
   Object.defineProperty(s, 'snapshot', { get: () => (reads++, snapshot) });
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  // Negative checks (here and below): 100 ms is 5 intervals in which a running timer would have read.
   await sleep(100);
   assert.equal(reads, 0, 'nobody watches: nothing read');
   const es = await stream(port);

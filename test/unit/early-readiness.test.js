@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
 import { bindEarlyReadiness, takeEarlyReadiness } from '../../dist/admin/early-readiness.js';
-import { BLOCKS, block, httpGet } from '../helpers/net.js';
+import { BLOCKS, block, httpGet, waitFor } from '../helpers/net.js';
 
 const net = block(BLOCKS['early-readiness']);
 const at = (k) => ({ host: net.admin(k), port: 15021 });
@@ -13,8 +13,8 @@ const handler = (body) => (_req, res) => res.end(body);
 
 test('answers "not ready" with the starting tasks until taken over; the same server then answers for the daemon', async (t) => {
   bindEarlyReadiness({ READINESS_ADDR: `${net.admin(1)}:15021` }, ['ztunnel']);
-  await new Promise((r) => setTimeout(r, 50));
-  const early = await httpGet(url(1));
+  // Its first answer (a refused connection until the bind completes).
+  const early = await waitFor(() => httpGet(url(1), { timeoutMs: 1_000 }), { timeoutMs: 5_000, intervalMs: 5, message: 'the early readiness server to answer' });
   assert.deepEqual([early.status, early.body], [500, 'not ready, pending: certificates, proxy, state manager\n']);
   const server = await takeEarlyReadiness(at(1), handler('taken\n'));
   t.after(() => server?.close());

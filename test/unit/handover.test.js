@@ -4,6 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pino from 'pino';
 import { HandoverTally, takeOverThenServe } from '../../dist/lifecycle/handover.js';
+import { waitFor } from '../helpers/net.js';
 
 const report = (r) => ({ role: 'give', found: false, connections: 0, kept: 0, durationMs: 1, pauseMs: 0, peerPid: 1, peerVersion: 1, peerNode: 'node-a', otherNode: false, phasesMs: [1, 2, 3], waves: 1, ...r });
 
@@ -43,7 +44,8 @@ test('after taking over from a daemon of this node the socket name is taken over
   const r = run(dp);
   const taken = await r.done;
   assert.equal(taken.connections, 3);
-  await tick();
+  // The scripted peers are served in turn; the successor (the last) is announced after each is logged and counted.
+  await waitFor(() => r.successors.length > 0, { timeoutMs: 5_000, intervalMs: 1, message: 'the successor' });
   assert.deepEqual(dp.calls, [['take', '/x'], ['listen', true]]);
   assert.equal(r.successors.length, 1, 'only the real successor ends this daemon');
   assert.equal(r.successors[0].connections, 5);
@@ -65,6 +67,7 @@ test('with no predecessor the socket is taken only if free, and one that is serv
   const listens = () => dp.calls.filter((c) => c[0] === 'listen').length;
   for (let i = 0; i < 100 && listens() < 3; i++) await tick();
   assert.equal(listens(), 3, 'retried until it listened');
+  // A negative check: 40 ms is 8 retry periods in which a retry that kept going would have listened again.
   await tick();
   await tick();
   assert.equal(listens(), 3, 'and no more');

@@ -3,6 +3,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
 import { encodeConnectRequest, socks5Connect } from '../../dist/cli/socks5-client.js';
+import { waitFor } from '../helpers/net.js';
 
 /** A SOCKS5 server that records the CONNECT request, answers `rep`, then echoes (prefixed by `early`). */
 async function fakeSocks(t, { rep = 0, early = Buffer.alloc(0), method = 0 } = {}) {
@@ -55,7 +56,7 @@ test('connects, sends the request, and keeps bytes that arrived with the reply',
   sock.on('data', (d) => (got += d.toString()));
   sock.resume();
   sock.write('ping');
-  while (got.length < 'early|ping'.length) await new Promise((r) => setTimeout(r, 5));
+  await waitFor(() => got.length >= 'early|ping'.length, { timeoutMs: 5_000, intervalMs: 5, message: 'the early bytes and the echo' });
   assert.equal(got, 'early|ping');
 });
 
