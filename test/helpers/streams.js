@@ -76,6 +76,29 @@ export async function openStream(socks, srv, dest) {
   return s;
 }
 
+/**
+ * Resolves once each of `streams` has delivered `bytes` more in each direction still written (a half-closed side
+ * is skipped) than when called: traffic flows through whichever daemon holds the streams now.
+ */
+export function flowed(streams, what, { bytes = 128 * 1024, timeoutMs = 10_000 } = {}) {
+  const since = streams.map((s) => ({ up: s.server.received.bytes, down: s.received.bytes }));
+  const short = () =>
+    streams.flatMap((s, i) => {
+      const moved = { up: s.server.received.bytes - since[i].up, down: s.received.bytes - since[i].down };
+      const open = { up: !s.socket.writableEnded, down: !s.server.socket.writableEnded };
+      return ['up', 'down'].filter((d) => open[d] && moved[d] < bytes).map((d) => `#${i} ${d} +${moved[d]}`);
+    });
+  return waitFor(
+    () => {
+      const left = short();
+      // Thrown, so that a time-out says which stream fell short.
+      if (left.length > 0) throw new Error(left.join(', '));
+      return true;
+    },
+    { timeoutMs, message: `${what}: ${bytes} more bytes each way` },
+  );
+}
+
 /** Both directions stop writing; once each receiver has every byte, the digests must match. */
 export async function checkpoint(s, what) {
   s.stopUp();

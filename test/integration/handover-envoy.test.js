@@ -10,10 +10,11 @@ import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
 import { makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
 import { envoyForSuite, startEnvoyWaypoint } from '../helpers/envoy-waypoint.js';
 import { BLOCKS, block, waitFor } from '../helpers/net.js';
-import { checkpoint, openStream as openStreamVia, startServer } from '../helpers/streams.js';
+import { checkpoint, flowed, openStream as openStreamVia, startServer } from '../helpers/streams.js';
 
 const B = block(BLOCKS['handover-envoy']);
 const SLEEP = B.workload(1);
@@ -98,28 +99,36 @@ if (envoy !== null) {
       cleanup: t,
     });
     const streams = [await openStream(srv), await openStream(srv)];
-    await new Promise((r) => setTimeout(r, 300));
-    const s0 = await waypoint.stats(/.*/);
-    assert.ok((s0['http.connect_terminate.downstream_rq_total'] ?? 0) >= 2, 'Envoy terminated the streams\' HBONE');
-    assert.ok((s0['cluster.connect_originate.upstream_rq_total'] ?? 0) >= 2, 'Envoy originated HBONE back to node-a');
+    await flowed(streams, 'before the restart');
+    // The baseline, once Envoy counts both CONNECTs of each stream.
+    const s0 = await waitFor(
+      async () => {
+        const s = await waypoint.stats(/.*/);
+        const terminated = s['http.connect_terminate.downstream_rq_total'] ?? 0;
+        const originated = s['cluster.connect_originate.upstream_rq_total'] ?? 0;
+        return terminated >= 2 && originated >= 2 && s;
+      },
+      { message: 'Envoy terminated the streams\' HBONE and originated HBONE back to node-a' },
+    );
     const watched = (stats, re) => Object.fromEntries(Object.entries(stats).filter(([k]) => notAdmin(k) && re.test(k)));
     const moved = (before, after) => Object.entries(after).filter(([k, v]) => v !== (before[k] ?? 0));
     assert.ok(Object.keys(watched(s0, ERRORS)).length > 10, `the error counters exist: ${Object.keys(watched(s0, ERRORS)).join(', ')}`);
 
     // The restart: the outbound pool's connection (to Envoy) and the inbound one (from Envoy) both cross.
     const a2 = await startDaemon({ node: 'node-a', config, caDir, adminIp: B.admin(2), env, cleanup: t });
-    const exit = await Promise.race([a1.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+    // Unref'd: once the exit has won the race, the deadline must not hold the process open.
+    const exit = await Promise.race([a1.exited, delay(10_000, null, { ref: false })]);
     assert.equal(exit?.code, 0, `the predecessor exits 0: ${a1.tail()}`);
     const given = a1.logs.find((l) => l.message === 'hand-over given');
     assert.equal(given?.connections, 4, `every stream of both connections was handed over: ${a1.tail()}`);
-    await new Promise((r) => setTimeout(r, 500));
+    await flowed(streams, 'through the successor');
     for (const s of streams) await checkpoint(s, 'after the restart');
     // Envoy noticed nothing: no error, and not one of its connections ended.
     const s1 = await waypoint.stats(/.*/);
     assert.deepEqual(moved(watched(s0, ERRORS), watched(s1, ERRORS)), [], `no error counter moved:\n${waypoint.tail()}`);
     assert.deepEqual(moved(watched(s0, DESTROYED), watched(s1, DESTROYED)), [], 'no connection of Envoy\'s ended');
     const fresh = await openStream(srv);
-    await new Promise((r) => setTimeout(r, 200));
+    await flowed([fresh], 'a new stream through the successor');
     await checkpoint(fresh, 'a new stream through the successor');
 
     // The old streams end cleanly, as a client ends: sleep half-closes, echo sees it and closes. (Were echo to end
@@ -129,8 +138,15 @@ if (envoy !== null) {
     await waitFor(() => [...streams, fresh].every((s) => s.server.ended), { timeoutMs: 10_000, message: 'echo saw each end' });
     for (const s of [...streams, fresh]) s.server.socket.end();
     await waitFor(() => streams.every((s) => s.closed) && fresh.closed, { timeoutMs: 10_000, message: 'the streams closed' });
-    await new Promise((r) => setTimeout(r, 500));
-    const s2 = await waypoint.stats(/.*/);
+    // Envoy ends a stream (and counts how) a little after relaying its last FIN: its counters once none is active.
+    const active = (s) => (s['http.connect_terminate.downstream_rq_active'] ?? 0) + (s['cluster.connect_originate.upstream_rq_active'] ?? 0);
+    const s2 = await waitFor(
+      async () => {
+        const s = await waypoint.stats(/.*/);
+        return active(s) === 0 && s;
+      },
+      { message: 'Envoy ended every CONNECT' },
+    );
     const graceful = 'cluster.connect_originate.upstream_cx_protocol_error';
     const dispatchErrors = () => readFileSync(waypoint.logPath, 'utf8').split('\n').filter((l) => l.includes('Error dispatching'));
     // The log is flushed every 100 ms: each count's line is there by then.

@@ -7,12 +7,13 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
 import { writeFileSync } from 'node:fs';
+import { setTimeout as delay } from 'node:timers/promises';
 import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { sumSamples } from '../../dist/cli/prom-text.js';
 import { makeTempDir, startDaemon, workload } from '../helpers/daemon.js';
 import { BLOCKS, block, httpGet, socks5Request, waitFor } from '../helpers/net.js';
-import { checkpoint, openStream as openStreamVia, pump, startServer as startStreamServer } from '../helpers/streams.js';
+import { checkpoint, flowed, openStream as openStreamVia, pump, startServer as startStreamServer } from '../helpers/streams.js';
 
 const net = block(BLOCKS.handover);
 const SLEEP_IP = net.workload(1);
@@ -44,10 +45,11 @@ test('a restart of the node hands its established connections to the new daemon,
   half.stopUp();
   half.socket.end();
   await waitFor(() => half.server.ended, { message: 'the half-close reached the server' });
-  await new Promise((r) => setTimeout(r, 300)); // traffic in flight both ways
+  await flowed(streams, 'before the restart'); // the hand-over then happens with traffic in flight both ways
 
   const second = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(2), env, cleanup: t });
-  const exit = await Promise.race([first.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  // The deadlines of such races are unref'd: once the exit has won, the timer must not hold the process open.
+  const exit = await Promise.race([first.exited, delay(10_000, null, { ref: false })]);
   assert.deepEqual(exit && { code: exit.code, signal: exit.signal }, { code: 0, signal: null }, 'the predecessor exits 0 by itself');
   const given = first.logs.find((l) => l.message === 'hand-over given');
   assert.ok(given, `the predecessor logged the hand-over: ${first.tail()}`);
@@ -59,7 +61,7 @@ test('a restart of the node hands its established connections to the new daemon,
   assert.ok(!first.logs.some((l) => l.message === 'connection complete'), 'the predecessor wrote no record for them');
 
   // The streams go on through the successor alone.
-  await new Promise((r) => setTimeout(r, 300));
+  await flowed(streams, 'through the successor');
   for (const s of streams.slice(0, 2)) await checkpoint(s, 'after the restart');
   // The half-closed one: the server's direction flowed on after the hand-over.
   half.stopDown();
@@ -69,7 +71,7 @@ test('a restart of the node hands its established connections to the new daemon,
 
   // A new connection works on the successor.
   const fresh = await openStream(srv);
-  await new Promise((r) => setTimeout(r, 100));
+  await flowed([fresh], 'a new connection');
   await checkpoint(fresh, 'a new connection');
 
   // A second restart: the successor hands over in turn (the third daemon takes the socket over).
@@ -78,7 +80,7 @@ test('a restart of the node hands its established connections to the new daemon,
     s.stopDown = pump(s.server.socket, s.server.sent);
   }
   const third = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(3), env, cleanup: t });
-  const exit2 = await Promise.race([second.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  const exit2 = await Promise.race([second.exited, delay(10_000, null, { ref: false })]);
   assert.equal(exit2?.code, 0, 'the second daemon exits 0 after handing over');
   assert.equal(third.logs.find((l) => l.message === 'hand-over taken')?.connections, 4, 'two streams, the half-closed one and the new one');
   for (const s of streams.slice(0, 2)) await checkpoint(s, 'after the second restart');
@@ -114,7 +116,8 @@ test('with HANDOVER_ENABLED=false a second daemon takes nothing and the first ke
     env: { ...env, HANDOVER_ENABLED: 'false' },
     cleanup: t,
   });
-  await new Promise((r) => setTimeout(r, 500));
+  // A negative check, so a fixed time: had the second taken over (before its readiness), the first would exit now.
+  await delay(500);
   assert.equal(first.exit, null, 'the first daemon still runs');
   assert.ok(!second.logs.some((l) => /hand-over/.test(l.message ?? '')), 'nothing was handed over');
   await second.stop();
@@ -133,7 +136,7 @@ test('1,000 connections at once: every one is handed over and echoes intact afte
   // Each one has carried a message before the restart.
   assert.deepEqual(new Set(await Promise.all(sockets.map((s, i) => roundTrip(s, `before-${i}`)))), new Set([true]));
   const second = await startDaemon({ node: 'node-a', config: CONFIG, caDir, adminIp: net.admin(7), env, cleanup: t });
-  const exit = await Promise.race([first.exited, new Promise((r) => setTimeout(() => r(null), 15_000))]);
+  const exit = await Promise.race([first.exited, delay(15_000, null, { ref: false })]);
   assert.equal(exit?.code, 0);
   const given = first.logs.find((l) => l.message === 'hand-over given');
   assert.equal(given?.connections, N, `every connection was handed over: ${JSON.stringify(first.logs.filter((l) => /hand-over/.test(l.message ?? "")))}`);
@@ -243,7 +246,7 @@ test('a successor that dies after the offers leaves every connection with the pr
     cleanup: t,
   });
   const streams = [await openStream(srv, dest), await openStream(srv, dest)];
-  await new Promise((r) => setTimeout(r, 200));
+  await flowed(streams, 'before the hand-over');
   const OFFERED = 4;
   const seen = await failingSuccessor(path, OFFERED);
   assert.ok(seen.includes(3) && seen.at(-1) === OFFERED, `it got the connections and the offer: kinds ${seen}`);
@@ -252,7 +255,7 @@ test('a successor that dies after the offers leaves every connection with the pr
   assert.equal(failed.connections, 0);
   // They go on through the predecessor (which drains, as on SIGTERM: its stats are closed), every byte once and in
   // order.
-  await new Promise((r) => setTimeout(r, 300));
+  await flowed(streams, 'after the failed hand-over');
   for (const s of streams) await checkpoint(s, 'after the failed hand-over');
   for (const s of streams) {
     s.socket.destroy();
@@ -283,22 +286,22 @@ test('HBONE streams survive restarts of the source node and of the destination n
   const start = (node, i, env) => startDaemon({ node, config: MESH, caDir, adminIp: net.admin(i), env, cleanup: t });
   const [a1, b1] = await Promise.all([start('node-a', 9, envA), start('node-b', 10, envB)]);
   const streams = [await openStream(srv, STORE), await openStream(srv, STORE)];
-  await new Promise((r) => setTimeout(r, 300));
+  await flowed(streams, 'before the restarts');
   const sum = (d, name, labels) => d.metrics().then((s) => sumSamples(s, name, labels));
   assert.ok((await sum(a1, 'istio_tcp_connections_opened_total', { reporter: 'source' })) >= 2, 'they went over HBONE');
 
   // The source node restarts: its pooled HBONE connection, with both streams, goes to the successor.
   const a2 = await start('node-a', 11, envA);
-  const exitA = await Promise.race([a1.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  const exitA = await Promise.race([a1.exited, delay(10_000, null, { ref: false })]);
   assert.equal(exitA?.code, 0, `the source node's predecessor exits 0: ${a1.tail()}`);
   const givenA = a1.logs.find((l) => l.message === 'hand-over given');
   assert.equal(givenA?.connections, 2, `both streams were handed over: ${a1.tail()}`);
   assert.equal(a2.logs.find((l) => l.message === 'hand-over taken')?.connections, 2);
   assert.ok(!a1.logs.some((l) => l.message === 'connection complete'), 'the predecessor wrote no record for them');
-  await new Promise((r) => setTimeout(r, 300));
+  await flowed(streams, 'after the source node restarted');
   for (const s of streams) await checkpoint(s, 'after the source node restarted');
   const fresh = await openStream(srv, STORE);
-  await new Promise((r) => setTimeout(r, 100));
+  await flowed([fresh], 'a new stream after the source node restarted');
   await checkpoint(fresh, 'a new stream after the source node restarted');
 
   // Then the destination node: node-b's HBONE connections (the handed-over one, and the fresh one's) go too.
@@ -306,16 +309,16 @@ test('HBONE streams survive restarts of the source node and of the destination n
     s.stopUp = pump(s.socket, s.sent);
     s.stopDown = pump(s.server.socket, s.server.sent);
   }
-  await new Promise((r) => setTimeout(r, 200));
+  await flowed([...streams, fresh], 'before the destination node restarts');
   const b2 = await start('node-b', 12, envB);
-  const exitB = await Promise.race([b1.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  const exitB = await Promise.race([b1.exited, delay(10_000, null, { ref: false })]);
   assert.equal(exitB?.code, 0, `the destination node's predecessor exits 0: ${b1.tail()}`);
   const givenB = b1.logs.find((l) => l.message === 'hand-over given');
   assert.equal(givenB?.connections, 3, `every stream was handed over: ${b1.tail()}`);
-  await new Promise((r) => setTimeout(r, 300));
+  await flowed([...streams, fresh], 'after the destination node restarted');
   for (const s of [...streams, fresh]) await checkpoint(s, 'after the destination node restarted');
   const last = await openStream(srv, STORE);
-  await new Promise((r) => setTimeout(r, 100));
+  await flowed([last], 'a new stream after both restarts');
   await checkpoint(last, 'a new stream after both restarts');
 
   // Each successor is succeeded in turn: the connections it took (now carried on outside h2) and those it opened
@@ -326,7 +329,7 @@ test('HBONE streams survive restarts of the source node and of the destination n
   const b3 = await restartWith(b2, () => start('node-b', 14, envB), all, 'the destination node, again');
   for (const s of all) await checkpoint(s, 'after the destination node restarted again');
   const again = await openStream(srv, STORE);
-  await new Promise((r) => setTimeout(r, 100));
+  await flowed([again], 'a new stream after four restarts');
   await checkpoint(again, 'a new stream after four restarts');
 
   // The streams taken in are live connections of the successors: listed in config_dump on both nodes.
@@ -357,7 +360,7 @@ test('HBONE streams survive restarts of the source node and of the destination n
   const closed = left.map((x) => new Promise((r) => x.socket.once('close', r)));
   const deny = { name: 'deny-sleep', namespace: 'default', scope: 'Namespace', action: 'Deny', rules: [[[{ principals: [{ Exact: 'cluster.local/ns/default/sa/sleep' }] }]]] };
   writeFileSync(b3.configPath, stringify({ ...MESH, policies: [deny] }));
-  const cut = await Promise.race([Promise.all(closed), new Promise((r) => setTimeout(() => r(null), 5_000))]);
+  const cut = await Promise.race([Promise.all(closed), delay(5_000, null, { ref: false })]);
   assert.notEqual(cut, null, 'every stream was closed by the policy, the handed-over ones too');
   await b3.waitForLog((l) => l.message === 'connection complete' && l.direction === 'inbound' && /policy change/.test(l.error ?? ''));
   for (const x of left) x.server.socket.destroy();
@@ -372,15 +375,15 @@ async function restartWith(prev, start, live, what) {
     s.stopUp = pump(s.socket, s.sent);
     s.stopDown = pump(s.server.socket, s.server.sent);
   }
-  await new Promise((r) => setTimeout(r, 200));
+  await flowed(live, `${what}: before`);
   const next = await start();
-  const exit = await Promise.race([prev.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  const exit = await Promise.race([prev.exited, delay(10_000, null, { ref: false })]);
   assert.equal(exit?.code, 0, `${what}: the predecessor exits 0: ${prev.tail()}`);
   const given = prev.logs.find((l) => l.message === 'hand-over given');
   assert.equal(given?.connections, n, `${what}: every stream was handed over: ${prev.tail()}`);
   assert.equal(given.kept, 0);
   assert.equal(next.logs.find((l) => l.message === 'hand-over taken')?.connections, n);
-  await new Promise((r) => setTimeout(r, 300));
+  await flowed(live, `${what}: through the successor`);
   return next;
 }
 
@@ -403,7 +406,7 @@ test('1,000 HBONE streams at once: handed over whole at a restart of the source 
   const successors = [];
   for (const [prev, node, env] of [[a1, 'node-a', envA], [b1, 'node-b', envB]]) {
     const successor = await start(node, next++, env);
-    const exit = await Promise.race([prev.exited, new Promise((r) => setTimeout(() => r(null), 15_000))]);
+    const exit = await Promise.race([prev.exited, delay(15_000, null, { ref: false })]);
     assert.equal(exit?.code, 0, `${node}: the predecessor exits 0: ${prev.tail()}`);
     const given = prev.logs.find((l) => l.message === 'hand-over given');
     assert.equal(given?.connections, N, `${node}: every stream was handed over: ${JSON.stringify(given)}`);
@@ -427,7 +430,7 @@ test('a successor that dies after the offers of HBONE connections: the predecess
   const start = (node, i, env) => startDaemon({ node, config: MESH, caDir, adminIp: net.admin(i), env, cleanup: t });
   const [a, b] = await Promise.all([start('node-a', 19, {}), start('node-b', 20, { HANDOVER_SOCKET: path, CONNECTION_TERMINATION_DEADLINE: '20s' })]);
   const streams = [await openStream(srv, dest), await openStream(srv, dest)];
-  await new Promise((r) => setTimeout(r, 200));
+  await flowed(streams, 'before the hand-over');
   // node-b's inbound HBONE connection leaves h2 and rustls for the offer; the successor dies holding it.
   const OFFERED = 4;
   const seen = await failingSuccessor(path, OFFERED, 'node-b');
@@ -435,7 +438,7 @@ test('a successor that dies after the offers of HBONE connections: the predecess
   const failed = await b.waitForLog((l) => l.message === 'hand-over failed: every connection stays here and drains');
   assert.equal(failed.kept, 2, 'both streams were paused, then kept');
   assert.equal(failed.connections, 0);
-  await new Promise((r) => setTimeout(r, 300));
+  await flowed(streams, 'after the failed hand-over');
   for (const x of streams) await checkpoint(x, 'after the failed hand-over');
   const s0 = streams[0];
   s0.socket.end();
@@ -449,7 +452,7 @@ test('a successor that dies after the offers of HBONE connections: the predecess
     x.server.socket.destroy();
   }
   // Drained (nothing left), it exits 0 by itself, as on SIGTERM.
-  const exit = await Promise.race([b.exited, new Promise((r) => setTimeout(() => r(null), 10_000))]);
+  const exit = await Promise.race([b.exited, delay(10_000, null, { ref: false })]);
   assert.equal(exit?.code, 0, `the predecessor exits 0 once drained: ${b.tail()}`);
   await a.stop();
 });
@@ -473,8 +476,8 @@ test('a predecessor that dies midway: the successor takes nothing, says so, serv
   const fake = createUnixServer((s) => {
     s.once('data', () => {
       greeted = true;
-      s.write(Buffer.concat([header(1, hello.length), hello, header(9, 4096), Buffer.alloc(10)]));
-      setTimeout(() => s.destroy(), 50);
+      // Dies once the bytes are out (destroy() would drop a write still queued).
+      s.write(Buffer.concat([header(1, hello.length), hello, header(9, 4096), Buffer.alloc(10)]), () => s.destroy());
     });
   });
   await new Promise((r) => fake.listen(path, r));
@@ -490,7 +493,7 @@ test('a predecessor that dies midway: the successor takes nothing, says so, serv
   const srv = await startServer(dest.port);
   cleanups.push(() => srv.close());
   const s = await openStream(srv, dest);
-  await new Promise((r) => setTimeout(r, 200));
+  await flowed([s], 'a connection through the successor');
   await checkpoint(s, 'a connection through the successor');
   s.socket.destroy();
   s.server.socket.destroy();
