@@ -516,7 +516,7 @@ fn address_rdata(ip: std::net::IpAddr) -> RData {
 const LOCALHOST_TTL: u32 = 86_400;
 
 /// Encode `response` to fit `limit`: when it does not, the question alone with TC set (RFC 1035 §4.1.1, RFC 6891
-/// §7). An OPT record answers a query that had one.
+/// §7), or the header alone when even the questions do not fit. An OPT record answers a query that had one.
 fn encode(mut response: Message, request: &Message, limit: usize) -> Option<Vec<u8>> {
     if request.edns.is_some() {
         let mut edns = Edns::new();
@@ -531,7 +531,14 @@ fn encode(mut response: Message, request: &Message, limit: usize) -> Option<Vec<
     if bytes.len() <= limit {
         return Some(bytes);
     }
-    response.truncate().to_vec().ok()
+    let mut truncated = response.truncate();
+    let bytes = truncated.to_vec().ok()?;
+    if bytes.len() <= limit {
+        return Some(bytes);
+    }
+    // Only many questions (a FORMERR's echo of them) outgrow it (found by fuzz/dns).
+    truncated.queries.clear();
+    truncated.to_vec().ok()
 }
 
 /// FORMERR for a query hickory cannot decode, when at least its header can be read (id and opcode echoed).
@@ -548,6 +555,32 @@ fn format_error(bytes: &[u8]) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
     use hickory_proto::op::Query;
+
+    /// A FORMERR echoes every question; truncated, 17 long ones still made a 529-byte UDP reply (found by fuzz/dns).
+    /// What does not fit even truncated is the header alone, TC set.
+    #[test]
+    fn a_reply_too_large_even_truncated_is_the_header_alone() {
+        let mut request = Message::query();
+        request.metadata.id = 7;
+        for i in 0..17 {
+            let name = Name::from_ascii(format!("q{i}-{}.example.com.", "x".repeat(40))).unwrap();
+            request.queries.push(Query::query(name, RecordType::A));
+        }
+        let mut response = Message::response(7, OpCode::Query);
+        response.metadata.response_code = ResponseCode::FormErr;
+        response.queries = request.queries.clone();
+        let bytes = encode(response, &request, 512).expect("encoded");
+        assert!(bytes.len() <= 512, "{} bytes", bytes.len());
+        let reply = Message::from_vec(&bytes).unwrap();
+        assert_eq!((reply.metadata.id, reply.metadata.truncation, reply.queries.len()), (7, true, 0));
+        // Questions that fit truncated stay in the reply.
+        let mut one = Message::query();
+        one.queries.push(request.queries[0].clone());
+        let mut response = Message::response(0, OpCode::Query);
+        response.queries = one.queries.clone();
+        let reply = Message::from_vec(&encode(response, &one, 512).unwrap()).unwrap();
+        assert_eq!(reply.queries.len(), 1);
+    }
 
     fn ask(name: &str, qtype: RecordType) -> (Option<&'static str>, Message) {
         let mut response = Message::response(1, OpCode::Query);

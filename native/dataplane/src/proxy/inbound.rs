@@ -145,6 +145,11 @@ impl Authority {
             return (a.port() != 0).then_some(Authority::Addr(a));
         }
         let (host, port) = s.rsplit_once(':')?;
+        // Digits only (RFC 3986): u16's parser also takes a leading '+', which made "10.0.0.1:+80" the hostname
+        // "10.0.0.1" (found by fuzz/authority).
+        if !port.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
         let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
         let valid = !host.is_empty()
             && host.len() <= 253
@@ -891,6 +896,16 @@ mod tests {
     use super::*;
     use crate::state::{State, StateDelta};
     use serde_json::json;
+
+    /// The port is digits only: u16's parser takes a leading '+', which made "10.0.0.1:+80" the hostname "10.0.0.1"
+    /// (found by fuzz/authority).
+    #[test]
+    fn an_authority_port_is_digits_only() {
+        for bad in ["10.0.0.1:+80", "svc.ns.svc.cluster.local:+80", "h:-1", "h: 80", "h:"] {
+            assert_eq!(Authority::parse(bad), None, "{bad}");
+        }
+        assert_eq!(Authority::parse("h:080"), Some(Authority::Host("h".into(), 80)));
+    }
 
     /// What one idle inbound stream's task holds for its life (the spawned future; `cargo test --release
     /// task_sizes -- --nocapture` prints the release figure). The bound catches a field added to the relay state.
