@@ -1,7 +1,8 @@
 // The package's programmatic API (package.json "main"): what tests, benchmarks and embedders call.
 export { loadConfig, configForDump, type Config, type ConfigInput } from './config/index.js';
 export { loadLocalConfig, parseLocalConfig, type LocalConfig } from './config/local.js';
-export { runProxy, dataplaneConfig, type ProxyHandle, type ProxyDeps, type ProxyOptions } from './lifecycle/proxy.js';
+export { runProxy, type ProxyHandle, type ProxyDeps, type ProxyOptions } from './lifecycle/proxy.js';
+export { dataplaneConfig } from './lifecycle/dataplane.js';
 export { Readiness, renderReadiness } from './lifecycle/readiness.js';
 export { Drain, type DrainMode } from './lifecycle/drain.js';
 export { createLogs, type Logs } from './log/logger.js';

@@ -1,7 +1,7 @@
 // A real native dataplane for the state tests: the mesh lives there (state/store.ts), so a store test without one
 // would test a stand-in. Nothing is bound or dialed; `shutdown()` when done.
 import { loadConfig } from '../../dist/config/index.js';
-import { dataplaneConfig } from '../../dist/lifecycle/proxy.js';
+import { dataplaneConfig } from '../../dist/lifecycle/dataplane.js';
 import { Dataplane } from '../../dist/native/index.js';
 
 export function openNativeDataplane({ nodeName = 'n1' } = {}) {

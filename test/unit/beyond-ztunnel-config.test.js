@@ -3,7 +3,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { loadConfig } from '../../dist/config/index.js';
-import { dataplaneConfig } from '../../dist/lifecycle/proxy.js';
+import { dataplaneConfig } from '../../dist/lifecycle/dataplane.js';
 import { ConfigError } from '../../dist/errors.js';
 
 const LOCAL = { PROXY_MODE: 'local', NODE_NAME: 'node-a', LOCAL_CA_DIR: '/nonexistent' };

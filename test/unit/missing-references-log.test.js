@@ -3,7 +3,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createLogs } from '../../dist/log/logger.js';
-import { MISSING_REFERENCES_LOGGED, warnMissingReferences } from '../../dist/lifecycle/proxy.js';
+import { MISSING_REFERENCES_LOGGED, warnMissingReferences } from '../../dist/lifecycle/mesh.js';
 
 function recordingLog() {
   const lines = [];

@@ -11,6 +11,7 @@
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.js';
 import type { DedicatedSpec, InPodConfig, InPodState, InPodWorkload, SelfInboundSpec } from '../native/types.js';
+import type { Component } from './daemon.js';
 import type { PendingTask, Readiness } from './readiness.js';
 
 export const CAPTURE_POLL_MS = 250;
@@ -115,4 +116,36 @@ function startSelfInbound(config: Config, dp: CapturePort, log: Logger): void {
     (err: unknown) =>
       log.error({ workload, err: err instanceof Error ? err.message : String(err) }, "cannot serve the daemon's own pod's inbound HBONE"),
   );
+}
+
+/** Capture as a component of the daemon: started after the initial state sync (ztunnel connects to istio-cni then). */
+export class CaptureComponent implements Component {
+  readonly name = 'capture';
+  private current: Capture | null = null;
+
+  constructor(
+    private readonly config: Config,
+    private readonly dp: () => CapturePort,
+    private readonly readiness: Readiness,
+    private readonly log: Logger,
+    private readonly ensureCertificate: (identity: string) => Promise<unknown>,
+  ) {}
+
+  start(): void {
+    this.current = startCapture(this.config, this.dp(), this.readiness, this.log, this.ensureCertificate);
+  }
+
+  stop(): void {
+    this.current?.stop();
+  }
+
+  /** config_dump's `workloadState`: the pods the in-pod manager serves (empty before capture starts). */
+  workloadState(): Record<string, InPodWorkload> {
+    return this.current?.workloadState() ?? {};
+  }
+
+  /** The workload_manager_* metrics (null before capture starts). */
+  counters(): InPodState | null {
+    return this.current?.counters() ?? null;
+  }
 }

@@ -2,8 +2,10 @@
 //
 // - `trigger(mode)` starts the drain once; later calls return the same promise (the first mode wins; a second
 //   SIGINT is handled by the signal handler exiting the process, not by re-draining).
-// - Each watcher is work that must finish before shutdown (close a listener, drain the dataplane). They run
-//   concurrently and receive the mode and the deadline; `signal` is aborted at trigger so loops and retries stop.
+// - Each watcher is work that must finish before shutdown (close a listener, drain the dataplane): the daemon's
+//   components' stops (daemon.ts). They are begun in reverse order of registration (the last started is the first
+//   stopped) and run concurrently; each receives the mode and the deadline; `signal` is aborted at trigger so loops
+//   and retries stop.
 // - The drain completes when every watcher has finished, or at deadline + DRAIN_OVERRUN_MS, whichever is first:
 //   a stuck watcher cannot hold the process past what the kubelet will allow anyway.
 import type { Logger } from 'pino';
@@ -51,7 +53,7 @@ export class Drain {
     const deadline = mode === 'immediate' ? 0 : this.deadlineMs;
     const pending = new Set(this.watchers.map((w) => w.name));
     const all = Promise.all(
-      this.watchers.map(async (w) => {
+      [...this.watchers].reverse().map(async (w) => {
         await this.run(w.name, w.fn, mode);
         pending.delete(w.name);
       }),

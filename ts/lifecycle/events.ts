@@ -40,3 +40,52 @@ export function logNativeEvent(
       return logger.info(ev.fields, ev.message);
   }
 }
+
+/** How often native events are drained into the logs: frequent enough to read as live, cheap (one JSON call). */
+export const EVENT_PUMP_INTERVAL_MS = 250;
+
+/**
+ * The event pump: every EVENT_PUMP_INTERVAL_MS it drains the dataplane's events into the logs and hands them to its
+ * sinks (the OTLP export, the dashboard). Part of the dataplane's component (dataplane.ts), which reads the last
+ * events after its connections have drained and before the dataplane shuts down.
+ */
+export class EventPump {
+  private timer: NodeJS.Timeout | null = null;
+  private readonly loggers: { access: Logger; dataplane: Logger; dns: Logger };
+  /** Log lines the dataplane suppressed, by cause (read by the metrics). */
+  readonly suppressed: SuppressedCounts = new Map();
+
+  constructor(
+    /** The dataplane once it is open (null before: nothing to read). */
+    private readonly source: () => { drainEvents(): NativeEvent[] } | null,
+    logs: { forTarget(target: string): Logger },
+    private readonly log: Logger,
+    private readonly sinks: ReadonlyArray<(events: NativeEvent[]) => void>,
+  ) {
+    this.loggers = { access: logs.forTarget('access'), dataplane: logs.forTarget('dataplane'), dns: logs.forTarget('dns') };
+  }
+
+  start(): void {
+    this.timer ??= setInterval(() => this.pump(), EVENT_PUMP_INTERVAL_MS);
+    this.timer.unref();
+  }
+
+  /** Stops the timer and reads what is left (the last access records of drained connections). */
+  stop(): void {
+    if (this.timer !== null) clearInterval(this.timer);
+    this.timer = null;
+    this.pump();
+  }
+
+  pump(): void {
+    const source = this.source();
+    if (source === null) return;
+    try {
+      const events = source.drainEvents();
+      for (const ev of events) logNativeEvent(ev, this.loggers, this.suppressed);
+      for (const sink of this.sinks) sink(events);
+    } catch (err) {
+      this.log.error({ err: (err as Error).message }, 'reading dataplane events failed');
+    }
+  }
+}

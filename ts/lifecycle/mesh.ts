@@ -1,0 +1,111 @@
+// The one path a state change takes into the daemon, whatever its source (xDS, the local config file): the mesh lives
+// once, in the dataplane (state/store.ts keeps the policies and this node's workloads). A change crosses as one delta
+// (`applyStateChange`: policies, small changes) or one batch applied off the JS thread (the local config's document,
+// all or nothing; an xDS Address response, still encoded, resource by resource). The dataplane answers with what
+// changed, and every answer is followed the same way: this node's workloads reconciled (certificates before
+// listeners, local-workloads.ts) and the policy references the change left unresolved warned of. Batches are applied
+// one at a time, in the order they were asked for.
+import type { Logger } from 'pino';
+import type { LocalLoad } from '../config/local-loader.js';
+import type { AppliedOut } from '../native/types.js';
+import type { AppliedChange, StateChange, StateStore, WorkloadTransition } from '../state/store.js';
+import type { DataplanePort } from './dataplane.js';
+
+/** Where a state change comes from (logged, and the key a reloaded local file diffs against). */
+export type StateSource = 'xds' | 'local';
+
+/** Policy references one change made unresolved that are warned of one by one; the rest are counted in one line. */
+export const MISSING_REFERENCES_LOGGED = 10;
+
+/**
+ * Warns of the (workload, policy) references a change made unresolved (each such workload denies its inbound
+ * traffic until the policy arrives): the first few one per line, then one line with how many more. A file or a push
+ * whose 100k workloads name a policy not (yet) there made 100k warnings. The gauge
+ * `ztunnel_node_authorization_missing_policies` counts them all.
+ */
+export function warnMissingReferences(log: Logger, missing: ReadonlyArray<{ uid: string; policy: string }>): void {
+  for (const m of missing.slice(0, MISSING_REFERENCES_LOGGED)) {
+    log.warn({ uid: m.uid, policy: m.policy }, 'workload names an authorization policy that is not known: denying its inbound traffic until it arrives');
+  }
+  if (missing.length > MISSING_REFERENCES_LOGGED) {
+    const policies = new Set(missing.map((m) => m.policy)).size;
+    log.warn(
+      { more: missing.length - MISSING_REFERENCES_LOGGED, references: missing.length, policies },
+      'more workloads name authorization policies that are not known: denying their inbound traffic until they arrive',
+    );
+  }
+}
+
+export interface MeshOptions {
+  store: StateStore;
+  /** The dataplane; throws while it is not open. */
+  plane(): DataplanePort;
+  /** This node's workloads that a change touched (certificates and listeners follow them). */
+  reconcile(workloads: WorkloadTransition[]): void;
+  log: Logger;
+}
+
+export class Mesh {
+  private batches: Promise<unknown> = Promise.resolve();
+
+  constructor(private readonly o: MeshOptions) {}
+
+  get store(): StateStore {
+    return this.o.store;
+  }
+
+  /**
+   * Applies `change` to the store and sends the dataplane one delta of what changed, then follows the answer.
+   * Synchronous up to the reconciliation (which continues asynchronously); throws (nothing applied) when the
+   * dataplane refuses the delta. Fail closed (README "Authorization"): a named WORKLOAD_SELECTOR policy that has not
+   * arrived denies; the dataplane tracks the references that do not resolve, in O(change).
+   */
+  applyStateChange(_source: StateSource, change: StateChange): AppliedChange {
+    const plane = this.o.plane();
+    const applied = this.o.store.apply(change, (d) => plane.applyState(d));
+    this.follow(applied);
+    return applied;
+  }
+
+  /** One xDS Address response, still encoded: decoded and applied by the dataplane, resource by resource. */
+  applyAddresses(resources: readonly Uint8Array[], removed: string[]): Promise<AppliedOut> {
+    return this.serially(async () => {
+      const out = await this.o.plane().applyAddresses(resources, removed);
+      this.follow(this.o.store.absorb(out));
+      return out;
+    });
+  }
+
+  /**
+   * A loaded local config document, all or nothing: the dataplane parses and validates every chunk before it applies
+   * any (off the JS thread); a refusal rejects and changes nothing.
+   */
+  applyLocal(load: LocalLoad, signal: AbortSignal): Promise<AppliedChange> {
+    return this.serially(async () => {
+      const plane = this.o.plane();
+      if (signal.aborted) throw new Error('shutting down');
+      const out = await plane.applyLocal(load.ticket, load.chunks);
+      this.o.store.commitPolicies(load.policies);
+      const applied = this.o.store.absorb(out);
+      this.follow(applied);
+      return applied;
+    });
+  }
+
+  /** What every applied change is followed by: listeners and certificates of local workloads, policy references. */
+  private follow(applied: AppliedChange): void {
+    this.o.reconcile(applied.workloads);
+    warnMissingReferences(this.o.log, applied.missing);
+  }
+
+  private serially<T>(run: () => Promise<T>): Promise<T> {
+    const next = this.batches.then(run);
+    // The chain keeps no batch's answer (a first push's answer names every resource: 100k entries held until the
+    // next batch otherwise).
+    this.batches = next.then(
+      () => undefined,
+      () => undefined,
+    );
+    return next;
+  }
+}
