@@ -12,7 +12,7 @@ export interface ErrorKind {
 
 /**
  * The native module's codes (prefixes of its error messages), one entry for each code of the Rust enum
- * `ErrorCode` (native/dataplane/src/error_code.rs), from which `NativeErrorCode` is generated: a code added there
+ * `ErrorCode` (native/mesh/src/error_code.rs), from which `NativeErrorCode` is generated: a code added there
  * without a description here does not compile.
  */
 const NATIVE_ERRORS = {

@@ -1,4 +1,4 @@
-// The dataplane's WDS decoder (native/dataplane/src/state/wds.rs) from the tests' side: a Workload or Service built
+// The dataplane's WDS decoder (native/mesh/src/state/wds.rs) from the tests' side: a Workload or Service built
 // (or encoded) by an independent encoder, wrapped as an istio.workload.Address, decoded and validated exactly as an
 // xDS push is, and returned in the control side's model. A refused one throws its NACK reason.
 import { create, toBinary } from '@bufbuild/protobuf';

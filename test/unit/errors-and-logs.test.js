@@ -7,8 +7,8 @@ import { createLogs, toPlain } from '../../dist/log/logger.js';
 import { Drain } from '../../dist/lifecycle/drain.js';
 
 test('native error prefixes map to stable codes; the prefix is stripped', () => {
-  // Every code of the Rust enum (native/dataplane/src/error_code.rs, generated as NativeErrorCode).
-  const rust = readFileSync(new URL('../../native/dataplane/src/error_code.rs', import.meta.url), 'utf8');
+  // Every code of the Rust enum (native/mesh/src/error_code.rs, generated as NativeErrorCode).
+  const rust = readFileSync(new URL('../../native/mesh/src/error_code.rs', import.meta.url), 'utf8');
   const codes = [...rust.matchAll(/=> "([A-Z_]+)",/g)].map((m) => m[1]);
   assert.ok(codes.includes('INVALID_CRL') && codes.includes('PROFILE') && codes.length >= 15, codes.join());
   for (const code of codes) {

@@ -1,4 +1,4 @@
-// The local config's fast path (native/dataplane/src/state/local.rs: the YAML read straight into the dataplane's
+// The local config's fast path (native/mesh/src/state/local.rs: the YAML read straight into the dataplane's
 // records) against the schema's slow way (ts/config/local.ts): the schema stays the judge. Properties, over the
 // repository's example files, a document with every field, and generated documents written both as JSON and as
 // block YAML (plain scalars: the resolution rules matter there):

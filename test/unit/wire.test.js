@@ -1,7 +1,7 @@
 // Wire check: a Workload and an Authorization encoded by an independent encoder (`protoc --encode`, from the
 // `protoc` npm package, with protos written from Istio's field numbers in test/fixtures/wire/) are decoded by
 // ztunnel-node's generated code (from proto/) and compared field by field; the Workload's bytes are also decoded by
-// the dataplane (prost, native/dataplane/src/state/wds.rs) and compared with the state model; the Authorization is
+// the dataplane (prost, native/mesh/src/state/wds.rs) and compared with the state model; the Authorization is
 // converted at the edge and compared with what the local config file produces for the same policy.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

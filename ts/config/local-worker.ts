@@ -4,7 +4,7 @@
 // document (milliseconds of work; a worker would cost the daemon more memory than the document, for good).
 //
 // Two ways to read a document, one result:
-// - **Fast** (native/dataplane/src/state/local.rs, `localPrepare`): the dataplane reads the YAML straight into its
+// - **Fast** (native/mesh/src/state/local.rs, `localPrepare`): the dataplane reads the YAML straight into its
 //   validated workloads and services and holds them under a ticket; only the policies come back, as written, for the
 //   schema (local.ts `parseLocalPolicies`) and the policy compiler here.
 // - **Slow** (local.ts `parseLocalConfig`): when the fast path declines (a problem, or something it does not model),

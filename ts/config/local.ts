@@ -81,7 +81,7 @@ const gatewayAddress = () =>
 
 /**
  * A value that ends up in a header (baggage, forwarded) or a SPIFFE identity: printable ASCII without spaces and without
- * `, ; = " \` (the dataplane refuses the same; see header_safe in native/dataplane/src/state/model.rs).
+ * `, ; = " \` (the dataplane refuses the same; see header_safe in native/mesh/src/state/model.rs).
  */
 const headerText = () =>
   z.string().superRefine((s, ctx) => {
@@ -330,7 +330,7 @@ function describeValue(v: unknown): string {
 
 /** Parses and validates one document. `source` names it in errors (a file path, or "LOCAL_XDS"). */
 export function parseLocalConfig(text: string, source: string): LocalConfig {
-  // Parsed natively (native/dataplane/src/yaml.rs): the `yaml` package needs minutes for a large file.
+  // Parsed natively (native/mesh/src/yaml.rs): the `yaml` package needs minutes for a large file.
   let json: string;
   try {
     json = yamlToJson(text);
@@ -349,7 +349,7 @@ export function parseLocalConfig(text: string, source: string): LocalConfig {
 
 /**
  * The policies of a document whose workloads and services the dataplane's fast path already read
- * (native/dataplane/src/state/local.rs hands `policies` back as written), validated by the same schema: a refusal
+ * (native/mesh/src/state/local.rs hands `policies` back as written), validated by the same schema: a refusal
  * says exactly what parsing the whole document says (its workloads and services have no problem to report).
  */
 export function parseLocalPolicies(policies: unknown[], source: string): Policy[] {

@@ -158,7 +158,7 @@ export type PreparedLocal =
   | { declined: string };
 
 /**
- * The local config's fast path (native/dataplane/src/state/local.rs): the YAML file's bytes read straight into
+ * The local config's fast path (native/mesh/src/state/local.rs): the YAML file's bytes read straight into
  * validated workloads and services, held natively for `Dataplane.applyLocal`; the policies come back as written.
  * Runs on the calling thread (the loader's worker).
  */

@@ -11,7 +11,7 @@ export type { DataplaneConfig } from './generated/DataplaneConfig.js';
 export type { DnsConfig } from './generated/DnsConfig.js';
 export type { Http2Config } from './generated/Http2Config.js';
 
-// The mesh records (native/dataplane/src/state/model.rs, policy.rs) and what a state change or config_dump hands
+// The mesh records (native/mesh/src/state/model.rs, policy.rs) and what a state change or config_dump hands
 // back (state/dump.rs), generated like the above. `Workload` types both directions: a Rust test checks that the
 // dataplane hands a workload back with the keys and values it was sent with.
 export type { Workload } from './generated/Workload.js';

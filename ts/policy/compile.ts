@@ -6,7 +6,7 @@
 //   are stripped once, here;
 // - CIDRs are normalized ("10.0.0.1" → "10.0.0.1/32") and string matchers become tagged variants;
 // - the result is validated again by Rust (INVALID_STATE names the policy), so a bad policy never half-applies.
-// Evaluation semantics live in native/dataplane/src/rbac.rs (the README's "Authorization" section).
+// Evaluation semantics live in native/mesh/src/rbac.rs (the README's "Authorization" section).
 import { isIP } from 'node:net';
 // The compiled shapes are the dataplane's own (generated from its Rust types).
 import type { NativeMatch, NativePolicy, NativeStringMatch } from '../native/types.js';

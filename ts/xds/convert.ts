@@ -1,6 +1,6 @@
 // The edge where istiod's Authorization messages become ztunnel-node's policy model (ts/state/model.ts). Address
 // resources (workloads, services) are not decoded on this side: the dataplane decodes them
-// (native/dataplane/src/state/wds.rs), the mesh's only holder. Every conversion can fail: the error names the field and the problem, and the xDS client
+// (native/mesh/src/state/wds.rs), the mesh's only holder. Every conversion can fail: the error names the field and the problem, and the xDS client
 // prefixes the resource name and sends that text back in the NACK (`<name>: <reason>`).
 //
 // Policies become the SAME `Policy` the local config file produces (ts/config/local.ts), so whatever compiles

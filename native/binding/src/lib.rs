@@ -411,7 +411,7 @@ pub fn yaml_to_json(text: String) -> Result<String> {
     dataplane::yaml::yaml_to_json(&text).map_err(err)
 }
 
-/// The local config's fast path (dataplane/src/state/local.rs), on the calling thread (the loader's worker): the
+/// The local config's fast path (mesh/src/state/local.rs), on the calling thread (the loader's worker): the
 /// YAML read into validated workloads and services, held for `Dataplane.applyLocal`. JSON
 /// `{ "ticket": n, "workloads": n, "services": n, "policies": [...] }` (the policies as written, for the control side's
 /// schema), or `{ "declined": "why" }` when the control side's slow way must decide.

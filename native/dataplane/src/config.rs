@@ -5,7 +5,7 @@ use serde::Deserialize;
 use std::time::Duration;
 
 /// Ports that ztunnel-node itself listens on. A connection to one of them through the proxy would loop.
-pub const HBONE_PORT: u16 = 15008;
+pub use mesh::HBONE_PORT;
 pub const OUTBOUND_CAPTURE_PORT: u16 = 15001;
 pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
 pub const SOCKS5_PORT: u16 = 15080;

@@ -25,12 +25,12 @@ pub mod otlp;
 pub mod preview;
 pub mod profile;
 pub mod proxy;
-pub mod rbac;
 pub mod silo;
 pub mod socket;
-pub mod state;
 pub mod tls;
-pub mod yaml;
+
+// The mesh model is its own crate (native/mesh: no sockets, no runtime); its modules are reached here as they were.
+pub use mesh::{rbac, state, yaml};
 
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;

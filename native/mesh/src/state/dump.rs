@@ -111,14 +111,18 @@ fn is_false(b: &bool) -> bool {
 /// `istioctl ztunnel-config` and a diff against ztunnel's dump see the same document. `services` is the list of
 /// "namespace/hostname" the workload is an endpoint of (its port maps are in each service's `endpoints`).
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadDump"))]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadDump")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadDumpOut<'a> {
     #[serde(flatten)]
-    #[cfg_attr(test, ts(flatten))]
+    #[cfg_attr(any(test, feature = "ts"), ts(flatten))]
     record: WorkloadRecordOut<'a>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<Vec<String>>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
     services: Vec<String>,
     capacity: u32,
 }
@@ -126,66 +130,66 @@ pub struct WorkloadDumpOut<'a> {
 /// The keys a workload's dump shares with a local config workload's (all but `services` and `capacity`).
 #[derive(Serialize)]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadRecordDump")
 )]
 #[serde(rename_all = "camelCase")]
 struct WorkloadRecordOut<'a> {
     #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
     uid: &'a str,
     workload_ips: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(test, ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
     waypoint: Option<GatewayOut>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(test, ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
     network_gateway: Option<GatewayOut>,
     protocol: Protocol,
     network_mode: NetworkMode,
     name: &'a str,
     namespace: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
     trust_domain: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
     service_account: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
     network: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
     workload_name: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
     workload_type: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
     canonical_name: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
     canonical_revision: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
     hostname: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<String>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
     node: &'a str,
     #[serde(skip_serializing_if = "is_false")]
-    #[cfg_attr(test, ts(optional, as = "Option<bool>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<bool>"))]
     native_tunnel: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(test, ts(optional, as = "Option<ApplicationTunnel>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<ApplicationTunnel>"))]
     application_tunnel: &'a Option<ApplicationTunnel>,
     #[serde(skip_serializing_if = "<[Str]>::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<Vec<String>>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
     authorization_policies: &'a [Str],
     status: WorkloadStatus,
     cluster_id: &'a str,
     #[serde(skip_serializing_if = "is_default_locality")]
-    #[cfg_attr(test, ts(optional, as = "Option<Locality>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Locality>"))]
     locality: &'a Locality,
 }
 
@@ -229,7 +233,11 @@ fn workload_record(w: &Workload) -> WorkloadRecordOut<'_> {
 
 /// One endpoint of a service, keyed by workload uid in `endpoints` and `stagedServices`.
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "EndpointDump"))]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "EndpointDump")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointOut<'a> {
     workload_uid: &'a str,
@@ -249,7 +257,11 @@ pub struct WeightedOut {
 /// when unset; also the fields ztunnel's dump lacks — CIDR VIPs, weighted waypoints, `canonical` — when unset;
 /// `visibility` always, as ztunnel shows `Public`).
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "ServiceDump"))]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "ServiceDump")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceOut<'a> {
     name: &'a str,
@@ -257,26 +269,26 @@ pub struct ServiceOut<'a> {
     hostname: &'a str,
     vips: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<Vec<String>>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
     cidr_vips: Vec<String>,
     ports: BTreeMap<String, u16>,
     /// By workload uid.
     endpoints: BTreeMap<&'a str, EndpointOut<'a>>,
     subject_alt_names: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(test, ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
     waypoint: Option<GatewayOut>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(test, ts(optional, as = "Option<Vec<super::model::WeightedWaypointJson>>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<super::model::WeightedWaypointJson>>"))]
     weighted_waypoints: Vec<WeightedOut>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(test, ts(optional, as = "Option<LoadBalancer>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<LoadBalancer>"))]
     load_balancer: &'a Option<LoadBalancer>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(test, ts(optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional))]
     ip_families: Option<super::model::IpFamilies>,
     #[serde(skip_serializing_if = "is_false")]
-    #[cfg_attr(test, ts(optional, as = "Option<bool>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<bool>"))]
     canonical: bool,
     visibility: Visibility,
 }
@@ -314,7 +326,7 @@ pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceOut<'a> {
 /// config_dump's mesh part: `{ workloads, services, stagedServices }`. Workloads sorted by uid, services by hostname
 /// then namespace; staged services are endpoints naming a service the state does not have (yet).
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase")]
 pub struct MeshDump<'a> {
     workloads: Vec<WorkloadDumpOut<'a>>,
@@ -346,13 +358,13 @@ pub fn mesh(st: &State) -> MeshDump<'_> {
 /// workload's dump keys, and `services` as the document gives them, "namespace/hostname" → { service port: target }.
 #[derive(Serialize)]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "LocalWorkloadDump")
 )]
 pub struct LocalWorkloadOut<'a> {
     #[serde(flatten)]
-    #[cfg_attr(test, ts(flatten))]
+    #[cfg_attr(any(test, feature = "ts"), ts(flatten))]
     record: WorkloadRecordOut<'a>,
     capacity: u32,
     services: BTreeMap<String, BTreeMap<String, u16>>,
@@ -362,7 +374,7 @@ pub struct LocalWorkloadOut<'a> {
 /// (by uid) and services (by hostname, then namespace), as the dataplane parsed them. A record an xDS source has
 /// since replaced under the same key shows as it is now.
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub struct LocalDump<'a> {
     workloads: Vec<LocalWorkloadOut<'a>>,
     services: Vec<ServiceOut<'a>>,
@@ -391,24 +403,24 @@ pub fn local(st: &State) -> LocalDump<'_> {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadTransition")
 )]
 pub struct TransitionOut<'a> {
     uid: &'a str,
     /// null: added.
-    #[cfg_attr(test, ts(as = "Option<super::model::WorkloadJson>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<super::model::WorkloadJson>"))]
     before: Option<WorkloadOut<'a>>,
     /// null: removed.
-    #[cfg_attr(test, ts(as = "Option<super::model::WorkloadJson>"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<super::model::WorkloadJson>"))]
     after: Option<WorkloadOut<'a>>,
 }
 
 /// A policy reference that became unresolved.
 #[derive(Serialize)]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "MissingReference")
 )]
@@ -422,7 +434,7 @@ pub struct MissingOut<'a> {
 /// (warned of) and how many are missing in all, and the state's sizes. For a WDS batch, also the
 /// (name, version) of each resource that applied and "<name>: <reason>" of each that did not.
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase")]
 pub struct AppliedOut<'a> {
     /// Workloads whose record changed and that are (or were) on this node, whole.

@@ -9,7 +9,11 @@ use serde::{Deserialize, Serialize};
 use super::StateError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "PolicyScope"))]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "PolicyScope")
+)]
 pub enum Scope {
     Global,
     Namespace,
@@ -17,7 +21,11 @@ pub enum Scope {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "PolicyAction"))]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "PolicyAction")
+)]
 pub enum Action {
     Allow,
     Deny,
@@ -25,7 +33,7 @@ pub enum Action {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "NativeStringMatch")
 )]
@@ -50,7 +58,7 @@ impl StringMatch {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ServiceAccountMatch {
     pub namespace: String,
@@ -105,37 +113,45 @@ fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
 
 /// One match as TS sends it. Every list empty (or omitted: the compiler leaves empty lists out) means "no constraint".
 #[derive(Debug, Clone, Default, Deserialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "NativeMatch"))]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "NativeMatch")
+)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct MatchJson {
-    #[cfg_attr(test, ts(as = "Option<Vec<StringMatch>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<StringMatch>>", optional))]
     pub namespaces: Vec<StringMatch>,
-    #[cfg_attr(test, ts(as = "Option<Vec<StringMatch>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<StringMatch>>", optional))]
     pub not_namespaces: Vec<StringMatch>,
-    #[cfg_attr(test, ts(as = "Option<Vec<StringMatch>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<StringMatch>>", optional))]
     pub principals: Vec<StringMatch>,
-    #[cfg_attr(test, ts(as = "Option<Vec<StringMatch>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<StringMatch>>", optional))]
     pub not_principals: Vec<StringMatch>,
-    #[cfg_attr(test, ts(as = "Option<Vec<ServiceAccountMatch>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<ServiceAccountMatch>>", optional))]
     pub service_accounts: Vec<ServiceAccountMatch>,
-    #[cfg_attr(test, ts(as = "Option<Vec<ServiceAccountMatch>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<ServiceAccountMatch>>", optional))]
     pub not_service_accounts: Vec<ServiceAccountMatch>,
-    #[cfg_attr(test, ts(as = "Option<Vec<String>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub source_ips: Vec<String>,
-    #[cfg_attr(test, ts(as = "Option<Vec<String>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub not_source_ips: Vec<String>,
-    #[cfg_attr(test, ts(as = "Option<Vec<String>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub destination_ips: Vec<String>,
-    #[cfg_attr(test, ts(as = "Option<Vec<String>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub not_destination_ips: Vec<String>,
-    #[cfg_attr(test, ts(as = "Option<Vec<u32>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<u32>>", optional))]
     pub destination_ports: Vec<u32>,
-    #[cfg_attr(test, ts(as = "Option<Vec<u32>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<u32>>", optional))]
     pub not_destination_ports: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "NativePolicy"))]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "NativePolicy")
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PolicyJson {
     pub name: String,

@@ -12,7 +12,7 @@ use crate::identity::Identity;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadProtocol")
 )]
@@ -25,7 +25,11 @@ pub enum Protocol {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "HealthStatus"))]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "HealthStatus")
+)]
 pub enum WorkloadStatus {
     #[default]
     Healthy,
@@ -33,15 +37,15 @@ pub enum WorkloadStatus {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(default)]
 pub struct Locality {
     /// Shared: a few values across the whole mesh.
-    #[cfg_attr(test, ts(as = "String"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
     pub region: Str,
-    #[cfg_attr(test, ts(as = "String"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
     pub zone: Str,
-    #[cfg_attr(test, ts(as = "String"))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
     pub subzone: Str,
 }
 
@@ -109,7 +113,11 @@ impl std::fmt::Display for ServiceKey {
 /// "<namespace>/<hostname>".
 #[derive(Debug, Clone, Deserialize, Default)]
 #[cfg_attr(test, derive(Serialize))]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "GatewayAddress"))]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "GatewayAddress")
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayAddressJson {
     pub destination: String,
@@ -157,7 +165,7 @@ impl GatewayAddressJson {
 #[derive(Debug, Clone, Deserialize, Default)]
 #[cfg_attr(test, derive(Serialize))]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "WeightedWaypoint")
 )]
@@ -168,7 +176,7 @@ pub struct WeightedWaypointJson {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub enum NetworkMode {
     #[default]
     Standard,
@@ -178,7 +186,7 @@ pub enum NetworkMode {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "ApplicationTunnelProtocol")
 )]
@@ -191,7 +199,7 @@ pub enum AppTunnelProtocol {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq, Eq)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ApplicationTunnel {
     pub protocol: AppTunnelProtocol,
@@ -201,7 +209,7 @@ pub struct ApplicationTunnel {
 /// Load balancing scopes, in the order a service lists them (`routingPreferences`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "RoutingPreference")
 )]
@@ -216,7 +224,7 @@ pub enum LbScope {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "LoadBalancerMode")
 )]
@@ -233,7 +241,7 @@ pub enum LbMode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub enum HealthPolicy {
     #[default]
     OnlyHealthy,
@@ -241,7 +249,7 @@ pub enum HealthPolicy {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq, Eq)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct LoadBalancer {
     pub routing_preferences: Vec<LbScope>,
@@ -250,7 +258,7 @@ pub struct LoadBalancer {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub enum IpFamilies {
     Dual,
     IPv4,
@@ -268,7 +276,7 @@ impl IpFamilies {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub enum Visibility {
     #[default]
     Public,
@@ -279,7 +287,11 @@ pub enum Visibility {
 /// A workload as TS sends it, and as the dataplane hands it back (`dump::workload`, the same keys: a test checks).
 #[derive(Debug, Clone, Deserialize, Default)]
 #[cfg_attr(test, derive(Serialize))]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "Workload"))]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "Workload")
+)]
 #[serde(rename_all = "camelCase", default)]
 pub struct WorkloadJson {
     pub uid: String,
@@ -315,7 +327,11 @@ pub struct WorkloadJson {
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "Service"))]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "Service")
+)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ServiceJson {
     pub name: String,
@@ -339,27 +355,27 @@ pub struct ServiceJson {
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 #[serde(rename_all = "camelCase", default)]
 pub struct StateDelta {
     /// true: replace the whole state with what follows.
-    #[cfg_attr(test, ts(as = "Option<bool>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<bool>", optional))]
     pub full: bool,
-    #[cfg_attr(test, ts(as = "Option<Vec<WorkloadJson>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<WorkloadJson>>", optional))]
     pub workloads: Vec<WorkloadJson>,
     /// Workload uids.
-    #[cfg_attr(test, ts(as = "Option<Vec<String>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub removed_workloads: Vec<String>,
-    #[cfg_attr(test, ts(as = "Option<Vec<ServiceJson>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<ServiceJson>>", optional))]
     pub services: Vec<ServiceJson>,
     /// "namespace/hostname"
-    #[cfg_attr(test, ts(as = "Option<Vec<String>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub removed_services: Vec<String>,
     /// Compiled authorization policies (ts/policy/compile.ts), upserts by namespace/name.
-    #[cfg_attr(test, ts(as = "Option<Vec<super::policy::PolicyJson>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<super::policy::PolicyJson>>", optional))]
     pub policies: Vec<super::policy::PolicyJson>,
     /// "namespace/name"
-    #[cfg_attr(test, ts(as = "Option<Vec<String>>", optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub removed_policies: Vec<String>,
 }
 
@@ -504,7 +520,7 @@ pub mod defaults {
     /// An absent capacity (the wire's UInt32Value wrapper lets istiod say 0 explicitly).
     pub const CAPACITY: u32 = 1;
     /// A gateway or waypoint address whose hbone_mtls_port is 0.
-    pub const HBONE_MTLS_PORT: u16 = crate::config::HBONE_PORT;
+    pub const HBONE_MTLS_PORT: u16 = crate::HBONE_PORT;
 
     #[cfg(test)]
     mod tests {
@@ -522,7 +538,7 @@ pub mod defaults {
             .unwrap();
             let ts = format!(
                 "// Generated by `cargo test` (state::model::defaults::tests) from Istio's workload defaults in\n\
-                 // native/dataplane/src/state/model.rs. Do not edit this file manually: change the Rust value.\n\n\
+                 // native/mesh/src/state/model.rs. Do not edit this file manually: change the Rust value.\n\n\
                  export const WORKLOAD_DEFAULTS = {json} as const;\n"
             );
             let path =

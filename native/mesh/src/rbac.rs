@@ -72,7 +72,7 @@ impl Connection {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "AuthorizeDecision")
 )]
@@ -81,18 +81,18 @@ pub struct Decision {
     pub allowed: bool,
     /// The policy that decided (`namespace/name`), if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(test, ts(optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional))]
     pub policy: Option<String>,
     /// The index of the matching rule in that policy.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(test, ts(optional))]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional))]
     pub rule: Option<usize>,
     pub reason: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
 #[cfg_attr(
-    test,
+    any(test, feature = "ts"),
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "ConsideredPolicy")
 )]
@@ -102,7 +102,7 @@ pub struct Considered {
     pub action: Action,
     pub dry_run: bool,
     /// How it entered the set: "global", "namespace" or "workload".
-    #[cfg_attr(test, ts(type = "\"global\" | \"namespace\" | \"workload\""))]
+    #[cfg_attr(any(test, feature = "ts"), ts(type = "\"global\" | \"namespace\" | \"workload\""))]
     pub via: &'static str,
     /// Whether it matched, and with which rule.
     pub matched_rule: Option<usize>,
