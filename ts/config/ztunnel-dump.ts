@@ -15,7 +15,7 @@ import { hostname } from 'node:os';
 import type { SocketAddress } from './address.js';
 import { formatSocketAddress } from './address.js';
 import * as D from './defaults.js';
-import type { Config } from './index.js';
+import type { Config } from './config.js';
 import { parseResolvConf } from './resolv-conf.js';
 
 /** What ztunnel reads from the resolver file (hickory's `read_system_conf`) besides our Config. */

@@ -229,9 +229,22 @@ impl Default for ResilienceConfig {
     }
 }
 
+/// Outlier detection's settings (proxy/outlier.rs), from the config's `resilience`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutlierConfig {
+    /// Consecutive connect failures that eject an endpoint (Envoy's `consecutive_gateway_failure`).
+    pub consecutive_failures: u32,
+    /// The first ejection's length; the n-th lasts n times as long (Envoy's `base_ejection_time`).
+    pub base_ejection: Duration,
+    /// No ejection lasts longer (Envoy's `max_ejection_time`).
+    pub max_ejection: Duration,
+    /// The share of a service's candidates that may be skipped for being ejected, rounded up, never all.
+    pub max_ejection_percent: u32,
+}
+
 impl ResilienceConfig {
-    pub fn outliers(&self) -> crate::proxy::outlier::OutlierConfig {
-        crate::proxy::outlier::OutlierConfig {
+    pub fn outliers(&self) -> OutlierConfig {
+        OutlierConfig {
             consecutive_failures: self.consecutive_failures,
             base_ejection: Duration::from_millis(self.base_ejection_ms),
             max_ejection: Duration::from_millis(self.max_ejection_ms),
@@ -330,11 +343,6 @@ impl Config {
         }
         if let Err(problem) = self.dns.listen_addrs() {
             return range("dns.addr", problem);
-        }
-        if let Err(problem) =
-            crate::dns::Domains::new(&self.dns.cluster_domain, Some(&self.dns.search_domains), "", true)
-        {
-            return range("dns.clusterDomain", problem);
         }
         Ok(())
     }

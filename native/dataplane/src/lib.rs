@@ -248,6 +248,9 @@ pub struct Dataplane {
 impl Dataplane {
     pub fn new(cfg: Config) -> Result<Dataplane, DataplaneError> {
         cfg.validate()?;
+        // The DNS proxy checks the names it serves under itself (the config module knows no DNS).
+        dns::Domains::new(&cfg.dns.cluster_domain, Some(&cfg.dns.search_domains), "", true)
+            .map_err(|problem| config::ConfigError::Range { field: "dns.clusterDomain", problem })?;
         alloc::tune();
         socket::configure(cfg.socket);
         let cfg = Arc::new(cfg);

@@ -550,3 +550,12 @@ fn weighted_waypoints_share_by_weight_and_all_zero_falls_back_to_the_waypoint() 
     let st = state(workloads(), services((0, 0)));
     assert_eq!(via(&st, 0), "main-pod", "all weights zero: the single waypoint");
 }
+
+/// A cluster domain the DNS proxy cannot serve under is refused when the dataplane is made, naming the field.
+#[test]
+fn a_bad_cluster_domain_is_refused_by_name() {
+    let mut c = Config::default();
+    c.dns.cluster_domain = "bad..domain".into();
+    let err = dataplane::Dataplane::new(c).err().expect("refused").to_string();
+    assert!(err.starts_with("INVALID_CONFIG: dns.clusterDomain: "), "{err}");
+}

@@ -69,18 +69,8 @@ pub struct ConnParcel {
     pub peer: PeerChain,
 }
 
-/// A connection's peer chain (DER, leaf first) and the Unix time its handshake verified it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct PeerChain {
-    pub chain: Vec<Vec<u8>>,
-    pub verified_at: u64,
-}
-
-impl PeerChain {
-    pub fn is_empty(&self) -> bool {
-        self.chain.is_empty()
-    }
-}
+/// A connection's peer chain and when it was verified (tls/revocation.rs).
+pub use crate::tls::revocation::PeerChain;
 
 /// How one stream ended, and the bytes it moved (application → peer, peer → application).
 pub struct StreamEnd {

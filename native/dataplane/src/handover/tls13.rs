@@ -17,10 +17,6 @@
 //! - NewSessionTicket: dropped (HBONE's client does not resume sessions);
 //! - close_notify: the peer's end of the stream; any other alert, or anything else, is an error.
 
-use std::cell::RefCell;
-use std::sync::Arc;
-
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "aws-lc-rs")]
@@ -349,56 +345,8 @@ pub fn record_len(buf: &[u8]) -> Option<Result<usize, TlsError>> {
     Some(Ok(HEADER + len))
 }
 
-/// The first application traffic secrets of one handshake, as rustls logged them.
-#[derive(Default)]
-pub struct Secrets {
-    pub client: Option<Vec<u8>>,
-    pub server: Option<Vec<u8>>,
-}
-
-thread_local! {
-    /// Where the handshake being polled on this thread logs its secrets (`capture`).
-    static SINK: RefCell<Option<Arc<Mutex<Secrets>>>> = const { RefCell::new(None) };
-}
-
-/// rustls' key log for HBONE sessions: it keeps the two first application traffic secrets of the handshake being
-/// polled inside `capture`, and nothing otherwise.
-#[derive(Debug)]
-pub struct CaptureLog;
-
-const CLIENT_SECRET: &str = "CLIENT_TRAFFIC_SECRET_0";
-const SERVER_SECRET: &str = "SERVER_TRAFFIC_SECRET_0";
-
-impl rustls::KeyLog for CaptureLog {
-    fn log(&self, label: &str, _client_random: &[u8], secret: &[u8]) {
-        SINK.with(|s| {
-            if let Some(sink) = &*s.borrow() {
-                let mut sink = sink.lock();
-                match label {
-                    CLIENT_SECRET => sink.client = Some(secret.to_vec()),
-                    SERVER_SECRET => sink.server = Some(secret.to_vec()),
-                    _ => {}
-                }
-            }
-        });
-    }
-
-    fn will_log(&self, label: &str) -> bool {
-        (label == CLIENT_SECRET || label == SERVER_SECRET) && SINK.with(|s| s.borrow().is_some())
-    }
-}
-
-/// Poll a handshake with its secrets caught into `sink` (rustls logs them synchronously, inside a poll).
-pub async fn capture<F: std::future::Future>(sink: Arc<Mutex<Secrets>>, fut: F) -> F::Output {
-    let mut fut = std::pin::pin!(fut);
-    std::future::poll_fn(|cx| {
-        let prev = SINK.with(|s| s.replace(Some(sink.clone())));
-        let r = fut.as_mut().poll(cx);
-        SINK.with(|s| *s.borrow_mut() = prev);
-        r
-    })
-    .await
-}
+// The key log that catches a handshake's first traffic secrets is the TLS module's (tls/keylog.rs).
+pub use crate::tls::keylog::{capture, CaptureLog, Secrets};
 
 /// The record-layer state of a finished rustls session, from its exported keys and the secrets its handshake logged
 /// (`is_client`: which of them is ours to send with). A secret whose update chain does not reach the exported keys
@@ -438,7 +386,10 @@ pub fn from_rustls(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::tls::keylog::SINK;
+    use parking_lot::Mutex;
     use std::io::{Read, Write};
+    use std::sync::Arc;
 
     /// A server (self-signed, "peer.test") and a client trusting it, both logging into `capture` and exporting.
     pub(crate) fn configs() -> (rustls::ServerConfig, rustls::ClientConfig) {

@@ -23,17 +23,7 @@ use serde::Serialize;
 pub const MAX_TRACKED: usize = 16_384;
 
 /// The detector's settings (the dataplane config's `resilience`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutlierConfig {
-    /// Consecutive connect failures that eject an endpoint (Envoy's `consecutive_gateway_failure`).
-    pub consecutive_failures: u32,
-    /// The first ejection's length; the n-th lasts n times as long (Envoy's `base_ejection_time`).
-    pub base_ejection: Duration,
-    /// No ejection lasts longer (Envoy's `max_ejection_time`).
-    pub max_ejection: Duration,
-    /// The share of a service's candidates that may be skipped for being ejected, rounded up, never all.
-    pub max_ejection_percent: u32,
-}
+pub use crate::config::OutlierConfig;
 
 #[derive(Debug, Clone, Copy)]
 struct Health {

@@ -2,6 +2,7 @@
 //! verification both ways.
 
 pub mod crl;
+pub mod keylog;
 pub mod revocation;
 mod verify;
 
@@ -153,7 +154,7 @@ impl ResolvesServerCert for WorkloadCertResolver {
 /// are kept in memory for that one connection (only while `tls13::capture` polls it; never to a file), and rustls
 /// lets its keys be exported.
 fn handover_ready(key_log: &mut Arc<dyn rustls::KeyLog>, extraction: &mut bool) {
-    *key_log = Arc::new(crate::handover::tls13::CaptureLog);
+    *key_log = Arc::new(keylog::CaptureLog);
     *extraction = true;
 }
 

@@ -26,6 +26,20 @@ use tokio_util::sync::CancellationToken;
 
 use super::crl::CrlSet;
 
+/// A connection's peer chain (DER, leaf first) and the Unix time its handshake verified it (carried with a connection
+/// handed to a successor daemon, whose revocation checks go on from it).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct PeerChain {
+    pub chain: Vec<Vec<u8>>,
+    pub verified_at: u64,
+}
+
+impl PeerChain {
+    pub fn is_empty(&self) -> bool {
+        self.chain.is_empty()
+    }
+}
+
 /// Which end the peer is, and so which key usage its chain was verified for and which reporter counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Peer {
@@ -102,9 +116,9 @@ impl Watch {
     }
 
     /// The chain followed and when it was verified, as a hand-over carries it (empty when none is followed).
-    pub fn peer_chain(&self) -> crate::handover::hbone::PeerChain {
+    pub fn peer_chain(&self) -> PeerChain {
         match &self.registry {
-            Some((_, _, live)) => crate::handover::hbone::PeerChain {
+            Some((_, _, live)) => PeerChain {
                 chain: live.chain.iter().map(|c| c.to_vec()).collect(),
                 verified_at: live.established.as_secs(),
             },
