@@ -1,8 +1,8 @@
 // ztunnel's profile endpoints, the same parameters and answers (pprof protobuf profiles, which `go tool pprof` reads):
 // - /debug/pprof/profile: a CPU profile, seconds 1-300 (default 10), frequency 1-1000 Hz (default 100); the dataplane
-//   samples the whole process (native profile.rs);
+//   samples the whole process (native host/src/profile.rs);
 // - /debug/pprof/heap/profiling?activate=true|false: turns the heap profile's sampling on or off;
-// - /debug/pprof/heap: the dataplane's live sampled allocations (native heap_profile.rs).
+// - /debug/pprof/heap: the dataplane's live sampled allocations (native host/src/heap_profile.rs).
 // This module only reads the queries and sends the bytes.
 import type { ServerResponse } from 'node:http';
 import { notRunning, reply } from './http.js';

@@ -94,7 +94,7 @@ export const COLD_CODE_RELEASE_MS = 3_000;
 
 /**
  * Ready, and a moment on: the code pages startup ran once (Node's bootstrap and loader, V8's compilers, the config's
- * validation) leave the RSS; what runs again faults back in from the page cache (native footprint.rs).
+ * validation) leave the RSS; what runs again faults back in from the page cache (native host/src/footprint.rs).
  */
 function releaseColdCodeOnceReady(readiness: Readiness, log: Logger): void {
   readiness.whenReady().then(() => {

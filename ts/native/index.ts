@@ -186,7 +186,7 @@ export function releaseFreeHeap(): void {
 
 /**
  * Releases the resident pages of the executables' code (Node's binary, this module, the libraries) that hold only
- * their file's bytes: what startup ran once leaves the RSS, what runs again faults back in (native footprint.rs).
+ * their file's bytes: what startup ran once leaves the RSS, what runs again faults back in (native host/src/footprint.rs).
  */
 export function releaseColdCode(): ColdCodeReleased {
   return JSON.parse(call(() => load().releaseColdCode())) as ColdCodeReleased;

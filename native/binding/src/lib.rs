@@ -11,7 +11,7 @@ use napi_derive::napi;
 
 use dataplane::ErrorCode;
 
-/// The system allocator, sampled while the heap profile is on (native heap_profile.rs); otherwise one atomic load more
+/// The system allocator, sampled while the heap profile is on (native host/src/heap_profile.rs); otherwise one atomic load more
 /// per allocation and free.
 #[global_allocator]
 static ALLOCATOR: dataplane::heap_profile::Sampling = dataplane::heap_profile::Sampling;
@@ -183,7 +183,7 @@ impl Dataplane {
     }
 
     /// The process's CPU profile over `seconds` at `frequency` Hz, in the pprof protobuf format (admin
-    /// `/debug/pprof/profile`; native profile.rs). Sampled on a blocking-pool thread; rejects `PROFILE:` when the
+    /// `/debug/pprof/profile`; native host/src/profile.rs). Sampled on a blocking-pool thread; rejects `PROFILE:` when the
     /// bounds are wrong or a profile is already being taken.
     #[napi]
     pub async fn cpu_profile(&self, seconds: u32, frequency: u32) -> Result<Buffer> {

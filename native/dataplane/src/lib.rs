@@ -1,12 +1,11 @@
 //! ztunnel-node's dataplane: every byte of HBONE traffic, with no Node.js dependency.
 //!
-//! `Dataplane` owns the threads every byte runs on and the mesh state they read: the connection silos (`silo.rs`:
+//! `Dataplane` owns the threads every byte runs on and the mesh state they read: the connection silos (`host::silo`:
 //! `ztunnel-N`, one single-threaded tokio runtime each, where every listener is served and every connection, HBONE
 //! stream and pooled HBONE connection lives) and the control runtime (`ztunnel-control`, one worker: xDS-driven work,
 //! the CNI server, the DNS proxies, timers, napi calls). The napi binding is a thin facade over this type; Rust tests
 //! drive it directly. ARCHITECTURE.md draws the whole.
 
-pub mod alloc;
 pub mod budget;
 pub mod ca;
 pub mod config;
@@ -15,22 +14,20 @@ pub mod dns;
 pub mod drain;
 pub mod error_code;
 pub mod events;
-pub mod footprint;
 pub mod handover;
-pub mod heap_profile;
 pub mod identity;
 pub mod inpod;
 pub mod metrics;
 pub mod otlp;
 pub mod preview;
-pub mod profile;
 pub mod proxy;
-pub mod silo;
 pub mod socket;
 pub mod tls;
 
 // The mesh model is its own crate (native/mesh: no sockets, no runtime); its modules are reached here as they were.
 pub use mesh::{rbac, state, yaml};
+// The process concerns are their own crate too (native/host).
+pub use host::{alloc, footprint, heap_profile, profile, silo};
 
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
