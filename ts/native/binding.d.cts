@@ -59,7 +59,7 @@ export declare class Dataplane {
   previewAuthz(requestJson: string): Promise<string>
   /**
    * The process's CPU profile over `seconds` at `frequency` Hz, in the pprof protobuf format (admin
-   * `/debug/pprof/profile`; native profile.rs). Sampled on a blocking-pool thread; rejects `PROFILE:` when the
+   * `/debug/pprof/profile`; native host/src/profile.rs). Sampled on a blocking-pool thread; rejects `PROFILE:` when the
    * bounds are wrong or a profile is already being taken.
    */
   cpuProfile(seconds: number, frequency: number): Promise<Buffer>
@@ -161,7 +161,7 @@ export declare function decodeAddress(body: Uint8Array): string
 export declare function localDiscard(ticket: number): void
 
 /**
- * The local config's fast path (dataplane/src/state/local.rs), on the calling thread (the loader's worker): the
+ * The local config's fast path (mesh/src/state/local.rs), on the calling thread (the loader's worker): the
  * YAML read into validated workloads and services, held for `Dataplane.applyLocal`. JSON
  * `{ "ticket": n, "workloads": n, "services": n, "policies": [...] }` (the policies as written, for the control side's
  * schema), or `{ "declined": "why" }` when the control side's slow way must decide.
