@@ -392,6 +392,17 @@ pub struct ValidDelta {
 }
 
 impl ValidDelta {
+    /// Adds `other` to this delta (the chunks of one local config load, applied as one).
+    pub fn absorb(&mut self, other: ValidDelta) {
+        self.full |= other.full;
+        self.workloads.extend(other.workloads);
+        self.removed_workloads.extend(other.removed_workloads);
+        self.services.extend(other.services);
+        self.removed_services.extend(other.removed_services);
+        self.policies.extend(other.policies);
+        self.removed_policies.extend(other.removed_policies);
+    }
+
     /// The removals of workloads and services this delta does not also upsert, taken out of it `n` at a time (a
     /// large batch applies them with the state lock released between parts: `Dataplane::apply_valid`). A removal of a
     /// key the delta upserts stays in it, so that key changes once (the upsert wins, as in one batch).

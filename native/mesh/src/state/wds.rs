@@ -506,6 +506,64 @@ pub fn decode_resource(index: usize, bytes: &[u8]) -> DecodedResource {
     DecodedResource { name: r.name, version: r.version, record }
 }
 
+/// One WDS response judged resource by resource, before any lock is taken: the valid records as one delta, each
+/// accepted resource's name and key (the removals the names imply are read from the state the batch applies to), the
+/// accepted (name, version) pairs, and each rejected resource as "<name>: <reason>" (the control side NACKs those
+/// while the good ones apply).
+#[derive(Debug, Default)]
+pub struct Judged {
+    pub delta: super::ValidDelta,
+    pub names: Vec<(String, super::AddrKey)>,
+    pub accepted: Vec<(String, String)>,
+    pub rejected: Vec<String>,
+    /// How many resources the response carried.
+    pub resources: usize,
+}
+
+/// Judges a packed response (`unpack`'s layout): each resource decoded and validated alone.
+pub fn judge(packed: &[u8]) -> Result<Judged, String> {
+    let parts = unpack(packed)?;
+    let mut j = Judged { resources: parts.len(), ..Judged::default() };
+    j.accepted.reserve(parts.len());
+    j.names.reserve(parts.len());
+    for (i, bytes) in parts.iter().enumerate() {
+        let r = decode_resource(i, bytes);
+        let valid = r.record.and_then(|rec| match rec {
+            AddressRecord::Workload(w) => w.validate().map(Valid::Workload).map_err(problem),
+            AddressRecord::Service(s) => s.validate().map(Valid::Service).map_err(problem),
+        });
+        match valid {
+            Err(reason) => j.rejected.push(format!("{}: {reason}", r.name)),
+            Ok(Valid::Workload(w)) => {
+                j.names.push((r.name.clone(), super::AddrKey::Workload(w.uid.to_string())));
+                j.delta.workloads.push(w);
+                j.accepted.push((r.name, r.version));
+            }
+            Ok(Valid::Service(s)) => {
+                j.names.push((r.name.clone(), super::AddrKey::Service(s.key.clone())));
+                j.delta.services.push(s);
+                j.accepted.push((r.name, r.version));
+            }
+        }
+    }
+    Ok(j)
+}
+
+// Short-lived, one per resource: boxing would add an allocation per resource for nothing.
+#[allow(clippy::large_enum_variant)]
+enum Valid {
+    Workload(super::Workload),
+    Service(super::Service),
+}
+
+/// A validation error as a NACK reason (the resource name is said by the caller).
+fn problem(e: super::StateError) -> Reason {
+    match e {
+        super::StateError::Invalid { problem, .. } => problem,
+        other => other.to_string(),
+    }
+}
+
 /// Splits the control side's packing of a response's resources: each one a little-endian u32 length, then that many
 /// bytes (an encoded Resource).
 pub fn unpack(packed: &[u8]) -> Result<Vec<&[u8]>, String> {
@@ -574,6 +632,34 @@ mod tests {
 
     fn wl(uid: &str, ip: [u8; 4]) -> Address {
         Address { r#type: Some(AddressType::Workload(workload(uid, ip))) }
+    }
+
+    /// A response is judged resource by resource: the good ones make the delta, each bad one is rejected by name with
+    /// its reason, and a packing that cannot be read refuses the whole response.
+    #[test]
+    fn a_response_is_judged_resource_by_resource() {
+        let mut packed = Vec::new();
+        for r in [
+            resource("ns/u1", wl("u1", [10, 0, 0, 1])),
+            b"not a resource".to_vec(),
+            resource("ns/u2", {
+                let mut bad = workload("u2", [10, 0, 0, 2]);
+                bad.addresses = vec![vec![10, 0]];
+                Address { r#type: Some(AddressType::Workload(bad)) }
+            }),
+        ] {
+            packed.extend((r.len() as u32).to_le_bytes());
+            packed.extend(r);
+        }
+        let j = judge(&packed).unwrap();
+        assert_eq!(j.resources, 3);
+        assert_eq!(j.accepted, [("ns/u1".to_string(), "v1".to_string())]);
+        assert_eq!(j.names, [("ns/u1".to_string(), AddrKey::Workload("u1".into()))]);
+        assert_eq!(j.delta.workloads.len(), 1);
+        assert_eq!(j.rejected.len(), 2, "{:?}", j.rejected);
+        assert!(j.rejected[0].starts_with("resources[1]: cannot decode"), "{}", j.rejected[0]);
+        assert!(j.rejected[1].starts_with("ns/u2: "), "{}", j.rejected[1]);
+        assert!(judge(&packed[..packed.len() - 1]).is_err(), "a truncated packing");
     }
 
     #[test]
