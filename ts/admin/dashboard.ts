@@ -33,7 +33,7 @@ export const DECISIONS_KEPT = 100;
 /** Bytes queued to a page that is not reading before it is disconnected (a snapshot is well under this). */
 export const MAX_CLIENT_BUFFER = 1 << 20;
 
-/** What the dashboard reads; the daemon (lifecycle/proxy.ts) provides it. */
+/** What the dashboard reads; the daemon (lifecycle/proxy.ts, through lifecycle/dashboard.ts) provides it. */
 export interface DashboardSource {
   readonly node: string;
   readonly mode: string;

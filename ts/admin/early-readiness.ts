@@ -8,7 +8,7 @@ import { parseSocketAddress, type SocketAddress } from '../config/address.js';
 import { renderReadiness } from '../lifecycle/readiness.js';
 import { MAX_HTTP_CONNECTIONS, createHttpServer, pathOf, reply } from './http.js';
 
-/** What the daemon registers at start (lifecycle/proxy.ts): pending until it takes over. */
+/** What the daemon registers at start (lifecycle/servers.ts): pending until it takes over. */
 export const STARTING_TASKS = ['state manager', 'certificates', 'proxy'] as const;
 
 let early: { server: Server; addr: SocketAddress; bound: Promise<boolean> } | null = null;
