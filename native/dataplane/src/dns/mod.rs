@@ -516,7 +516,7 @@ fn address_rdata(ip: std::net::IpAddr) -> RData {
 const LOCALHOST_TTL: u32 = 86_400;
 
 /// Encode `response` to fit `limit`: when it does not, the question alone with TC set (RFC 1035 §4.1.1, RFC 6891
-/// §7), or the header alone when even the questions do not fit. An OPT record answers a query that had one.
+/// §7), or a SERVFAIL header alone when even the questions do not fit. An OPT record answers a query that had one.
 fn encode(mut response: Message, request: &Message, limit: usize) -> Option<Vec<u8>> {
     if request.edns.is_some() {
         let mut edns = Edns::new();
@@ -531,14 +531,16 @@ fn encode(mut response: Message, request: &Message, limit: usize) -> Option<Vec<
     if bytes.len() <= limit {
         return Some(bytes);
     }
-    let mut truncated = response.truncate();
+    let truncated = response.truncate();
     let bytes = truncated.to_vec().ok()?;
     if bytes.len() <= limit {
         return Some(bytes);
     }
-    // Only many questions (a FORMERR's echo of them) outgrow it (found by fuzz/dns).
-    truncated.queries.clear();
-    truncated.to_vec().ok()
+    // Only many questions (a FORMERR's echo of them) outgrow it (found by fuzz/dns): the header alone, SERVFAIL, as
+    // hickory-server (ztunnel's DNS server) answers a response it cannot encode within the size.
+    let mut header = Message::response(request.metadata.id, OpCode::Query);
+    header.metadata.response_code = ResponseCode::ServFail;
+    header.to_vec().ok()
 }
 
 /// FORMERR for a query hickory cannot decode, when at least its header can be read (id and opcode echoed).
@@ -557,9 +559,9 @@ mod tests {
     use hickory_proto::op::Query;
 
     /// A FORMERR echoes every question; truncated, 17 long ones still made a 529-byte UDP reply (found by fuzz/dns).
-    /// What does not fit even truncated is the header alone, TC set.
+    /// What does not fit even truncated is a SERVFAIL header alone, as hickory-server (ztunnel's) answers it.
     #[test]
-    fn a_reply_too_large_even_truncated_is_the_header_alone() {
+    fn a_reply_too_large_even_truncated_is_a_servfail_header() {
         let mut request = Message::query();
         request.metadata.id = 7;
         for i in 0..17 {
@@ -572,7 +574,10 @@ mod tests {
         let bytes = encode(response, &request, 512).expect("encoded");
         assert!(bytes.len() <= 512, "{} bytes", bytes.len());
         let reply = Message::from_vec(&bytes).unwrap();
-        assert_eq!((reply.metadata.id, reply.metadata.truncation, reply.queries.len()), (7, true, 0));
+        assert_eq!(
+            (reply.metadata.id, reply.metadata.response_code, reply.queries.len(), reply.answers.len()),
+            (7, ResponseCode::ServFail, 0, 0)
+        );
         // Questions that fit truncated stay in the reply.
         let mut one = Message::query();
         one.queries.push(request.queries[0].clone());
