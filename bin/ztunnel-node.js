@@ -12,7 +12,7 @@ if (process.argv[2] === 'proxy') {
   // of its own). As the config reads it: every mode but local has istiod by default; local only when named.
   const { PROXY_MODE, XDS_ADDRESS, CA_ADDRESS } = process.env;
   const istiod = (PROXY_MODE ?? 'shared') !== 'local' || Boolean(XDS_ADDRESS || CA_ADDRESS);
-  for (const part of [...(istiod ? ['@grpc/grpc-js'] : []), 'zod', 'pino', '../dist/admin/metrics.js', '../dist/lifecycle/proxy.js']) {
+  for (const part of [...(istiod ? ['@grpc/grpc-js'] : []), 'pino', '../dist/admin/metrics.js', '../dist/lifecycle/proxy.js']) {
     await turn();
     await import(part);
   }

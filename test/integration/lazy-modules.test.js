@@ -1,8 +1,9 @@
 // The Node footprint (bench/idle-rss.mjs): a daemon loads what its mode needs. In local mode with the built-in CA
 // there is no istiod to talk to, so gRPC and the generated protobuf code stay unloaded (with XDS_ADDRESS or
 // CA_ADDRESS they load, as the xDS suites show by working). The admin's dashboard and policy preview load with their
-// first request (and then work), the other commands' modules (demo, authz) never load in the daemon, a small local
-// config is read without a worker thread, the admin servers do not pull in undici and http2 (an ESM import of
+// first request (and then work), the other commands' modules (demo, authz) never load in the daemon, the schema (zod)
+// loads only in the worker threads that parse the config and the local config (never on the main thread, where it
+// would stay for good), the admin servers do not pull in undici and http2 (an ESM import of
 // node:http does on Node 22 and later), and the metrics do not pull in https, tls and zlib (prom-client's index does).
 // The modules are read as Node resolved them, through module hooks (test/helpers/module-log), and the builtins from
 // the daemon's process.moduleLoadList as it exits.
@@ -18,6 +19,33 @@ import { BLOCKS, block, httpGet, waitFor } from '../helpers/net.js';
 const net = block(BLOCKS['lazy-modules']);
 const REGISTER = fileURLToPath(new URL('../helpers/module-log/register.mjs', import.meta.url));
 const BUILTINS = fileURLToPath(new URL('../helpers/module-log/builtins.mjs', import.meta.url));
+
+/**
+ * The modules the main thread loaded: those reachable from its entry point (bin/ztunnel-node.js) through the
+ * resolutions logged (`<parent>\t<url>` lines; a worker's entry point has no parent, so what only a worker imports
+ * is not reached).
+ */
+function mainThreadModules(edgeLines) {
+  const children = new Map();
+  let root = null;
+  for (const line of edgeLines) {
+    const [parent, url] = line.split('\t');
+    if (parent === '' && url.endsWith('/bin/ztunnel-node.js')) root = url;
+    if (!children.has(parent)) children.set(parent, new Set());
+    children.get(parent).add(url);
+  }
+  assert.ok(root !== null, 'the main entry point was logged');
+  const seen = new Set([root]);
+  const todo = [root];
+  while (todo.length > 0) {
+    for (const c of children.get(todo.pop()) ?? []) {
+      if (seen.has(c)) continue;
+      seen.add(c);
+      todo.push(c);
+    }
+  }
+  return seen;
+}
 
 /** Loaded only when used: the admin's lazy pieces and the other commands. */
 const LAZY = ['/dist/admin/dashboard.js', '/dist/admin/dashboard-page.js', '/dist/admin/authz-preview.js', '/dist/cli/demo.js', '/dist/cli/authz.js'];
@@ -37,6 +65,7 @@ function post(url, body) {
 test('a local-mode daemon loads only what its mode needs; the lazy admin pieces load and work when asked for', async (t) => {
   const dir = makeTempDir('ztn-lazy-');
   const log = join(dir, 'modules.txt');
+  const edgeLog = join(dir, 'edges.txt');
   const builtinLog = join(dir, 'builtins.txt');
   const config = { workloads: [workload({ name: 'a', ip: net.workload(1), node: 'node-a' })] };
   const d = await startDaemon({
@@ -44,7 +73,7 @@ test('a local-mode daemon loads only what its mode needs; the lazy admin pieces 
     config,
     caDir: join(dir, 'ca'),
     adminIp: net.admin(1),
-    env: { NODE_OPTIONS: `--import=${REGISTER} --import=${BUILTINS}`, ZTN_MODULE_LOG: log, ZTN_BUILTIN_LOG: builtinLog },
+    env: { NODE_OPTIONS: `--import=${REGISTER} --import=${BUILTINS}`, ZTN_MODULE_LOG: log, ZTN_MODULE_EDGES: edgeLog, ZTN_BUILTIN_LOG: builtinLog },
     cleanup: t,
   });
   const loaded = () => readFileSync(log, 'utf8').split('\n').filter(Boolean);
@@ -52,11 +81,16 @@ test('a local-mode daemon loads only what its mode needs; the lazy admin pieces 
   // The log is real: the daemon's own modules are in it.
   assert.ok(atReady.some((u) => u.endsWith('/dist/lifecycle/proxy.js')), 'the daemon module was logged');
   assert.ok(atReady.some((u) => u.includes('/node_modules/zod/')), 'the config schema (zod) was logged');
+  const edges = () => readFileSync(edgeLog, 'utf8').split('\n').filter(Boolean);
+  const workerEntries = edges().filter((l) => l.startsWith('\t')).map((l) => l.slice(1).replace(/^.*\/dist\//, ''));
+  assert.ok(workerEntries.includes('config/config-worker.js'), 'the config was parsed in a worker');
+  assert.ok(workerEntries.includes('config/local-worker.js'), 'the local config was read in a worker');
+  const onMain = mainThreadModules(edges());
+  assert.ok(onMain.has(atReady.find((u) => u.endsWith('/dist/lifecycle/proxy.js'))), 'the daemon module is on the main thread');
+  assert.deepEqual([...onMain].filter((u) => u.includes('/node_modules/zod/') || /\/dist\/config\/(schema|local|index)\.js$/.test(u)), [], 'no schema on the main thread');
   assert.deepEqual(atReady.filter((u) => u.includes('/@grpc/') || u.includes('/@bufbuild/') || u.includes('/dist/gen/')), []);
   assert.deepEqual(atReady.filter((u) => LAZY.some((m) => u.endsWith(m))), [], 'nothing lazy is loaded at ready');
-  // A one-workload file is read on the main thread.
-  const applied = await d.waitForLog((l) => l.message === 'local config applied');
-  assert.equal(applied.worker, false, 'a small local config is read without a worker thread');
+  await d.waitForLog((l) => l.message === 'local config applied');
 
   // The dashboard: loaded by its first request, and serving.
   const page = await httpGet(`${d.adminUrl}/dashboard`);
@@ -70,6 +104,8 @@ test('a local-mode daemon loads only what its mode needs; the lazy admin pieces 
   assert.equal(preview.status, 200, preview.body);
   assert.deepEqual(JSON.parse(preview.body).wouldClose, []);
   assert.ok(loaded().some((u) => u.endsWith('/dist/admin/authz-preview.js')), 'the preview loaded with its first request');
+  assert.ok(edges().includes(`\t${new URL('../../dist/admin/preview-worker.js', import.meta.url).href}`), 'the candidate was parsed in a worker');
+  assert.deepEqual([...mainThreadModules(edges())].filter((u) => u.includes('/node_modules/zod/')), [], 'still no schema on the main thread');
   const usage = await httpGet(`${d.adminUrl}/debug/authz/preview`);
   assert.equal(usage.status, 405);
   assert.match(usage.body, /usage: POST \/debug\/authz\/preview/);

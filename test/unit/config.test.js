@@ -245,3 +245,27 @@ test('DNS proxy settings: on by default; ISTIO_META_DNS_CAPTURE other than "true
   assert.deepEqual([c.ipv6Enabled, c.preferedServiceNamespace, c.resolvConf], [false, 'prod', '/tmp/r.conf']);
   assert.equal(configForDump(loadConfig({ env: {} })).ztunnelNode.dns.addr, 'localhost:15053');
 });
+
+test('the daemon parses its config in a worker thread with loadConfig\'s answers: the same frozen Config, the same refusals', async () => {
+  const { loadConfigOffThread } = await import('../../dist/config/off-thread.js');
+  const env = { PROXY_MODE: 'local', NODE_NAME: 'n1', LOCAL_XDS_PATH: '/tmp/x.yaml', LOCAL_CA_DIR: '/tmp/ca', ISTIO_META_FOO: 'bar', XDS_HEADER_X_TEAM: 'a', ZTUNNEL_WORKER_THREADS: '3' };
+  const args = ['--log-format', 'json'];
+  const inThread = loadConfig({ env, args });
+  const offThread = await loadConfigOffThread({ env, args });
+  assert.deepEqual(offThread, inThread);
+  assert.ok(Object.isFrozen(offThread) && Object.isFrozen(offThread.dns) && Object.isFrozen(offThread.proxyMetadata), 'frozen all the way down');
+  assert.equal(offThread.numWorkerThreads, 3);
+  assert.equal(offThread.logFormat, 'json');
+
+  const bad = { PROXY_MODE: 'local', POOL_MAX_STREAMS_PER_CONNECTION: 'many' };
+  const expected = (() => {
+    try {
+      loadConfig({ env: bad });
+    } catch (err) {
+      return err;
+    }
+    return null;
+  })();
+  assert.ok(expected instanceof ConfigError);
+  await assert.rejects(loadConfigOffThread({ env: bad }), (err) => err instanceof ConfigError && err.message === expected.message);
+});

@@ -12,7 +12,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadConfig } from '../../dist/config/index.js';
-import { IN_THREAD_MAX_BYTES, LocalConfigLoader, parseJson } from '../../dist/config/local-loader.js';
+import { LocalConfigLoader, parseJson } from '../../dist/config/local-loader.js';
 import { openNativeDataplane } from '../helpers/native-dataplane.js';
 import { parseLocalConfig } from '../../dist/config/local.js';
 import { LocalConfigError } from '../../dist/errors.js';
@@ -113,22 +113,15 @@ function assertResponsive(answers, phase, min = 10) {
   assert.deepEqual(slow, [], `${phase}: every probe answered within ${PROBE_BOUND_MS} ms`);
 }
 
-// The same loads, answers and refusals whether the loader reads the document in a worker (every document when
-// inThreadMaxBytes is 0; the large ones by default) or on its own thread (a small one, by default).
-for (const [inWorker, inThreadMaxBytes, title] of [
-  [true, 0, 'the loader validates off the main thread, says what an in-thread parse says, and the dataplane applies only what changed'],
-  [false, IN_THREAD_MAX_BYTES, 'a small document is loaded on the main thread, with the same answers and refusals as in a worker'],
-]) test(title, async () => {
-  const path = join(dir, `loader-${inThreadMaxBytes}.yaml`);
+test('the loader validates off the main thread, says what an in-thread parse says, and the dataplane applies only what changed', async () => {
+  const path = join(dir, 'loader.yaml');
   writeFileSync(path, largeConfigYaml({ workloads: 30 }));
-  assert.ok(largeConfigYaml({ workloads: 30 }).length <= IN_THREAD_MAX_BYTES, 'the document is a small one');
-  const loader = LocalConfigLoader.open({ localXdsPath: path, localXds: null }, { inThreadMaxBytes });
+  const loader = LocalConfigLoader.open({ localXdsPath: path, localXds: null });
   const dp = openNativeDataplane({ nodeName: 'node-none' });
   try {
     const first = await loader.load();
     assert.equal(first.source, path);
     assert.equal(first.fast, true, 'read by the fast path');
-    assert.equal(first.worker, inWorker, inWorker ? 'read in a worker' : 'read on this thread');
     assert.deepEqual(first.counts, { workloads: 30, services: 3, policies: 1 });
     assert.deepEqual(first.chunks.map(parseJson).map((c) => c.policies.map((p) => p.name)), [['p0']], 'only compiled policies cross');
     assert.deepEqual(first.policies.upserts.map((p) => p.name), ['p0'], 'the policy part as written, for the main thread');
@@ -196,7 +189,7 @@ test('a large local file: readiness and metrics answer while it loads at startup
     assert.equal(batches.length, 1, 'one document, applied off the JS thread');
     assert.equal(batches[0].policies.reduce((n, d) => n + (d.policies?.length ?? 0), 0), WORKLOADS / 100, 'the compiled policies cross with it');
     assert.equal(dp.meshDump().workloads.length, WORKLOADS);
-    assert.ok(lines.some((l) => l.message === 'local config applied' && l.workloads === WORKLOADS && l.worker === true), 'read in a worker');
+    assert.ok(lines.some((l) => l.message === 'local config applied' && l.workloads === WORKLOADS), 'applied, counted');
     assert.ok(!lines.some((l) => /not known/.test(l.message)), 'no policy was transiently missing (policies go first)');
     const slowest = Math.max(...answers.map((a) => a.ms));
     console.log(`# startup: ${(bytes / 2 ** 20).toFixed(1)} MiB, ready after ${Math.round(loadMs)} ms, ${answers.length} probes, slowest ${Math.round(slowest)} ms`);

@@ -1,19 +1,17 @@
 // POST /debug/authz/preview: the policy impact preview. The body holds candidate policies as a user has them (the
 // local config's policy form, string matches in either YAML dialect, or JSON); they are parsed by the local config's
-// schema, compiled by the policy compiler, and handed to the dataplane, which judges this node's live inbound
-// connections and recent denied attempts with them laid over its policies, without applying them
-// (native/dataplane/src/preview.rs). The admin server routes here after its method and CSRF checks.
+// schema and compiled by the policy compiler in a worker thread (preview-worker.ts), and handed to the dataplane,
+// which judges this node's live inbound connections and recent denied attempts with them laid over its policies,
+// without applying them (native/dataplane/src/preview.rs). The admin server routes here after its method and CSRF
+// checks.
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { Worker } from 'node:worker_threads';
 import { LocalConfigError, ZtunnelError } from '../errors.js';
-import { parsePolicyCandidates } from '../config/local.js';
 import type { AuthzPreview, AuthzPreviewRequest } from '../native/types.js';
-import { compilePolicy } from '../policy/compile.js';
 import { notRunning, queryOf, readBody, reply } from './http.js';
 
 /** Candidate policies are a few KiB; a whole namespace's worth fits many times over. */
 export const PREVIEW_BODY_LIMIT = 1 << 20;
-/** Bodies larger than this are parsed and compiled on a worker thread (preview-worker.ts): milliseconds below it. */
-export const PREVIEW_IN_THREAD_MAX_BYTES = 32 * 1024;
 
 export const PREVIEW_HELP = `usage: POST /debug/authz/preview[?limit=<n>] with a body of candidate policies (YAML or JSON):
   one policy as the local config writes it, a list of them, or { policies: [...], selects: { "<ns>/<name>": [<uid>, ...] } }
@@ -22,21 +20,13 @@ Answers what applying them would do here: the live inbound connections they woul
 they would allow. Nothing is applied. A dry-run candidate is judged as if enforced.
 `;
 
-/** The request body → the dataplane's request; throws LocalConfigError (what is wrong, and where) on bad input. */
-export function previewRequest(body: string, query: URLSearchParams): AuthzPreviewRequest {
-  const { policies, selects } = parsePolicyCandidates(body, 'request body');
-  const request: AuthzPreviewRequest = { policies: policies.map(compilePolicy), selects };
-  const limit = query.get('limit');
-  if (limit !== null) {
-    if (!/^\d{1,9}$/.test(limit)) throw new LocalConfigError(`limit: ${JSON.stringify(limit)} is not a count`);
-    request.limit = Number(limit);
-  }
-  return request;
-}
-
-/** previewRequest on a worker thread (preview-worker.ts); rejects as previewRequest throws. */
+/**
+ * The dataplane's request from a body, made on a worker thread (preview-worker.ts `previewRequest`) whatever the
+ * body's size: a 1 MiB candidate is about 0.3 s of YAML, schema and compiler work in which readiness, metrics and
+ * admin would not answer here, and the schema (zod, ~4 MiB of heap) would stay loaded on this thread for good once
+ * used. Rejects with a LocalConfigError on bad input.
+ */
 function previewRequestOffThread(body: string, query: URLSearchParams): Promise<AuthzPreviewRequest> {
-  const { Worker } = process.getBuiltinModule('node:worker_threads');
   return new Promise((resolve, reject) => {
     const worker = new Worker(new URL('./preview-worker.js', import.meta.url), { workerData: { body, query: query.toString() } });
     type Answer = { ok: true; request: AuthzPreviewRequest } | { ok: false; invalid: boolean; message: string };
@@ -73,7 +63,7 @@ export function servePreview(req: IncomingMessage, res: ServerResponse, preview:
       }
       let request: AuthzPreviewRequest;
       try {
-        request = body.length > PREVIEW_IN_THREAD_MAX_BYTES ? await previewRequestOffThread(body, query) : previewRequest(body, query);
+        request = await previewRequestOffThread(body, query);
       } catch (err) {
         if (err instanceof LocalConfigError) return reply(res, 400, `${err.message}\n\n${PREVIEW_HELP}`);
         throw err;

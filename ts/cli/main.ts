@@ -2,7 +2,7 @@
 // Exit codes: 0 ok, 1 runtime failure, 2 configuration error (message on stderr).
 // Each command loads what it needs: the daemon runs for weeks, and the demo's and `authz`'s modules (child_process,
 // dns, readline, the SOCKS5 and Prometheus text clients) would stay loaded in it for nothing.
-import { CONFIG_KEYS, describeKey, flagFor, loadConfig } from '../config/index.js';
+import { loadConfigOffThread } from '../config/off-thread.js';
 import { isConfigError } from '../errors.js';
 import { runProxy } from '../lifecycle/proxy.js';
 import { createLogs } from '../log/logger.js';
@@ -24,7 +24,9 @@ commands:
   help                this text ("<command> --help" for a command's flags)
 `;
 
-function proxyUsage(): string {
+/** The flags' table, from the schema (loaded for it: the daemon itself never loads the schema on this thread). */
+async function proxyUsage(): Promise<string> {
+  const { CONFIG_KEYS, describeKey, flagFor } = await import('../config/schema.js');
   const rows = CONFIG_KEYS.map((key) => {
     const flag = `${flagFor(key)} <value>`;
     return `  ${flag.padEnd(44)} ${key}\n  ${''.padEnd(44)}   ${describeKey(key)}`;
@@ -52,7 +54,7 @@ export async function main(argv: readonly string[], env: Readonly<Record<string,
       return EXIT_OK;
     case 'proxy':
       if (args.some(isHelp)) {
-        process.stdout.write(proxyUsage());
+        process.stdout.write(await proxyUsage());
         return EXIT_OK;
       }
       return proxy(args, argv, env);
@@ -81,7 +83,8 @@ export async function main(argv: readonly string[], env: Readonly<Record<string,
 async function proxy(args: readonly string[], allArgs: readonly string[], env: Readonly<Record<string, string | undefined>>): Promise<number> {
   let config;
   try {
-    config = loadConfig({ env, args, allArgs });
+    // In a worker thread: the schema loads there and ends with it (config/off-thread.ts).
+    config = await loadConfigOffThread({ env, args, allArgs });
   } catch (err) {
     return reportStartupError(err);
   }

@@ -114,3 +114,12 @@ export interface OtlpConfig {
   readonly exportTimeoutMs: number;
   readonly serviceName: string;
 }
+
+/** Freezes a parsed config and everything in it (the parser's result, and its copy from the config worker). */
+export function deepFreeze<T>(value: T): T {
+  if (value !== null && typeof value === 'object' && !Object.isFrozen(value)) {
+    Object.freeze(value);
+    for (const v of Object.values(value)) deepFreeze(v);
+  }
+  return value;
+}

@@ -1,19 +1,14 @@
 // Config is parsed once (here), validated once (schema.ts), frozen, and passed in. Nothing else in ts/ reads
 // process.env. Precedence: CLI flag > environment variable > ztunnel's ProxyConfig (PROXY_CONFIG over the mesh
 // config file's defaultConfig, for the few settings it has: proxy-config.ts) > default (defaults.ts).
-import { existsSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import type { z } from 'zod';
 import { ConfigError } from '../errors.js';
-import { formatLogFilter } from '../log/filter.js';
-import { formatSocketAddress } from './address.js';
 import * as D from './defaults.js';
-import { formatDurationMs } from './duration.js';
 import { parseFlags } from './flags.js';
 import { refusedSettings } from './istio-env.js';
 import { loadProxyConfig, proxyConfigSettings, withPort, type ProxyConfigSettings } from './proxy-config.js';
 import { controlPlaneTlsProblem } from './tls.js';
-import { readResolverFacts, ztunnelConfigDump } from './ztunnel-dump.js';
 import type { ResilienceConfig } from '../native/generated/ResilienceConfig.js';
 import {
   CONFIG_KEYS,
@@ -32,8 +27,9 @@ import {
 export type { LogFormat, ProxyMode } from './schema.js';
 export type { SocketAddress } from './address.js';
 export type { Config, OtlpConfig } from './config.js';
-import type { Config, OtlpConfig } from './config.js';
+import { deepFreeze, type Config, type OtlpConfig } from './config.js';
 export { flagFor, CONFIG_KEYS, describeKey, PREFIX_KEYS, describePrefix } from './schema.js';
+export { configForDump } from './dump.js';
 
 
 export interface ConfigInput {
@@ -342,53 +338,4 @@ export function workerThreads(
   }
   // "0" or a percentage on a very large machine: the dataplane's limit, not an error.
   return Math.min(MAX_WORKER_THREADS, Math.max(1, n));
-}
-
-/**
- * The `config` key of /config_dump: ztunnel's keys in ztunnel's forms (ztunnel-dump.ts), and under `ztunnelNode` our
- * whole runtime config, camelCase, with durations and addresses rendered. Reads the resolver file, as ztunnel's
- * dump shows what it read from it.
- */
-export function configForDump(cfg: Config): Record<string, unknown> {
-  const facts = { resolver: readResolverFacts(cfg.dns.resolvConf), exists: existsSync };
-  return { ...ztunnelConfigDump(cfg, facts), ztunnelNode: ownConfigForDump(cfg) };
-}
-
-/** Our own settings under their own names (config_dump's `config.ztunnelNode`). */
-function ownConfigForDump(cfg: Config): Record<string, unknown> {
-  return {
-    ...cfg,
-    // Inline YAML can be long and is already visible under staticConfig; say whether it was given.
-    localXds: cfg.localXds === null ? null : '<inline>',
-    poolUnusedReleaseTimeout: formatDurationMs(cfg.poolUnusedReleaseTimeoutMs),
-    socketConfig: {
-      keepaliveTime: formatDurationMs(cfg.socketConfig.keepaliveTimeMs),
-      keepaliveInterval: formatDurationMs(cfg.socketConfig.keepaliveIntervalMs),
-      keepaliveRetries: cfg.socketConfig.keepaliveRetries,
-      keepaliveEnabled: cfg.socketConfig.keepaliveEnabled,
-      userTimeoutEnabled: cfg.socketConfig.userTimeoutEnabled,
-    },
-    connectionTimeout: formatDurationMs(cfg.connectionTimeoutMs),
-    missingPolicyGrace: formatDurationMs(cfg.missingPolicyGraceMs),
-    selfTerminationDeadline: formatDurationMs(cfg.terminationDeadlineMs),
-    secretTtl: formatDurationMs(cfg.secretTtlMs),
-    logFilter: formatLogFilter(cfg.logFilter),
-    adminAddr: formatSocketAddress(cfg.adminAddr),
-    statsAddr: formatSocketAddress(cfg.statsAddr),
-    readinessAddr: formatSocketAddress(cfg.readinessAddr),
-    dns: { ...cfg.dns, addr: formatSocketAddress(cfg.dns.addr) },
-    hbonePort: D.HBONE_PORT,
-    // A token must never reach a dump; say whether one is configured.
-    authToken: cfg.authToken === null ? null : '<redacted>',
-    xdsHeaders: Object.fromEntries(Object.keys(cfg.xdsHeaders).map((k) => [k, '<redacted>'])),
-    caHeaders: Object.fromEntries(Object.keys(cfg.caHeaders).map((k) => [k, '<redacted>'])),
-  };
-}
-
-function deepFreeze<T>(value: T): T {
-  if (value !== null && typeof value === 'object' && !Object.isFrozen(value)) {
-    Object.freeze(value);
-    for (const v of Object.values(value)) deepFreeze(v);
-  }
-  return value;
 }

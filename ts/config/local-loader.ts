@@ -5,19 +5,18 @@
 // costs it only the hand-over.
 //
 // Invariants:
-// - A refused document rejects `load()` with a LocalConfigError carrying exactly the message an in-thread load
-//   (local.ts) throws: the file, the path inside it and the problem.
+// - A refused document rejects `load()` with a LocalConfigError carrying exactly the message local.ts's
+//   `parseLocalConfig` throws: the file, the path inside it and the problem.
 // - One load at a time: `load()` calls are queued, and each must be followed by `commit()` or `discard()` before
 //   the next load's policy diff is computed (it is against the last committed document's policies, kept here).
 // - One worker per load, ended when the load is: between loads nothing of the document is held but what the
 //   dataplane holds and the committed policies (config_dump's `staticConfig` is rendered from the state).
 //   A worker keeps the process alive while it runs; `close()` ends it.
-// - A document of at most IN_THREAD_MAX_BYTES is loaded on the main thread instead, by the same code (local-worker.ts
-//   `prepareLoad`), with the same answers. A worker is not all given back when it ends: in a bare Node, one that
-//   loads zod and exits leaves 9 MiB more RSS on Node 20 and 25 MiB on Node 24 (code pages it touched, its thread's
-//   malloc arena, V8's pages); in the idle daemon, whose main thread touches most of the same, 0.8-0.9 MiB
-//   (bench/idle-rss.mjs).
-import { stat } from 'node:fs/promises';
+// - Every load is in a worker, however small the document: the schema (zod, ~4 MiB of heap, 5-6 MiB of the
+//   process's anonymous memory) then never loads on the main thread, which keeps nothing of it after start (the
+//   daemon's own configuration is parsed in a worker too, config/off-thread.ts). A worker that ends is not all given
+//   back at once (Node 24 pools its V8 pages for some seconds; its thread's malloc arena stays for the next one), but
+//   the schema loaded on the main thread would stay for good (bench/idle-rss.mjs, bench/results/README.md).
 import { Worker } from 'node:worker_threads';
 import { LocalConfigError } from '../errors.js';
 import { localDiscard } from '../native/index.js';
@@ -37,8 +36,6 @@ export interface LocalLoad {
   policies: PolicyChange;
   /** Read by the dataplane's fast path (false: by the schema's slow way). */
   fast: boolean;
-  /** Read in a worker thread (false: on the main thread, a document of at most IN_THREAD_MAX_BYTES). */
-  worker: boolean;
 }
 
 /** Parses UTF-8 JSON bytes. */
@@ -46,15 +43,8 @@ export function parseJson(bytes: Uint8Array): unknown {
   return JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('utf8'));
 }
 
-/**
- * The largest document loaded on the main thread (local config size in bytes). 256 KiB is about 500 workloads: read
- * by the dataplane's fast path in a few milliseconds, by the schema's slow way in under 100 ms.
- */
-export const IN_THREAD_MAX_BYTES = 256 * 1024;
-
 interface InFlight {
-  /** null: loaded on this thread. */
-  worker: Worker | null;
+  worker: Worker;
   resolve(load: LocalLoad): void;
   reject(err: Error): void;
   settled: boolean;
@@ -72,66 +62,35 @@ export class LocalConfigLoader {
   /** The ticket of the last load, until it is committed or discarded. */
   private ticket: number | null = null;
 
-  /**
-   * A loader; null when neither LOCAL_XDS nor LOCAL_XDS_PATH is set. `inThreadMaxBytes` (IN_THREAD_MAX_BYTES): the
-   * largest document loaded on this thread (0: every one in a worker).
-   */
-  static open(
-    cfg: { localXdsPath: string | null; localXds: string | null },
-    { inThreadMaxBytes = IN_THREAD_MAX_BYTES }: { inThreadMaxBytes?: number } = {},
-  ): LocalConfigLoader | null {
+  /** A loader; null when neither LOCAL_XDS nor LOCAL_XDS_PATH is set. */
+  static open(cfg: { localXdsPath: string | null; localXds: string | null }): LocalConfigLoader | null {
     if (cfg.localXds === null && cfg.localXdsPath === null) return null;
-    return new LocalConfigLoader(cfg.localXdsPath, cfg.localXds, inThreadMaxBytes);
+    return new LocalConfigLoader(cfg.localXdsPath, cfg.localXds);
   }
 
   private constructor(
     private readonly localXdsPath: string | null,
     private readonly localXds: string | null,
-    private readonly inThreadMaxBytes: number,
   ) {}
 
-  /** Whether the document is small enough to load on this thread (one that cannot be read is: its load says why). */
-  private async inThread(): Promise<boolean> {
-    if (this.inThreadMaxBytes <= 0) return false;
-    if (this.localXds !== null) return Buffer.byteLength(this.localXds) <= this.inThreadMaxBytes;
-    if (this.localXdsPath === null) return true;
-    try {
-      return (await stat(this.localXdsPath)).size <= this.inThreadMaxBytes;
-    } catch {
-      return true;
-    }
-  }
-
   /**
-   * Reads and validates the document (off the main thread unless it is small); resolves the change to apply, or
-   * rejects. Every load after the first is a reload: an empty file is then refused (a truncated write), not applied
+   * Reads and validates the document in a worker thread; resolves the change to apply, or rejects. Every load after the first is a reload: an empty file is then refused (a truncated write), not applied
    * as "no workloads".
    */
   load(): Promise<LocalLoad> {
-    const next = this.queue.then(async () => {
-      const inThread = await this.inThread();
-      return new Promise<LocalLoad>((resolve, reject) => {
+    const next = this.queue.then(
+      () =>
+        new Promise<LocalLoad>((resolve, reject) => {
         if (this.closed) return reject(new Error('the local config loader is closed'));
         const data: LocalWorkerData = { localXdsPath: this.localXdsPath, localXds: this.localXds, reload: this.loads++ > 0, base: this.committed };
-        if (inThread) {
-          const load: InFlight = { worker: null, resolve, reject, settled: false };
-          this.inFlight = load;
-          import('./local-worker.js')
-            .then(({ prepareLoad }) => prepareLoad(data))
-            .then(
-              ({ message }) => this.onMessage(load, message),
-              (err: unknown) => this.end(load, new Error(`cannot load the local config: ${err instanceof Error ? err.message : String(err)}`)),
-            );
-          return;
-        }
         const worker = new Worker(new URL('./local-worker.js', import.meta.url), { workerData: data });
         const load: InFlight = { worker, resolve, reject, settled: false };
         this.inFlight = load;
         worker.on('message', (m: FromWorker) => this.onMessage(load, m));
         worker.on('error', (err: Error) => this.end(load, new Error(`the local config worker failed: ${err.message}`, { cause: err })));
         worker.on('exit', (code) => this.end(load, new Error(`the local config worker exited (code ${code})`)));
-      });
-    });
+        }),
+    );
     this.queue = next.catch(() => undefined);
     return next;
   }
@@ -163,7 +122,7 @@ export class LocalConfigLoader {
     const load = this.inFlight;
     if (load !== null && !load.settled) {
       this.end(load, new Error('the local config loader is closed'));
-      await load.worker?.terminate();
+      await load.worker.terminate();
     }
   }
 
@@ -171,7 +130,7 @@ export class LocalConfigLoader {
     switch (m.op) {
       case 'loaded':
         if (load.settled || this.closed) {
-          // Closed while it loaded (an in-thread load runs to its end): the dataplane would hold its document.
+          // Closed while its answer was on its way: the dataplane would hold its document.
           localDiscard(m.ticket);
           return;
         }
@@ -184,7 +143,6 @@ export class LocalConfigLoader {
           ticket: m.ticket,
           chunks: m.chunks,
           fast: m.fast,
-          worker: load.worker !== null,
           policies: parseJson(m.policies) as PolicyChange,
         });
         return;

@@ -1,7 +1,6 @@
 // The local config worker thread: reads and validates the local config OFF the main thread. A 50 MiB file (100k
 // workloads) is seconds of parsing; on the main thread those would be seconds in which readiness, metrics and admin do
-// not answer. Started and spoken to by local-loader.ts, which runs `prepareLoad` on its own thread instead for a small
-// document (milliseconds of work; a worker would cost the daemon more memory than the document, for good).
+// not answer, and the schema (zod) would stay loaded there for good. Started and spoken to by local-loader.ts.
 //
 // Two ways to read a document, one result:
 // - **Fast** (native/mesh/src/state/local.rs, `localPrepare`): the dataplane reads the YAML straight into its
@@ -14,7 +13,7 @@
 //
 // Invariants:
 // - One worker per load (local-loader.ts starts it and it ends when the load is done): the document's text, its
-//   parse and the schema's objects live and die with it. In-thread, they are garbage once the load has answered.
+//   parse, the schema and its objects live and die with it.
 // - The whole document is validated before anything is sent: a refused document sends only `invalid`, so the
 //   main thread applies nothing of it.
 // - The dataplane diffs workloads and services itself (it knows which keys the last applied local document put in
@@ -103,8 +102,7 @@ function prepare(text: Buffer, name: string): { ticket: number; workloads: numbe
 }
 
 /**
- * One load: the message the worker posts, and the buffers it transfers. Never rejects (a failure is a message). Run
- * by the worker, or by the loader on its own thread for a small document (local-loader.ts).
+ * One load: the message the worker posts, and the buffers it transfers. Never rejects (a failure is a message).
  */
 export async function prepareLoad(data: LocalWorkerData): Promise<{ message: FromWorker; transfer: ArrayBuffer[] }> {
   try {

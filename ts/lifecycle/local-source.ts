@@ -52,7 +52,7 @@ export class LocalSource implements Component {
     const load = await this.first;
     if (load !== null) {
       const applied = await this.apply(load);
-      this.log.info({ source: load.source, ...load.counts, fast: load.fast, worker: load.worker, chunks: applied.chunks, applyMs: applied.applyMs }, 'local config applied');
+      this.log.info({ source: load.source, ...load.counts, fast: load.fast, chunks: applied.chunks, applyMs: applied.applyMs }, 'local config applied');
     }
     this.firstApplied(true);
     // Inline LOCAL_XDS never changes: its worker (and the policies it keeps for diffs) can go.

@@ -18,10 +18,12 @@
 // "certificates" and "proxy" (the local workloads known when the state became ready have certificates and
 // listeners).
 // Shutdown (exit.ts): SIGTERM, SIGINT or POST /quitquitquit start a graceful drain (a second SIGINT exits at once).
-import { configForDump, type Config } from '../config/index.js';
+import type { Config } from '../config/index.js';
+import { configForDump } from '../config/dump.js';
 import { nativeTlsProblem } from '../config/tls.js';
 import { LocalCertificateAuthority, type CertificateAuthority } from '../ca/authority.js';
 import { ConfigError } from '../errors.js';
+import { settleHeap } from '../heap.js';
 import type { Logs } from '../log/logger.js';
 import type { Logger } from 'pino';
 import { Dataplane, nativeVersion, releaseColdCode } from '../native/index.js';
@@ -89,16 +91,19 @@ export interface ProxyHandle {
   applyStateChange(source: StateSource, change: StateChange): AppliedChange;
 }
 
-/** How long after readiness the code pages startup ran once are released. */
+/** How long after readiness the heap is settled and the code pages startup ran once are released. */
 export const COLD_CODE_RELEASE_MS = 3_000;
 
 /**
- * Ready, and a moment on: the code pages startup ran once (Node's bootstrap and loader, V8's compilers, the config's
- * validation) leave the RSS; what runs again faults back in from the page cache (native host/src/footprint.rs).
+ * Ready, and a moment on: what startup left behind goes. The JavaScript heap is collected thoroughly and the free
+ * malloc heap trimmed (heap.ts `settleHeap`), then the code pages startup ran once (Node's bootstrap and loader, V8's
+ * compilers) leave the RSS; what runs again faults back in from the page cache (native host/src/footprint.rs).
  */
-function releaseColdCodeOnceReady(readiness: Readiness, log: Logger): void {
+function settleOnceReady(readiness: Readiness, log: Logger): void {
   readiness.whenReady().then(() => {
     setTimeout(() => {
+      const gcMs = settleHeap();
+      log.debug({ ms: Math.round(gcMs * 10) / 10 }, 'heap settled after start');
       try {
         const r = releaseColdCode();
         log.debug({ mappings: r.mappings, skipped: r.skipped, releasedMiB: Math.round(r.residentBytes / 2 ** 17) / 8 }, 'cold code pages released');
@@ -135,7 +140,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
   const stateTask = readiness.register('state manager');
   const certTask = readiness.register('certificates');
   const proxyTask = readiness.register('proxy');
-  releaseColdCodeOnceReady(readiness, log);
+  settleOnceReady(readiness, log);
   const drain = new Drain(config.terminationDeadlineMs, log);
   const daemon = new Daemon(drain);
   const exit = new Exit(drain, log, options.handleSignals !== false);
