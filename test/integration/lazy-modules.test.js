@@ -84,10 +84,12 @@ test('a local-mode daemon loads only what its mode needs; the lazy admin pieces 
   const edges = () => readFileSync(edgeLog, 'utf8').split('\n').filter(Boolean);
   const workerEntries = edges().filter((l) => l.startsWith('\t')).map((l) => l.slice(1).replace(/^.*\/dist\//, ''));
   assert.ok(workerEntries.includes('config/config-worker.js'), 'the config was parsed in a worker');
-  assert.ok(workerEntries.includes('config/local-worker.js'), 'the local config was read in a worker');
   const onMain = mainThreadModules(edges());
+  // The first local load is made by the config worker, which has the schema loaded already.
+  assert.ok(atReady.some((u) => u.endsWith('/dist/config/local-prepare.js')), 'the local config was read');
+  assert.ok(!workerEntries.includes('config/local-worker.js'), 'by the config worker: no second worker');
   assert.ok(onMain.has(atReady.find((u) => u.endsWith('/dist/lifecycle/proxy.js'))), 'the daemon module is on the main thread');
-  assert.deepEqual([...onMain].filter((u) => u.includes('/node_modules/zod/') || /\/dist\/config\/(schema|local|index)\.js$/.test(u)), [], 'no schema on the main thread');
+  assert.deepEqual([...onMain].filter((u) => u.includes('/node_modules/zod/') || /\/dist\/config\/(schema|local|local-prepare|index)\.js$/.test(u)), [], 'no schema on the main thread');
   assert.deepEqual(atReady.filter((u) => u.includes('/@grpc/') || u.includes('/@bufbuild/') || u.includes('/dist/gen/')), []);
   assert.deepEqual(atReady.filter((u) => LAZY.some((m) => u.endsWith(m))), [], 'nothing lazy is loaded at ready');
   await d.waitForLog((l) => l.message === 'local config applied');

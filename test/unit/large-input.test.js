@@ -172,6 +172,48 @@ test('the loader validates off the main thread, says what an in-thread parse say
   await assert.rejects(loader.load(), /closed/);
 });
 
+test('the first load made with the config\'s parse (one worker for both) is the first load\'s answer; reloads start their own worker', async () => {
+  const { startupOffThread } = await import('../../dist/config/off-thread.js');
+  const path = join(dir, 'startup.yaml');
+  writeFileSync(path, largeConfigYaml({ workloads: 12 }));
+  const env = { PROXY_MODE: 'local', NODE_NAME: 'node-none', LOCAL_XDS_PATH: path, LOCAL_CA_DIR: join(dir, 'ca') };
+  const { config, firstLocalLoad } = await startupOffThread({ env });
+  assert.equal(config.localXdsPath, path);
+  assert.equal(firstLocalLoad.op, 'loaded', JSON.stringify(firstLocalLoad));
+  assert.deepEqual(firstLocalLoad.counts, { workloads: 12, services: 1, policies: 1 });
+  const loader = LocalConfigLoader.open(config, firstLocalLoad);
+  const dp = openNativeDataplane({ nodeName: 'node-none' });
+  try {
+    const first = await loader.load();
+    assert.equal(first.ticket, firstLocalLoad.ticket, 'the prefetched answer, not a new load');
+    let out = await dp.applyLocal(first.ticket, first.chunks);
+    assert.deepEqual([out.changedWorkloads, out.services, out.policies], [12, 1, 1]);
+    loader.commit();
+    // A reload: a worker of its own, diffed against the first load's policies (unchanged: no chunks).
+    writeFileSync(path, largeConfigYaml({ workloads: 12 }).replace('  name: w11\n', '  name: w11b\n'));
+    const second = await loader.load();
+    assert.notEqual(second.ticket, first.ticket);
+    assert.deepEqual(second.chunks, [], 'the policies did not change');
+    out = await dp.applyLocal(second.ticket, second.chunks);
+    assert.deepEqual([out.changedWorkloads, out.counts], [1, [12, 1, 1]]);
+    loader.commit();
+  } finally {
+    await loader.close();
+    dp.shutdown();
+  }
+
+  // Refused at the first load: the first load's answer is the refusal, with the file, path and problem.
+  writeFileSync(path, largeConfigYaml({ workloads: 12, badAt: 3 }));
+  const refused = await startupOffThread({ env });
+  assert.equal(refused.firstLocalLoad.op, 'invalid');
+  const again = LocalConfigLoader.open(refused.config, refused.firstLocalLoad);
+  await assert.rejects(again.load(), (err) => err instanceof LocalConfigError && err.message === `${path}: workloads[3].workloadIps[0]: "10.0.0.300" is not an IP address`);
+  await again.close();
+
+  // A bad variable: the config's refusal, as loadConfig words it; no local load is made.
+  await assert.rejects(startupOffThread({ env: { ...env, POOL_MAX_STREAMS_PER_CONNECTION: 'many' } }), (err) => err.code === 'CONFIG_INVALID' && /POOL_MAX_STREAMS_PER_CONNECTION/.test(err.message));
+});
+
 test('a large local file: readiness and metrics answer while it loads at startup and while it reloads; a bad one is refused and the last good one keeps serving', async () => {
   const path = join(dir, 'large.yaml');
   const bytes = writeLargeConfig(path, { workloads: WORKLOADS });

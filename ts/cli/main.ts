@@ -2,7 +2,7 @@
 // Exit codes: 0 ok, 1 runtime failure, 2 configuration error (message on stderr).
 // Each command loads what it needs: the daemon runs for weeks, and the demo's and `authz`'s modules (child_process,
 // dns, readline, the SOCKS5 and Prometheus text clients) would stay loaded in it for nothing.
-import { loadConfigOffThread } from '../config/off-thread.js';
+import { startupOffThread, type Startup } from '../config/off-thread.js';
 import { isConfigError } from '../errors.js';
 import { runProxy } from '../lifecycle/proxy.js';
 import { createLogs } from '../log/logger.js';
@@ -41,7 +41,13 @@ ${rows.join('\n')}
 
 const isHelp = (a: string) => a === '--help' || a === '-h' || a === 'help';
 
-export async function main(argv: readonly string[], env: Readonly<Record<string, string | undefined>>): Promise<number> {
+/** What the installed command may have begun before `main` (bin/ztunnel-node.js): the proxy's startup parse. */
+export interface Begun {
+  /** `startupOffThread` of the same env and of the arguments `main` gives `proxy`. */
+  startup?: Promise<Startup>;
+}
+
+export async function main(argv: readonly string[], env: Readonly<Record<string, string | undefined>>, begun: Begun = {}): Promise<number> {
   const [first, ...rest] = argv;
   // ztunnel runs the proxy when no command is given; flags alone mean the same.
   const command = first === undefined || (first.startsWith('-') && !isHelp(first)) ? 'proxy' : first;
@@ -57,7 +63,7 @@ export async function main(argv: readonly string[], env: Readonly<Record<string,
         process.stdout.write(await proxyUsage());
         return EXIT_OK;
       }
-      return proxy(args, argv, env);
+      return proxy(begun.startup ?? startupOffThread({ env, args, allArgs: argv }));
     case 'version':
       if (args.some(isHelp)) {
         process.stdout.write('usage: ztunnel-node version\n');
@@ -80,17 +86,17 @@ export async function main(argv: readonly string[], env: Readonly<Record<string,
   }
 }
 
-async function proxy(args: readonly string[], allArgs: readonly string[], env: Readonly<Record<string, string | undefined>>): Promise<number> {
-  let config;
+/** `startup`: the config parsed in a worker thread, and the first local config load (config/off-thread.ts). */
+async function proxy(startup: Promise<Startup>): Promise<number> {
+  let config, firstLocalLoad;
   try {
-    // In a worker thread: the schema loads there and ends with it (config/off-thread.ts).
-    config = await loadConfigOffThread({ env, args, allArgs });
+    ({ config, firstLocalLoad } = await startup);
   } catch (err) {
     return reportStartupError(err);
   }
   const logs = createLogs({ filter: config.logFilter, format: config.logFormat });
   try {
-    const handle = await runProxy(config, logs);
+    const handle = await runProxy(config, logs, { firstLocalLoad });
     // The proxy's own handlers go once it has shut down; a signal that arrives while the process exits must not
     // end it by the signal (its exit status is the drain's).
     const exiting = (): void => undefined;
@@ -128,8 +134,8 @@ function version(): number {
 }
 
 // Run when executed (bin/ztunnel-node.js imports this module), not when imported by tests.
-export async function run(): Promise<void> {
-  const code = await main(process.argv.slice(2), process.env);
+export async function run(begun: Begun = {}): Promise<void> {
+  const code = await main(process.argv.slice(2), process.env, begun);
   // Exit explicitly: a native runtime or a stray handle must not keep a finished command alive.
   process.exit(code);
 }

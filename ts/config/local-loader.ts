@@ -21,7 +21,7 @@ import { Worker } from 'node:worker_threads';
 import { LocalConfigError } from '../errors.js';
 import { localDiscard } from '../native/index.js';
 import type { PolicyChange } from '../state/store.js';
-import type { FromWorker, LoadedCounts, LocalWorkerData } from './local-worker.js';
+import type { FromWorker, LoadedCounts, LocalWorkerData } from './local-prepare.js';
 
 export interface LocalLoad {
   /** The file path, or "LOCAL_XDS" for inline YAML. */
@@ -44,7 +44,8 @@ export function parseJson(bytes: Uint8Array): unknown {
 }
 
 interface InFlight {
-  worker: Worker;
+  /** null: the first load, answered before the loader was opened (`open`'s `first`). */
+  worker: Worker | null;
   resolve(load: LocalLoad): void;
   reject(err: Error): void;
   settled: boolean;
@@ -62,37 +63,54 @@ export class LocalConfigLoader {
   /** The ticket of the last load, until it is committed or discarded. */
   private ticket: number | null = null;
 
-  /** A loader; null when neither LOCAL_XDS nor LOCAL_XDS_PATH is set. */
-  static open(cfg: { localXdsPath: string | null; localXds: string | null }): LocalConfigLoader | null {
-    if (cfg.localXds === null && cfg.localXdsPath === null) return null;
-    return new LocalConfigLoader(cfg.localXdsPath, cfg.localXds);
+  /**
+   * A loader; null when neither LOCAL_XDS nor LOCAL_XDS_PATH is set. `first`: the answer of the first load, already
+   * made (by the config worker, config/off-thread.ts, from the same settings: not a reload, no committed policies);
+   * the first `load()` takes it instead of starting a worker.
+   */
+  static open(cfg: { localXdsPath: string | null; localXds: string | null }, first: FromWorker | null = null): LocalConfigLoader | null {
+    if (cfg.localXds === null && cfg.localXdsPath === null) {
+      // Nothing will take it: the dataplane would hold its document.
+      if (first?.op === 'loaded') localDiscard(first.ticket);
+      return null;
+    }
+    return new LocalConfigLoader(cfg.localXdsPath, cfg.localXds, first);
   }
 
   private constructor(
     private readonly localXdsPath: string | null,
     private readonly localXds: string | null,
+    private first: FromWorker | null,
   ) {}
 
   /**
-   * Reads and validates the document in a worker thread; resolves the change to apply, or rejects. Every load after the first is a reload: an empty file is then refused (a truncated write), not applied
-   * as "no workloads".
+   * Reads and validates the document in a worker thread; resolves the change to apply, or rejects. Every load after
+   * the first is a reload: an empty file is then refused (a truncated write), not applied as "no workloads".
    */
   load(): Promise<LocalLoad> {
-    const next = this.queue.then(
-      () =>
-        new Promise<LocalLoad>((resolve, reject) => {
-        if (this.closed) return reject(new Error('the local config loader is closed'));
-        const data: LocalWorkerData = { localXdsPath: this.localXdsPath, localXds: this.localXds, reload: this.loads++ > 0, base: this.committed };
-        const worker = new Worker(new URL('./local-worker.js', import.meta.url), { workerData: data });
-        const load: InFlight = { worker, resolve, reject, settled: false };
-        this.inFlight = load;
-        worker.on('message', (m: FromWorker) => this.onMessage(load, m));
-        worker.on('error', (err: Error) => this.end(load, new Error(`the local config worker failed: ${err.message}`, { cause: err })));
-        worker.on('exit', (code) => this.end(load, new Error(`the local config worker exited (code ${code})`)));
-        }),
-    );
+    const next = this.queue.then(() => new Promise<LocalLoad>((resolve, reject) => this.begin(resolve, reject)));
     this.queue = next.catch(() => undefined);
     return next;
+  }
+
+  /** Starts one load: the first one's answer if it was made already, else a worker's. */
+  private begin(resolve: (load: LocalLoad) => void, reject: (err: Error) => void): void {
+    if (this.closed) return reject(new Error('the local config loader is closed'));
+    const first = this.first;
+    if (first !== null) {
+      this.first = null;
+      this.loads++;
+      const load: InFlight = { worker: null, resolve, reject, settled: false };
+      this.inFlight = load;
+      return this.onMessage(load, first);
+    }
+    const data: LocalWorkerData = { localXdsPath: this.localXdsPath, localXds: this.localXds, reload: this.loads++ > 0, base: this.committed };
+    const worker = new Worker(new URL('./local-worker.js', import.meta.url), { workerData: data });
+    const load: InFlight = { worker, resolve, reject, settled: false };
+    this.inFlight = load;
+    worker.on('message', (m: FromWorker) => this.onMessage(load, m));
+    worker.on('error', (err: Error) => this.end(load, new Error(`the local config worker failed: ${err.message}`, { cause: err })));
+    worker.on('exit', (code) => this.end(load, new Error(`the local config worker exited (code ${code})`)));
   }
 
   /** The keys ("namespace/name") of the last committed document's policies: config_dump's `staticConfig`. */
@@ -119,10 +137,12 @@ export class LocalConfigLoader {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    if (this.first?.op === 'loaded') localDiscard(this.first.ticket);
+    this.first = null;
     const load = this.inFlight;
     if (load !== null && !load.settled) {
       this.end(load, new Error('the local config loader is closed'));
-      await load.worker.terminate();
+      await load.worker?.terminate();
     }
   }
 

@@ -1,26 +1,48 @@
 // The daemon's configuration parsed in a worker thread (config-worker.ts), with exactly `loadConfig`'s answers: the
-// same frozen Config, the same ConfigError messages.
+// same frozen Config, the same ConfigError messages; and, asked for, the first local config load made there too.
 //
 // Why a worker: the schema is zod (with its locales) and the config's field schemas, about 4 MiB of JavaScript heap
 // and 5-6 MiB of the process's anonymous memory once loaded. A module never unloads, and the daemon reads its
 // configuration once, at start; in a worker that ends, the memory goes with the worker's heap. Measured in an idle
-// daemon (bench/idle-rss.mjs): see bench/results/README.md ("The daemon's private memory").
+// daemon (bench/idle-rss.mjs): see bench/results/README.md ("Issue 31: the daemon's private memory").
 //
 // Nothing on this side imports the schema: this module's imports are the error types and the Config's freezing.
 import { Worker } from 'node:worker_threads';
 import { ConfigError } from '../errors.js';
 import { deepFreeze, type Config } from './config.js';
 import type { ConfigWorkerData, FromConfigWorker } from './config-worker.js';
+import type { FromWorker } from './local-prepare.js';
 
-/** `loadConfig` of env and flags, run in a worker thread. Rejects with a ConfigError as `loadConfig` throws it. */
-export function loadConfigOffThread(input: {
+export interface ConfigInput {
   env: Readonly<Record<string, string | undefined>>;
   args?: readonly string[];
   allArgs?: readonly string[];
-}): Promise<Config> {
+}
+
+/** A parsed config, and the first local config load's answer (for `LocalConfigLoader.open`), if asked for. */
+export interface Startup {
+  config: Config;
+  firstLocalLoad: FromWorker | null;
+}
+
+/** `loadConfig` of env and flags, run in a worker thread. Rejects with a ConfigError as `loadConfig` throws it. */
+export async function loadConfigOffThread(input: ConfigInput): Promise<Config> {
+  return (await parseOffThread(input, false)).config;
+}
+
+/**
+ * The daemon's start: its config parsed, and the first load of the local config it names made, in one worker
+ * thread (the schema loads once). Rejects as `loadConfigOffThread`; a refused local config is not a rejection here
+ * but the first load's answer (the daemon reports it as it reports a refused load).
+ */
+export function startupOffThread(input: ConfigInput): Promise<Startup> {
+  return parseOffThread(input, true);
+}
+
+function parseOffThread(input: ConfigInput, firstLocalLoad: boolean): Promise<Startup> {
   const args = [...(input.args ?? [])];
-  const data: ConfigWorkerData = { env: { ...input.env }, args, allArgs: [...(input.allArgs ?? args)] };
-  return new Promise<Config>((resolve, reject) => {
+  const data: ConfigWorkerData = { env: { ...input.env }, args, allArgs: [...(input.allArgs ?? args)], firstLocalLoad };
+  return new Promise<Startup>((resolve, reject) => {
     let answer: FromConfigWorker | null = null;
     const worker = new Worker(new URL('./config-worker.js', import.meta.url), { workerData: data });
     worker.once('message', (m: FromConfigWorker) => {
@@ -30,7 +52,7 @@ export function loadConfigOffThread(input: {
     // Settled once the worker has ended, so that its memory is being given back when the daemon goes on.
     worker.once('exit', (code) => {
       if (answer === null) return reject(new Error(`the config worker ended (exit code ${code}) without an answer`));
-      if (answer.op === 'loaded') return resolve(deepFreeze(answer.config));
+      if (answer.op === 'loaded') return resolve({ config: deepFreeze(answer.config), firstLocalLoad: answer.local });
       reject(answer.op === 'invalid' ? new ConfigError(answer.message) : new Error(answer.message));
     });
   });

@@ -6,6 +6,7 @@
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.js';
 import { LocalConfigLoader, type LocalLoad } from '../config/local-loader.js';
+import type { FromWorker } from '../config/local-prepare.js';
 import { watchLocalConfig, type LocalConfigWatch } from '../config/watch.js';
 import { LocalConfigError } from '../errors.js';
 import { collectAfterBatch } from '../heap.js';
@@ -29,10 +30,12 @@ export class LocalSource implements Component {
     private readonly log: Logger,
     private readonly mesh: Mesh,
     private readonly signal: AbortSignal,
+    /** The first load's answer if it was made with the config's parse; taken by the loader's first load. */
+    private readonly firstLoad: FromWorker | null = null,
   ) {}
 
   start(): void {
-    const loader = LocalConfigLoader.open(this.config);
+    const loader = LocalConfigLoader.open(this.config, this.firstLoad);
     if (loader === null) return;
     this.loader = loader;
     this.first = loader.load();

@@ -20,6 +20,7 @@
 // Shutdown (exit.ts): SIGTERM, SIGINT or POST /quitquitquit start a graceful drain (a second SIGINT exits at once).
 import type { Config } from '../config/index.js';
 import { configForDump } from '../config/dump.js';
+import type { FromWorker } from '../config/local-prepare.js';
 import { nativeTlsProblem } from '../config/tls.js';
 import { LocalCertificateAuthority, type CertificateAuthority } from '../ca/authority.js';
 import { ConfigError } from '../errors.js';
@@ -72,6 +73,8 @@ export interface ProxyOptions {
    * (runProxy resolves after that, or rejects for a bad file). Lets a caller watch a long startup.
    */
   onListening?(addresses: ProxyHandle['addresses']): void;
+  /** The first local config load's answer, made with the config's parse (config/off-thread.ts `startupOffThread`). */
+  firstLocalLoad?: FromWorker | null;
 }
 
 export interface ProxyHandle {
@@ -175,7 +178,7 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
     },
   });
   const mesh = new Mesh({ store, plane: () => dataplane.running(), reconcile: (w) => certificates.localWorkloads?.reconcile(w), log });
-  const local = new LocalSource(config, log, mesh, drain.signal);
+  const local = new LocalSource(config, log, mesh, drain.signal, options.firstLocalLoad ?? null);
   const xds = new XdsSource({ config, logs, token, mesh, metrics: xdsMetrics, onSynced: () => synced() });
   const capture = new CaptureComponent(config, () => dataplane.running(), readiness, log, (id) => certificates.ensure(id));
   /**
