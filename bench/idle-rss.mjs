@@ -17,6 +17,9 @@
 //   --no-bare       skip the bare Node
 //   --smaps         print each run's largest mappings too
 //   --json FILE     write every run's readings
+//   --workloads N   the daemon loads a local config of N workloads, N/10 services and N/100 policies instead of
+//                   examples/localhost.yaml (test/helpers/large-config.js, as bench/xds-scale.mjs's local file): the
+//                   state's footprint at rest (issue 31's 20k figure), read the same way
 //
 // Each run reads, in this order (the scrape allocates, so it comes last): /proc/PID/status (VmRSS, RssAnon, RssFile),
 // /proc/PID/smaps grouped by what is mapped (Node's binary, the native module, other files, the malloc heap, anonymous
@@ -29,6 +32,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { DAEMON_NODE_FLAGS } from './daemon-flags.mjs';
+import { writeLargeConfig } from '../test/helpers/large-config.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repo = join(here, '..');
@@ -45,6 +49,7 @@ const { values: opts } = parseArgs({
     'no-bare': { type: 'boolean', default: false },
     smaps: { type: 'boolean', default: false },
     json: { type: 'string' },
+    workloads: { type: 'string' },
   },
 });
 const nodes = (opts.node ?? [process.execPath]).map((p) => realpathSync(p));
@@ -54,6 +59,8 @@ const rounds = Number(opts.rounds);
 const settleMs = Number(opts.settle) * 1000;
 
 const tmp = mkdtempSync(join(tmpdir(), 'ztn-idle-rss-'));
+const localConfig = opts.workloads === undefined ? join(repo, 'examples', 'localhost.yaml') : join(tmp, 'workloads.yaml');
+if (opts.workloads !== undefined) writeLargeConfig(localConfig, { workloads: Number(opts.workloads) });
 const children = new Set();
 const cleanup = () => {
   for (const c of children) c.kill('SIGKILL');
@@ -155,7 +162,7 @@ async function measure(node, root, flags) {
     Object.assign(env, {
       PROXY_MODE: 'local',
       NODE_NAME: 'local',
-      LOCAL_XDS_PATH: join(repo, 'examples', 'localhost.yaml'),
+      LOCAL_XDS_PATH: localConfig,
       LOCAL_CA_DIR: join(tmp, 'ca'),
       // Its own: the daemons of other Node lines must not take this one over.
       HANDOVER_SOCKET: join(tmp, 'handover.sock'),
@@ -252,10 +259,11 @@ const cols = [
   ['anon maps', 10],
   ['JS heap', 8],
   ['JS used', 8],
+  ['ready ms', 9],
   ['runs', 20],
 ];
 const line = (vals) => vals.map((v, i) => (i === 0 ? String(v).padEnd(cols[i][1]) : String(v).padStart(cols[i][1]))).join(' ');
-console.log(`\nidle RSS, MiB (median of ${rounds}; ${settleMs / 1000} s after ready; flags ${DAEMON_NODE_FLAGS.join(' ')})`);
+console.log(`\nidle RSS, MiB (median of ${rounds}; ${settleMs / 1000} s after ready; ${opts.workloads === undefined ? 'examples/localhost.yaml' : `${opts.workloads} workloads`}; flags ${DAEMON_NODE_FLAGS.join(' ')})`);
 console.log(line(cols.map((c) => c[0])));
 for (const s of summary) {
   console.log(
@@ -272,6 +280,7 @@ for (const s of summary) {
       s.smapsMiB.anonymous,
       Number.isFinite(s.jsHeapCommittedMiB) ? s.jsHeapCommittedMiB : '-',
       Number.isFinite(s.jsHeapUsedMiB) ? s.jsHeapUsedMiB : '-',
+      s.readyMs,
       s.rssMiBAll.join('/'),
     ]),
   );

@@ -82,7 +82,7 @@ function derive(result) {
   return s;
 }
 
-/** Issue 14's targets for one Node line: [id, text, the value's source, unit, met?]. */
+/** Issues 14's and 31's targets for one Node line: [id, text, the value's source, unit, met?]. */
 const TARGETS = [
   ['p99-added', 'p99 latency added at 1,000 rps ≤ 0.8 × Envoy\'s', (r) => r.added_rate_p99_us?.vsEnvoy, '×', (v) => v <= 0.8],
   ['connections', 'new connections/s through a warm tunnel ≥ 1.5 × Envoy\'s', (r) => r.cps?.vsEnvoy, '×', (v) => v >= 1.5],
@@ -91,6 +91,10 @@ const TARGETS = [
   ['throughput-vs-direct', 'single-stream throughput ≥ 0.35 × direct', (r) => r.tput1_gbps?.vsDirect, '×', (v) => v >= 0.35],
   ['idle-memory', 'memory per 1,000 idle tunneled connections ≤ 4 MiB (both daemons together)', (r, med) => med('rss_per_1000_idle_mib'), ' MiB', (v) => v <= 4],
   ['idle-daemon', 'one idle daemon ≤ 50 MiB RSS', (r, med, idle) => idle?.rssMiB, ' MiB', (v) => v <= 50],
+  // Issue 31's (its p99 and throughput targets are issue 14's above; run them with --neighbours 1 too).
+  ['connections-31', 'new connections/s through a warm tunnel ≥ 1.3 × Envoy\'s (issue 31)', (r) => r.cps?.vsEnvoy, '×', (v) => v >= 1.3],
+  ['idle-daemon-rss-31', 'one idle daemon ≤ 30 MiB RSS (issue 31)', (r, med, idle) => idle?.rssMiB, ' MiB', (v) => v <= 30],
+  ['idle-daemon-anon-31', 'one idle daemon ≤ 12 MiB anonymous (issue 31)', (r, med, idle) => idle?.rssAnonMiB, ' MiB', (v) => v <= 12],
 ];
 export const TARGET_IDS = TARGETS.map((t) => t[0]);
 
@@ -178,7 +182,7 @@ function table(result, group) {
 export function renderMarkdown(result) {
   const v = result.versions;
   const lines = [];
-  lines.push(`# ztunnel-node benchmark: ${result.name} (${result.profile} profile)`, '');
+  lines.push(`# ztunnel-node benchmark: ${result.name} (${result.profile} profile${result.config?.neighbours ? `, ${result.config.neighbours} CPU-bound neighbour process(es) during the rounds` : ''})`, '');
   lines.push(`${result.when}, ${result.durationSeconds.toFixed(0)} s. Machine: ${result.machine.cores} × ${result.machine.cpu}, ` +
     `${result.machine.memoryGiB} GiB, ${result.machine.os ?? 'Linux'} (kernel ${result.machine.kernel}); load average at start ` +
     `${result.machine.loadavgAtStart.map((x) => x.toFixed(2)).join(' ')}.`, '');
@@ -215,7 +219,7 @@ export function renderMarkdown(result) {
     }
   }
   const targetLines = [...new Set(result.targets.map((t) => t.line))];
-  lines.push('', '## Targets (issue 14)', '', 'Ratios of each Node line\'s ztunnel-node (loopback) against Envoy and direct from the same interleaved rounds.', '');
+  lines.push('', '## Targets (issues 14 and 31)', '', 'Ratios of each Node line\'s ztunnel-node (loopback) against Envoy and direct from the same interleaved rounds.', '');
   lines.push(`| target | ${targetLines.map((l) => `Node ${l} | met`).join(' | ')} |`, `|---|${targetLines.map(() => '---|---').join('|')}|`);
   for (const [id, text, , unit] of TARGETS) {
     const cells = targetLines.map((l) => {

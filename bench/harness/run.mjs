@@ -13,8 +13,10 @@
 //
 //   node bench/harness/run.mjs [--profile quick|full|smoke] [--name NAME] [--out DIR] [--block N] [--rounds N]
 //                              [--only direct,ztunnel-node,ztunnel-node@24,...] [--netns] [--no-install]
-//                              [--node-lines 20,24]
+//                              [--node-lines 20,24] [--neighbours N]
 //
+// --neighbours N: N CPU-bound processes (a Node busy loop each, normal priority) run beside the rounds (throughput,
+// latency, connections/s; not the memory readings or the tunnels), as on a busy node: the tail under load (issue 31).
 // --node-lines: the Node major versions the daemons run on (default: 20,24 for quick and full; the running Node
 // alone for smoke, so `npm test` needs no download). The running Node's line is process.execPath; another comes
 // from npm (node-linux-<arch>@<major>, into bench/.cache/node/), unless --no-install.
@@ -78,6 +80,7 @@ function parseArgs(argv) {
     install: !argv.includes('--no-install'),
     rounds: get('--rounds') ? Number(get('--rounds')) : undefined,
     nodeLines: get('--node-lines') ? parseNodeLines(get('--node-lines')) : undefined,
+    neighbours: Number(get('--neighbours') ?? 0),
   };
 }
 
@@ -111,6 +114,22 @@ function versions(envoy) {
     envoy: envoy.version ?? null,
     envoyServerPip: envoy.pipVersion ?? null,
   };
+}
+
+/** `n` CPU-bound processes (a busy loop each), for the rounds under load; ended by `stopNeighbours`. */
+function startNeighbours(n) {
+  const children = Array.from({ length: n }, () => spawn(process.execPath, ['-e', 'for (;;);'], { stdio: 'ignore' }));
+  // A run that fails or is interrupted must not leave them spinning.
+  process.once('exit', () => children.forEach((c) => c.kill('SIGKILL')));
+  return children;
+}
+
+async function stopNeighbours(children) {
+  await Promise.all(children.map((c) => new Promise((r) => {
+    if (c.exitCode !== null || c.signalCode !== null) return r();
+    c.once('exit', r);
+    c.kill('SIGKILL');
+  })));
 }
 
 export async function runBench(opts) {
@@ -191,6 +210,8 @@ export async function runBench(opts) {
     const samples = {};
     const add = (metric, topo, v) => ((samples[metric] ??= {})[topo] ??= []).push(v);
     const handshakesBefore = await env.envoyHandshakes();
+    const neighbours = startNeighbours(opts.neighbours ?? 0);
+    if (neighbours.length) log(`${neighbours.length} CPU-bound neighbour(s) running`);
     for (let round = 0; round < p.rounds; round++) {
       // Rotate the order each round: no topology always runs first (or right after the same neighbour).
       const order = topos.map((_, i) => topos[(i + round) % topos.length]);
@@ -224,6 +245,7 @@ export async function runBench(opts) {
       }
       log(`round ${round + 1}/${p.rounds} done (${((Date.now() - started) / 1000).toFixed(0)}s)`);
     }
+    await stopNeighbours(neighbours);
     const handshakesAfter = await env.envoyHandshakes();
     // What the namespace topologies' proxies saw arrive (tunneled connections, handshakes): proof of capture.
     const proof = {};
@@ -274,6 +296,7 @@ export async function runBench(opts) {
         workers,
         envoyConcurrency: envoy.unavailable ? null : workers,
         params: p,
+        neighbours: opts.neighbours ?? 0,
         notes: [
           'Envoy\'s client side (envoy) is entered through a plain TCP listener per target (no SOCKS5 handshake): a slightly cheaper entry than ztunnel-node\'s SOCKS5 listener. envoy-captured (root) has the original-destination listener Istio configured instead.',
           'ztunnel-node-tcp has one proxy on the path (node-a); its CPU and RSS figures are node-a\'s alone.',

@@ -107,6 +107,7 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
   }
   assert.deepEqual(json.targets.map((tg) => [tg.id, tg.line]), TARGET_IDS.map((id) => [id, RUNNING_LINE]));
   assert.equal(json.targets.find((tg) => tg.id === 'idle-daemon').value, idle.rssMiB);
+  assert.equal(json.targets.find((tg) => tg.id === 'idle-daemon-anon-31').value, idle.rssAnonMiB);
   for (const tg of json.targets) {
     assert.equal(typeof tg.text, 'string');
     // A ratio may be null in a run this small (10 ms CPU ticks can read 0 for a 4 MiB transfer), never missing.
