@@ -10,4 +10,7 @@
 // a 100k-workload load. Its cost, measured at 100k (bench/xds-scale.mjs, Node 20): first push and local file ready
 // in the same time (noise), one update applied in 0.08 ms instead of 0.06 at p50 and its round trip through istiod in
 // 0.87 ms instead of 0.55-0.65: JavaScript is on no connection's path, only on the control plane's.
+// Their cost: any V8 flag makes V8 refuse Node's embedded code cache of its builtins (the cache carries the flags'
+// hash), so every builtin compiles at start and keeps a fresh cache: about 1 MiB of malloc'd memory and 60-110 ms of
+// start idle, 150-240 ms at 100k; against 5-9 MiB less RSS at 100k (bench/results/README.md, issue 31).
 export const DAEMON_NODE_FLAGS = ['--max-semi-space-size=1', '--max-opt=2', ...(process.env.DAEMON_NODE_ARGS?.split(' ').filter(Boolean) ?? [])];
