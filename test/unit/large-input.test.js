@@ -8,7 +8,7 @@ import { fakeDataplane as baseDataplane } from '../helpers/fake-dataplane.js';
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadConfig } from '../../dist/config/index.js';
@@ -177,10 +177,13 @@ test('the first load made with the config\'s parse (one worker for both) is the 
   const path = join(dir, 'startup.yaml');
   writeFileSync(path, largeConfigYaml({ workloads: 12 }));
   const env = { PROXY_MODE: 'local', NODE_NAME: 'node-none', LOCAL_XDS_PATH: path, LOCAL_CA_DIR: join(dir, 'ca') };
-  const { config, firstLocalLoad } = await startupOffThread({ env });
+  const { config, firstLocalLoad: first } = await startupOffThread({ env });
   assert.equal(config.localXdsPath, path);
+  const firstLocalLoad = first.answer;
   assert.equal(firstLocalLoad.op, 'loaded', JSON.stringify(firstLocalLoad));
   assert.deepEqual(firstLocalLoad.counts, { workloads: 12, services: 1, policies: 1 });
+  const st = statSync(path);
+  assert.deepEqual(first.file, { mtimeMs: st.mtimeMs, size: st.size, ino: st.ino }, 'the file as read: the watch starts from it');
   const loader = LocalConfigLoader.open(config, firstLocalLoad);
   const dp = openNativeDataplane({ nodeName: 'node-none' });
   try {
@@ -205,8 +208,8 @@ test('the first load made with the config\'s parse (one worker for both) is the 
   // Refused at the first load: the first load's answer is the refusal, with the file, path and problem.
   writeFileSync(path, largeConfigYaml({ workloads: 12, badAt: 3 }));
   const refused = await startupOffThread({ env });
-  assert.equal(refused.firstLocalLoad.op, 'invalid');
-  const again = LocalConfigLoader.open(refused.config, refused.firstLocalLoad);
+  assert.equal(refused.firstLocalLoad.answer.op, 'invalid');
+  const again = LocalConfigLoader.open(refused.config, refused.firstLocalLoad.answer);
   await assert.rejects(again.load(), (err) => err instanceof LocalConfigError && err.message === `${path}: workloads[3].workloadIps[0]: "10.0.0.300" is not an IP address`);
   await again.close();
 

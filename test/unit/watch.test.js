@@ -112,3 +112,50 @@ test('a truncate-then-write is read once, whole; reloads do not overlap; a faili
   await polls(SETTLE_POLLS + 1);
   assert.equal(seen.length, 5, 'nothing is read after stop()');
 });
+
+test('a watch started from the state of an earlier read reloads a change made between that read and the watch', async (t) => {
+  t.mock.timers.enable({ apis: ['setTimeout', 'setInterval'] });
+  const dir = mkdtempSync(join(tmpdir(), 'ztn-watch-since-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const path = join(dir, 'local.yaml');
+  writeFileSync(path, doc('a'));
+  utimesSync(path, ONE_TIME, ONE_TIME);
+  // The daemon's first load read this state (config/off-thread.ts), then the file changed before the watch began.
+  const read = await stat(path);
+  const since = { mtimeMs: read.mtimeMs, size: read.size, ino: read.ino };
+  writeFileSync(path, doc('bb'));
+  utimesSync(path, ONE_TIME + 1, ONE_TIME + 1);
+
+  const inFlight = new Set();
+  const trackedStat = (p) => {
+    const s = stat(p);
+    inFlight.add(s);
+    void s.catch(() => {}).finally(() => inFlight.delete(s));
+    return s;
+  };
+  const polls = async (n) => {
+    for (let i = 0; i < n; i++) {
+      t.mock.timers.tick(LOCAL_CONFIG_POLL_MS);
+      while (inFlight.size > 0) await Promise.allSettled(inFlight);
+      await new Promise((r) => setImmediate(r));
+    }
+  };
+  const seen = [];
+  const start = (opts) => watchLocalConfig(path, async () => void seen.push(readFileSync(path, 'utf8')), (e) => assert.fail(String(e)), { stat: trackedStat, ...opts });
+
+  // Without `since` the starting state is the changed file: the change is lost (what `since` is for).
+  const plain = start({});
+  await plain.ready;
+  await polls(SETTLE_POLLS + 2);
+  plain.stop();
+  assert.deepEqual(seen, [], 'a watch from its own start sees no change');
+
+  const w = start({ since });
+  t.after(() => w.stop());
+  await w.ready;
+  await polls(SETTLE_POLLS + 2);
+  assert.deepEqual(seen, [doc('bb')], 'the change since the read is reloaded, once');
+  await polls(SETTLE_POLLS + 2);
+  assert.deepEqual(seen, [doc('bb')], 'and only once');
+});
+

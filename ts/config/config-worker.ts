@@ -11,6 +11,7 @@ import { ConfigError } from '../errors.js';
 import type { Config } from './config.js';
 import { loadConfig } from './index.js';
 import type { FromWorker } from './local-prepare.js';
+import { fileState, type FileState } from './watch.js';
 
 /** What the worker is started with: `loadConfig`'s input, less what cannot cross a thread (the file callbacks). */
 export interface ConfigWorkerData {
@@ -22,8 +23,11 @@ export interface ConfigWorkerData {
 }
 
 export type FromConfigWorker =
-  /** `local`: the first local config load's answer (null: none asked for, or no local config). */
-  | { op: 'loaded'; config: Config; local: FromWorker | null }
+  /**
+   * `local`: the first local config load's answer (null: none asked for, or no local config); `localFile`: the
+   * file's state taken before it was read (the watch's starting state; null for inline LOCAL_XDS).
+   */
+  | { op: 'loaded'; config: Config; local: FromWorker | null; localFile: FileState | null }
   /** A ConfigError: the message names every bad variable or flag. */
   | { op: 'invalid'; message: string }
   | { op: 'failed'; message: string };
@@ -38,12 +42,14 @@ export async function parseConfigMessage(data: ConfigWorkerData): Promise<{ mess
     return { message: { op: 'failed', message: err instanceof Error ? err.message : String(err) }, transfer: [] };
   }
   if (!data.firstLocalLoad || (config.localXdsPath === null && config.localXds === null)) {
-    return { message: { op: 'loaded', config, local: null }, transfer: [] };
+    return { message: { op: 'loaded', config, local: null, localFile: null }, transfer: [] };
   }
+  // Before the read: a change made after it then differs from this state, and the daemon's watch reloads it.
+  const localFile = config.localXdsPath === null ? null : await fileState(config.localXdsPath);
   // As local-loader.ts starts a daemon's first load: not a reload, no committed policies to diff against.
   const { prepareLoad } = await import('./local-prepare.js');
   const local = await prepareLoad({ localXdsPath: config.localXdsPath, localXds: config.localXds, reload: false, base: [] });
-  return { message: { op: 'loaded', config, local: local.message }, transfer: local.transfer };
+  return { message: { op: 'loaded', config, local: local.message, localFile }, transfer: local.transfer };
 }
 
 if (parentPort !== null) {

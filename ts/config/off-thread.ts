@@ -12,6 +12,7 @@ import { ConfigError } from '../errors.js';
 import { deepFreeze, type Config } from './config.js';
 import type { ConfigWorkerData, FromConfigWorker } from './config-worker.js';
 import type { FromWorker } from './local-prepare.js';
+import type { FileState } from './watch.js';
 
 export interface ConfigInput {
   env: Readonly<Record<string, string | undefined>>;
@@ -19,10 +20,18 @@ export interface ConfigInput {
   allArgs?: readonly string[];
 }
 
-/** A parsed config, and the first local config load's answer (for `LocalConfigLoader.open`), if asked for. */
+/** The daemon's first local config load, made with its config's parse. */
+export interface FirstLocalLoad {
+  /** The load's answer (for `LocalConfigLoader.open`). */
+  answer: FromWorker;
+  /** The file's state before it was read (the reload watch's starting state); null for inline LOCAL_XDS. */
+  file: FileState | null;
+}
+
+/** A parsed config, and the first local config load, if asked for and there is a local config. */
 export interface Startup {
   config: Config;
-  firstLocalLoad: FromWorker | null;
+  firstLocalLoad: FirstLocalLoad | null;
 }
 
 /** `loadConfig` of env and flags, run in a worker thread. Rejects with a ConfigError as `loadConfig` throws it. */
@@ -52,7 +61,10 @@ function parseOffThread(input: ConfigInput, firstLocalLoad: boolean): Promise<St
     // Settled once the worker has ended, so that its memory is being given back when the daemon goes on.
     worker.once('exit', (code) => {
       if (answer === null) return reject(new Error(`the config worker ended (exit code ${code}) without an answer`));
-      if (answer.op === 'loaded') return resolve({ config: deepFreeze(answer.config), firstLocalLoad: answer.local });
+      if (answer.op === 'loaded') {
+        const first = answer.local === null ? null : { answer: answer.local, file: answer.localFile };
+        return resolve({ config: deepFreeze(answer.config), firstLocalLoad: first });
+      }
       reject(answer.op === 'invalid' ? new ConfigError(answer.message) : new Error(answer.message));
     });
   });

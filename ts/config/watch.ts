@@ -27,6 +27,11 @@ export interface FileState {
 /** An absent or unreadable file, as fs.watchFile reports it: its appearing is a change, its staying away is not. */
 const ABSENT: FileState = { mtimeMs: 0, size: 0, ino: 0 };
 
+/** The file's state as a poll takes it (ABSENT when it cannot be read). */
+export function fileState(path: string, stat: (path: string) => Promise<FileState> = statFile): Promise<FileState> {
+  return stat(path).then(({ mtimeMs, size, ino }) => ({ mtimeMs, size, ino }), () => ABSENT);
+}
+
 export interface LocalConfigWatch {
   /** Settles once the file's starting state is taken: a change made after that is reloaded. */
   readonly ready: Promise<void>;
@@ -36,6 +41,12 @@ export interface LocalConfigWatch {
 export interface LocalConfigWatchOptions {
   /** fs.promises.stat unless given: a test passes one that lets it know when each poll's stat has completed. */
   stat?: (path: string) => Promise<FileState>;
+  /**
+   * The file's state when the loaded document was read, if that was before the watch (the daemon's first load is
+   * made at its start, config/off-thread.ts): the starting state then, so a change made in between is reloaded.
+   * Absent: the state at the watch's start.
+   */
+  since?: FileState;
 }
 
 /** Calls `reload` each time the file at `path` has changed and settled; a rejection is passed to `onError`. */
@@ -43,13 +54,13 @@ export function watchLocalConfig(
   path: string,
   reload: () => Promise<void>,
   onError: (err: unknown) => void,
-  { stat = statFile }: LocalConfigWatchOptions = {},
+  { stat = statFile, since }: LocalConfigWatchOptions = {},
 ): LocalConfigWatch {
   let running: Promise<void> = Promise.resolve();
   let settle: NodeJS.Timeout | null = null;
   let stopped = false;
   let polling = false;
-  let last: FileState | null = null;
+  let last: FileState | null = since ?? null;
   const schedule = () => {
     settle = null;
     // Serialize reloads: a slow parse must not let an older file win over a newer one.
@@ -66,7 +77,7 @@ export function watchLocalConfig(
     // One stat at a time: the polls a slow stat overlaps are skipped, not stacked (libuv's fs poll waits likewise).
     if (polling) return;
     polling = true;
-    const curr = await stat(path).then(({ mtimeMs, size, ino }) => ({ mtimeMs, size, ino }), () => ABSENT);
+    const curr = await fileState(path, stat);
     polling = false;
     const prev = last;
     last = curr;

@@ -6,7 +6,7 @@
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.js';
 import { LocalConfigLoader, type LocalLoad } from '../config/local-loader.js';
-import type { FromWorker } from '../config/local-prepare.js';
+import type { FirstLocalLoad } from '../config/off-thread.js';
 import { watchLocalConfig, type LocalConfigWatch } from '../config/watch.js';
 import { LocalConfigError } from '../errors.js';
 import { collectAfterBatch } from '../heap.js';
@@ -30,12 +30,12 @@ export class LocalSource implements Component {
     private readonly log: Logger,
     private readonly mesh: Mesh,
     private readonly signal: AbortSignal,
-    /** The first load's answer if it was made with the config's parse; taken by the loader's first load. */
-    private readonly firstLoad: FromWorker | null = null,
+    /** The first load if it was made with the config's parse: the loader's first load, and the watch's start. */
+    private readonly firstLoad: FirstLocalLoad | null = null,
   ) {}
 
   start(): void {
-    const loader = LocalConfigLoader.open(this.config, this.firstLoad);
+    const loader = LocalConfigLoader.open(this.config, this.firstLoad?.answer ?? null);
     if (loader === null) return;
     this.loader = loader;
     this.first = loader.load();
@@ -46,6 +46,8 @@ export class LocalSource implements Component {
         path,
         () => this.reload(),
         (err) => this.log.error({ err: err instanceof Error ? err.message : String(err) }, 'local config reload failed'),
+        // A first load made at the process's start read the file before this watch: a change since is reloaded.
+        { since: this.firstLoad?.file ?? undefined },
       );
     }
   }

@@ -20,7 +20,7 @@
 // Shutdown (exit.ts): SIGTERM, SIGINT or POST /quitquitquit start a graceful drain (a second SIGINT exits at once).
 import type { Config } from '../config/index.js';
 import { configForDump } from '../config/dump.js';
-import type { FromWorker } from '../config/local-prepare.js';
+import type { FirstLocalLoad } from '../config/off-thread.js';
 import { nativeTlsProblem } from '../config/tls.js';
 import { LocalCertificateAuthority, type CertificateAuthority } from '../ca/authority.js';
 import { ConfigError } from '../errors.js';
@@ -73,8 +73,8 @@ export interface ProxyOptions {
    * (runProxy resolves after that, or rejects for a bad file). Lets a caller watch a long startup.
    */
   onListening?(addresses: ProxyHandle['addresses']): void;
-  /** The first local config load's answer, made with the config's parse (config/off-thread.ts `startupOffThread`). */
-  firstLocalLoad?: FromWorker | null;
+  /** The first local config load, made with the config's parse (config/off-thread.ts `startupOffThread`). */
+  firstLocalLoad?: FirstLocalLoad | null;
 }
 
 export interface ProxyHandle {
