@@ -18,14 +18,11 @@ const SETTLE_POLLS = Math.ceil(LOCAL_CONFIG_SETTLE_MS / LOCAL_CONFIG_POLL_MS);
 /** A whole second, so two files given it have the same mtime to the nanosecond. */
 const ONE_TIME = 1_700_000_000;
 
-test('a truncate-then-write is read once, whole; reloads do not overlap; a failing reload is reported', async (t) => {
-  t.mock.timers.enable({ apis: ['setTimeout', 'setInterval'] });
-  const dir = mkdtempSync(join(tmpdir(), 'ztn-watch-'));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const path = join(dir, 'local.yaml');
-  writeFileSync(path, doc('a'));
-
-  // The real stat, recorded: the sizes each poll saw, and the stats still in flight.
+/**
+ * The real stat, recorded (the sizes each poll saw, the stats still in flight), and `polls(n)`: `n` poll intervals on
+ * the mock timers, each followed by its stat and what the watcher does with it.
+ */
+function pollDriver(t) {
   const sizes = [];
   const inFlight = new Set();
   const recordedStat = (p) => {
@@ -34,7 +31,6 @@ test('a truncate-then-write is read once, whole; reloads do not overlap; a faili
     void s.catch(() => {}).finally(() => inFlight.delete(s));
     return s;
   };
-  /** `n` poll intervals, each followed by its stat and what the watcher does with it. */
   const polls = async (n) => {
     for (let i = 0; i < n; i++) {
       t.mock.timers.tick(LOCAL_CONFIG_POLL_MS);
@@ -42,6 +38,17 @@ test('a truncate-then-write is read once, whole; reloads do not overlap; a faili
       await new Promise((r) => setImmediate(r));
     }
   };
+  return { sizes, recordedStat, polls };
+}
+
+test('a truncate-then-write is read once, whole; reloads do not overlap; a failing reload is reported', async (t) => {
+  t.mock.timers.enable({ apis: ['setTimeout', 'setInterval'] });
+  const dir = mkdtempSync(join(tmpdir(), 'ztn-watch-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const path = join(dir, 'local.yaml');
+  writeFileSync(path, doc('a'));
+
+  const { sizes, recordedStat, polls } = pollDriver(t);
 
   const seen = [];
   const errors = [];
@@ -126,22 +133,9 @@ test('a watch started from the state of an earlier read reloads a change made be
   writeFileSync(path, doc('bb'));
   utimesSync(path, ONE_TIME + 1, ONE_TIME + 1);
 
-  const inFlight = new Set();
-  const trackedStat = (p) => {
-    const s = stat(p);
-    inFlight.add(s);
-    void s.catch(() => {}).finally(() => inFlight.delete(s));
-    return s;
-  };
-  const polls = async (n) => {
-    for (let i = 0; i < n; i++) {
-      t.mock.timers.tick(LOCAL_CONFIG_POLL_MS);
-      while (inFlight.size > 0) await Promise.allSettled(inFlight);
-      await new Promise((r) => setImmediate(r));
-    }
-  };
+  const { recordedStat, polls } = pollDriver(t);
   const seen = [];
-  const start = (opts) => watchLocalConfig(path, async () => void seen.push(readFileSync(path, 'utf8')), (e) => assert.fail(String(e)), { stat: trackedStat, ...opts });
+  const start = (opts) => watchLocalConfig(path, async () => void seen.push(readFileSync(path, 'utf8')), (e) => assert.fail(String(e)), { stat: recordedStat, ...opts });
 
   // Without `since` the starting state is the changed file: the change is lost (what `since` is for).
   const plain = start({});
