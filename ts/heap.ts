@@ -78,7 +78,9 @@ export function responseCollector(): (bytes: number) => void {
  * repeated while it frees more), then the free heap back to the kernel. Startup leaves the old space fragmented and,
  * on Node 22 and later, the V8 pages of the worker threads that ended (the config's and the local config's) pooled
  * for reuse: this collection gives both back, where the memory reducer only would after some tens of seconds. Node 20's
- * V8 takes it as an ordinary full collection. Measured in bench/results/README.md ("The daemon's private memory").
+ * V8 (11.3) reads any argument as its older `gc(true)`, a young-generation collection: there only the trim does
+ * much, which suits it (a full collection after start grew Node 20's committed heap, issue 14). Measured in
+ * bench/results/README.md ("Issue 31: the daemon's private memory").
  * Returns the time it took, ms.
  */
 export function settleHeap(): number {
