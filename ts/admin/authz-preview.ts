@@ -5,9 +5,9 @@
 // without applying them (native/dataplane/src/preview.rs). The admin server routes here after its method and CSRF
 // checks.
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { Worker } from 'node:worker_threads';
 import { LocalConfigError, ZtunnelError } from '../errors.js';
 import type { AuthzPreview, AuthzPreviewRequest } from '../native/types.js';
+import { workerAnswer } from '../worker-answer.js';
 import { notRunning, queryOf, readBody, reply } from './http.js';
 
 /** Candidate policies are a few KiB; a whole namespace's worth fits many times over. */
@@ -26,17 +26,12 @@ they would allow. Nothing is applied. A dry-run candidate is judged as if enforc
  * admin would not answer here, and the schema (zod, ~4 MiB of heap) would stay loaded on this thread for good once
  * used. Rejects with a LocalConfigError on bad input.
  */
-function previewRequestOffThread(body: string, query: URLSearchParams): Promise<AuthzPreviewRequest> {
-  return new Promise((resolve, reject) => {
-    const worker = new Worker(new URL('./preview-worker.js', import.meta.url), { workerData: { body, query: query.toString() } });
-    type Answer = { ok: true; request: AuthzPreviewRequest } | { ok: false; invalid: boolean; message: string };
-    worker.once('message', (m: Answer) => {
-      if (m.ok) resolve(m.request);
-      else reject(m.invalid ? new LocalConfigError(m.message) : new Error(m.message));
-    });
-    worker.once('error', reject);
-    worker.once('exit', (code) => reject(new Error(`the preview worker exited (${code}) without an answer`)));
-  });
+async function previewRequestOffThread(body: string, query: URLSearchParams): Promise<AuthzPreviewRequest> {
+  type Answer = { ok: true; request: AuthzPreviewRequest } | { ok: false; invalid: boolean; message: string };
+  const url = new URL('./preview-worker.js', import.meta.url);
+  const m = await workerAnswer<Answer>(url, { body, query: query.toString() }, 'preview');
+  if (m.ok) return m.request;
+  throw m.invalid ? new LocalConfigError(m.message) : new Error(m.message);
 }
 
 /**

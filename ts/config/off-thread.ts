@@ -7,12 +7,12 @@
 // daemon (bench/idle-rss.mjs): see bench/results/README.md ("Issue 31: the daemon's private memory").
 //
 // Nothing on this side imports the schema: this module's imports are the error types and the Config's freezing.
-import { Worker } from 'node:worker_threads';
 import { ConfigError } from '../errors.js';
 import { deepFreeze, type Config } from './config.js';
 import type { ConfigWorkerData, FromConfigWorker } from './config-worker.js';
 import type { FromWorker } from './local-prepare.js';
 import type { FileState } from './watch.js';
+import { workerAnswer } from '../worker-answer.js';
 
 export interface ConfigInput {
   env: Readonly<Record<string, string | undefined>>;
@@ -48,24 +48,12 @@ export function startupOffThread(input: ConfigInput): Promise<Startup> {
   return parseOffThread(input, true);
 }
 
-function parseOffThread(input: ConfigInput, firstLocalLoad: boolean): Promise<Startup> {
+async function parseOffThread(input: ConfigInput, firstLocalLoad: boolean): Promise<Startup> {
   const args = [...(input.args ?? [])];
   const data: ConfigWorkerData = { env: { ...input.env }, args, allArgs: [...(input.allArgs ?? args)], firstLocalLoad };
-  return new Promise<Startup>((resolve, reject) => {
-    let answer: FromConfigWorker | null = null;
-    const worker = new Worker(new URL('./config-worker.js', import.meta.url), { workerData: data });
-    worker.once('message', (m: FromConfigWorker) => {
-      answer = m;
-    });
-    worker.once('error', (err) => reject(err));
-    // Settled once the worker has ended, so that its memory is being given back when the daemon goes on.
-    worker.once('exit', (code) => {
-      if (answer === null) return reject(new Error(`the config worker ended (exit code ${code}) without an answer`));
-      if (answer.op === 'loaded') {
-        const first = answer.local === null ? null : { answer: answer.local, file: answer.localFile };
-        return resolve({ config: deepFreeze(answer.config), firstLocalLoad: first });
-      }
-      reject(answer.op === 'invalid' ? new ConfigError(answer.message) : new Error(answer.message));
-    });
-  });
+  const answer = await workerAnswer<FromConfigWorker>(new URL('./config-worker.js', import.meta.url), data, 'config');
+  if (answer.op === 'invalid') throw new ConfigError(answer.message);
+  if (answer.op === 'failed') throw new Error(answer.message);
+  const first = answer.local === null ? null : { answer: answer.local, file: answer.localFile };
+  return { config: deepFreeze(answer.config), firstLocalLoad: first };
 }
