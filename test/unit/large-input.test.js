@@ -1,7 +1,7 @@
 // Large inputs off the event loop: while a large local config file loads (at startup and on reload) and while a
 // large xDS response is applied, the daemon's readiness and metrics servers keep answering. runProxy runs in this
 // process against a fake dataplane, so a stalled event loop would stall the probes too: every probe must be
-// answered (not refused, not hung), each well within a generous bound. Also: the loader's diff and its messages,
+// answered (not refused, not hung), each well within a generous bound. Also: the loader's messages (the dataplane diffs each document),
 // a bad large file refused with its file/path/field while the last good config keeps serving, and the chunked xDS
 // path (one ACK after every chunk applied; removals and renames across chunks keep the one-batch meaning).
 import { fakeDataplane as baseDataplane } from '../helpers/fake-dataplane.js';
@@ -12,7 +12,7 @@ import { mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadConfig } from '../../dist/config/index.js';
-import { LocalConfigLoader, parseJson } from '../../dist/config/local-loader.js';
+import { LocalConfigLoader } from '../../dist/config/local-loader.js';
 import { openNativeDataplane } from '../helpers/native-dataplane.js';
 import { parseLocalConfig } from '../../dist/config/local.js';
 import { LocalConfigError } from '../../dist/errors.js';
@@ -24,6 +24,8 @@ import { largeConfigYaml, writeLargeConfig } from '../helpers/large-config.js';
 import { get, waitUntil } from '../helpers/local-http.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'ztn-large-'));
+/** A chunk as it crosses: UTF-8 JSON bytes. */
+const parseJson = (bytes) => JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('utf8'));
 after(() => rmSync(dir, { recursive: true, force: true }));
 
 /** Large enough that parsing it on the main thread stalled it for seconds (6k workloads: 3 MiB, ~3 s), small enough for CI. */
@@ -123,25 +125,41 @@ test('the loader validates off the main thread, says what an in-thread parse say
     assert.equal(first.source, path);
     assert.equal(first.fast, true, 'read by the fast path');
     assert.deepEqual(first.counts, { workloads: 30, services: 3, policies: 1 });
-    assert.deepEqual(first.chunks.map(parseJson).map((c) => c.policies.map((p) => p.name)), [['p0']], 'only compiled policies cross');
-    assert.deepEqual(first.policies.upserts.map((p) => p.name), ['p0'], 'the policy part as written, for the main thread');
+    assert.deepEqual(first.chunks.map(parseJson), [{ policies: [{
+      name: 'p0', namespace: 'ns0', scope: 'WorkloadSelector', action: 'Allow', dryRun: false,
+      rules: [[[{ principals: [{ prefix: 'cluster.local/ns/ns0/' }] }, { sourceIps: ['10.0.0.0/8'] }], [{ destinationPorts: [8080] }]]],
+    }] }], 'only compiled policies cross');
     let out = await dp.applyLocal(first.ticket, first.chunks);
     assert.deepEqual([out.changedWorkloads, out.services, out.policies], [30, 3, 1]);
+    assert.deepEqual(dp.localDump().policies.map((p) => p.name), ['p0'], 'staticConfig: the policies the document put in the state');
     loader.commit();
 
     // Two workloads change and one service goes: the dataplane applies only that (it diffs against what it holds).
     const text = largeConfigYaml({ workloads: 30 }).replace('canonicalRevision: v1', 'canonicalRevision: v2').replace('  name: w29\n', '  name: w29b\n');
     writeFileSync(path, text.replace(/- name: svc2\n( {2}.*\n)+/, ''));
     const second = await loader.load();
-    assert.deepEqual(second.chunks, [], 'the policies did not change');
+    assert.equal(second.chunks.length, 1, 'every policy of the document crosses: the dataplane drops what it holds');
     // Not applied: its document is dropped, and the next load is diffed against the first one again.
     loader.discard();
     await assert.rejects(dp.applyLocal(second.ticket, []), /no local config document is held/);
     const third = await loader.load();
     out = await dp.applyLocal(third.ticket, third.chunks);
-    assert.deepEqual([out.changedWorkloads, out.services, out.counts], [2, 1, [30, 2, 1]]);
+    assert.deepEqual([out.changedWorkloads, out.services, out.policies, out.counts], [2, 1, 0, [30, 2, 1]], 'the unchanged policy changed nothing');
     const names = dp.meshDump().workloads.map((w) => w.name);
     assert.ok(names.includes('w29b') && !names.includes('w29'));
+    loader.commit();
+
+    // The dataplane keeps the document's policy keys too: one the next document lacks is removed.
+    writeFileSync(path, largeConfigYaml({ workloads: 30, policies: 2 }));
+    const withTwo = await loader.load();
+    out = await dp.applyLocal(withTwo.ticket, withTwo.chunks);
+    assert.equal(out.policies, 1, 'p1 added, p0 unchanged');
+    loader.commit();
+    writeFileSync(path, largeConfigYaml({ workloads: 30 }));
+    const back = await loader.load();
+    out = await dp.applyLocal(back.ticket, back.chunks);
+    assert.deepEqual([out.policies, out.counts[2]], [1, 1], 'p1 removed');
+    assert.deepEqual(dp.localDump().policies.map((p) => p.name), ['p0']);
     loader.commit();
 
     // A refused policy chunk: all or nothing, the held document is dropped with it.
@@ -192,13 +210,12 @@ test('the first load made with the config\'s parse (one worker for both) is the 
     let out = await dp.applyLocal(first.ticket, first.chunks);
     assert.deepEqual([out.changedWorkloads, out.services, out.policies], [12, 1, 1]);
     loader.commit();
-    // A reload: a worker of its own, diffed against the first load's policies (unchanged: no chunks).
+    // A reload: a worker of its own; the dataplane diffs it against the first (its policy is unchanged).
     writeFileSync(path, largeConfigYaml({ workloads: 12 }).replace('  name: w11\n', '  name: w11b\n'));
     const second = await loader.load();
     assert.notEqual(second.ticket, first.ticket);
-    assert.deepEqual(second.chunks, [], 'the policies did not change');
     out = await dp.applyLocal(second.ticket, second.chunks);
-    assert.deepEqual([out.changedWorkloads, out.counts], [1, [12, 1, 1]]);
+    assert.deepEqual([out.changedWorkloads, out.policies, out.counts], [1, 0, [12, 1, 1]]);
     loader.commit();
   } finally {
     await loader.close();

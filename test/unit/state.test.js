@@ -1,9 +1,9 @@
 // The state: the mesh lives in the dataplane (a real native one here), which drops what changes nothing and reports
-// what changed; the control side's store keeps the policies and this node's workloads. Also the config_dump
+// what changed; the control side's store compiles policies and keeps this node's workloads. Also the config_dump
 // renderings, which the dataplane writes.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { StateStore, sameJson, snapshotChange, stableStringify } from '../../dist/state/store.js';
+import { StateStore } from '../../dist/state/store.js';
 import { parseLocalConfig } from '../../dist/config/local.js';
 import { openNativeDataplane } from '../helpers/native-dataplane.js';
 
@@ -29,7 +29,7 @@ function setup(t) {
   const store = new StateStore('n1');
   const sent = [];
   const send = (d) => (sent.push(d), dp.applyState(d));
-  const load = (yaml, prev = { workloads: [], services: [], policies: [] }) => store.apply(snapshotChange(prev, model(yaml)), send);
+  const load = (yaml) => store.apply(model(yaml), send);
   return { dp, store, sent, send, load };
 }
 
@@ -50,12 +50,12 @@ test('an apply reports the workloads that changed; the whole record only for thi
 test('an upsert equal to what the dataplane holds reports nothing; a change reports before and after', (t) => {
   const { store, send, load } = setup(t);
   load(BASE);
-  const same = store.apply(snapshotChange({ workloads: [], services: [], policies: [] }, model(BASE)), send);
-  assert.deepEqual([same.changedWorkloads, same.workloads.length, same.services], [0, 0, 0]);
+  const same = store.apply(model(BASE), send);
+  assert.deepEqual([same.changedWorkloads, same.workloads.length, same.services, same.policies], [0, 0, 0, 0]);
   const next = model(BASE);
   next.workloads[1].waypoint = { destination: '/10.0.0.9', hboneMtlsPort: 15008 };
   next.workloads[0].node = 'n2'; // w2 leaves this node
-  const moved = store.apply(snapshotChange(model(BASE), next), send);
+  const moved = store.apply(next, send);
   assert.deepEqual(moved.workloads.map((t) => t.uid).sort(), ['w1', 'w2']);
   const w1 = moved.workloads.find((t) => t.uid === 'w1');
   assert.deepEqual([w1.before.waypoint, w1.after.waypoint], [null, { destination: '/10.0.0.9', hboneMtlsPort: 15008 }]);
@@ -77,37 +77,28 @@ test('a rejected delta changes nothing on either side', (t) => {
     () => store.apply({ workloads: [{ ...bad.workloads[0], workloadIps: ['10.0.0.300'] }], removedPolicies: ['ns/p1'] }, send),
     (err) => err.code === 'INVALID_STATE' && /w2/.test(err.message),
   );
-  assert.equal(store.has('policy', 'ns/p1'), true);
+  assert.deepEqual(dp.meshDump().policies.map((p) => p.name), ['p1', 'p2'], 'ns/p1 is still held');
   assert.deepEqual(dp.meshDump().workloads.find((w) => w.uid === 'w2').workloadIps, ['10.0.0.2']);
 });
 
-test('only policies whose compiled form changed cross the boundary', (t) => {
-  const { store, sent, send, load } = setup(t);
+test('policies cross compiled; one sent again unchanged changes nothing, a changed one is applied', (t) => {
+  const { dp, store, sent, send, load } = setup(t);
   load(BASE);
   const p1 = model(BASE).policies[1];
-  store.apply({ policies: [p1] }, send);
-  assert.equal(sent.at(-1).policies, undefined);
-  store.apply({ policies: [{ ...p1, action: 'Deny' }] }, send);
-  assert.deepEqual(sent.at(-1).policies.map((p) => [p.name, p.action]), [['p1', 'Deny']]);
-});
-
-test('sameJson judges equality as stableStringify renders it, without rendering', () => {
-  const cases = [
-    [{ b: 1, a: [{ d: 1, c: 2 }] }, { a: [{ c: 2, d: 1 }], b: 1 }],
-    [{ a: 1, u: undefined }, { a: 1 }],
-    [{ a: 1 }, { a: 1, b: null }],
-    [[1, 2], [2, 1]],
-    [{ a: [] }, { a: {} }],
-    [{ a: '1' }, { a: 1 }],
-    [null, {}],
-    [{ a: { x: [1, { y: 'z' }] } }, { a: { x: [1, { y: 'z' }] } }],
-    [{ a: { x: [1, { y: 'z' }] } }, { a: { x: [1, { y: 'w' }] } }],
-  ];
-  for (const [x, y] of cases) {
-    const same = stableStringify(x) === stableStringify(y);
-    assert.equal(sameJson(x, y), same, `${JSON.stringify(x)} vs ${JSON.stringify(y)}`);
-    assert.equal(sameJson(y, x), same);
-  }
+  assert.equal(store.apply({ policies: [p1] }, send).policies, 0);
+  const [written] = model(`
+policies:
+- {name: p1, namespace: ns, scope: Namespace, action: Deny, rules: [[[{principals: [{Exact: "spiffe://td/ns/a/sa/b"}], sourceIps: ["10.1.2.3/8"]}]]]}
+`).policies;
+  const changed = store.apply({ policies: [written] }, send);
+  assert.equal(changed.policies, 1);
+  const [compiled] = sent.at(-1).policies;
+  assert.deepEqual([compiled.action, compiled.rules[0][0][0].principals, compiled.rules[0][0][0].sourceIps], ['Deny', [{ exact: 'td/ns/a/sa/b' }], ['10.1.2.3/8']]);
+  // config_dump shows the compiled form the dataplane holds: the CIDR as written (not masked), as ztunnel's does.
+  const [dumped] = dp.meshDump().policies;
+  assert.deepEqual(dumped.rules, [[[{ principals: [{ Exact: 'td/ns/a/sa/b' }], sourceIps: ['10.1.2.3/8'] }]]]);
+  assert.equal(store.apply({ removedPolicies: ['ns/none'] }, send).policies, 0, 'a removal of a policy not held');
+  assert.equal(store.size.policies, 2);
 });
 
 test('config_dump workloads: sorted by uid, ztunnel keys in order, defaults left out as ztunnel does (rendered by the dataplane)', (t) => {
@@ -147,13 +138,11 @@ test('config_dump services: sorted by hostname, endpoints derived from workloads
   assert.deepEqual(dp.meshDump().stagedServices, { 'ns/later.example': { w9: { workloadUid: 'w9', port: { 80: 9090 }, status: 'Healthy' } } });
 });
 
-test('dumpPolicies sorted by namespace/name', (t) => {
-  const { store, load } = setup(t);
+test('config_dump policies: written by the dataplane from what it holds, sorted by namespace/name', (t) => {
+  const { dp, load } = setup(t);
   load(BASE);
-  assert.deepEqual(store.dumpPolicies().map((p) => p.name), ['p1', 'p2']);
+  assert.deepEqual(dp.meshDump().policies, [
+    { name: 'p1', namespace: 'ns', scope: 'Namespace', action: 'Allow', rules: [], dryRun: false },
+    { name: 'p2', namespace: 'ns', scope: 'Namespace', action: 'Deny', rules: [], dryRun: false },
+  ]);
 });
-
-test('stableStringify ignores key order inside maps', () => {
-  assert.equal(stableStringify({ b: 1, a: [{ d: 1, c: 2 }] }), '{"a":[{"c":2,"d":1}],"b":1}');
-});
-

@@ -46,9 +46,9 @@ export async function parseConfigMessage(data: ConfigWorkerData): Promise<{ mess
   }
   // Before the read: a change made after it then differs from this state, and the daemon's watch reloads it.
   const localFile = config.localXdsPath === null ? null : await fileState(config.localXdsPath);
-  // As local-loader.ts starts a daemon's first load: not a reload, no committed policies to diff against.
+  // As local-loader.ts starts a daemon's first load: not a reload.
   const { prepareLoad } = await import('./local-prepare.js');
-  const local = await prepareLoad({ localXdsPath: config.localXdsPath, localXds: config.localXds, reload: false, base: [] });
+  const local = await prepareLoad({ localXdsPath: config.localXdsPath, localXds: config.localXds, reload: false });
   return { message: { op: 'loaded', config, local: local.message, localFile }, transfer: local.transfer };
 }
 

@@ -1,16 +1,16 @@
 // The main thread's handle on the local config: `load()` has a worker thread (local-worker.ts) read and validate
 // LOCAL_XDS_PATH / LOCAL_XDS, and resolves with the ticket under which the dataplane holds the document's workloads
-// and services plus the policy part of the change (the dataplane's JSON deltas, handed over unparsed); `commit()` or
+// and services plus its compiled policies (the dataplane's JSON deltas, handed over unparsed); `commit()` or
 // `discard()` then says whether it was applied. The main thread never parses YAML or runs the schema, so a large file
 // costs it only the hand-over.
 //
 // Invariants:
 // - A refused document rejects `load()` with a LocalConfigError carrying exactly the message local.ts's
 //   `parseLocalConfig` throws: the file, the path inside it and the problem.
-// - One load at a time: `load()` calls are queued, and each must be followed by `commit()` or `discard()` before
-//   the next load's policy diff is computed (it is against the last committed document's policies, kept here).
+// - One load at a time: `load()` calls are queued, and each must be followed by `commit()` or `discard()` (the
+//   dataplane diffs a document against the last one it applied).
 // - One worker per load, ended when the load is: between loads nothing of the document is held but what the
-//   dataplane holds and the committed policies (config_dump's `staticConfig` is rendered from the state).
+//   dataplane holds (config_dump's `staticConfig` is rendered from the state).
 //   A worker keeps the process alive while it runs; `close()` ends it.
 // - Every load is in a worker, however small the document: the schema (zod, ~4 MiB of heap, 5-6 MiB of the
 //   process's anonymous memory) then never loads on the main thread, which keeps nothing of it after start (the
@@ -20,7 +20,6 @@
 import { Worker } from 'node:worker_threads';
 import { LocalConfigError } from '../errors.js';
 import { localDiscard } from '../native/index.js';
-import type { PolicyChange } from '../state/store.js';
 import type { FromWorker, LoadedCounts, LocalWorkerData } from './local-prepare.js';
 
 export interface LocalLoad {
@@ -30,17 +29,10 @@ export interface LocalLoad {
   counts: LoadedCounts;
   /** The dataplane's ticket for the document's workloads and services (`Dataplane.applyLocal`). */
   ticket: number;
-  /** The policy part of the change from the last committed document: StateDelta chunks (UTF-8 JSON), in apply order. */
+  /** The document's compiled policies: StateDelta chunks (UTF-8 JSON). */
   chunks: Uint8Array[];
-  /** The policy part of the change, as written. */
-  policies: PolicyChange;
   /** Read by the dataplane's fast path (false: by the schema's slow way). */
   fast: boolean;
-}
-
-/** Parses UTF-8 JSON bytes. */
-export function parseJson(bytes: Uint8Array): unknown {
-  return JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('utf8'));
 }
 
 interface InFlight {
@@ -57,15 +49,12 @@ export class LocalConfigLoader {
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
   private loads = 0;
-  /** The last committed document's policies (key → stable JSON), and those of the last load until it is committed. */
-  private committed: Array<[string, string]> = [];
-  private pending: Array<[string, string]> | null = null;
   /** The ticket of the last load, until it is committed or discarded. */
   private ticket: number | null = null;
 
   /**
    * A loader; null when neither LOCAL_XDS nor LOCAL_XDS_PATH is set. `first`: the answer of the first load, already
-   * made (by the config worker, config/off-thread.ts, from the same settings: not a reload, no committed policies);
+   * made (by the config worker, config/off-thread.ts, from the same settings: not a reload);
    * the first `load()` takes it instead of starting a worker.
    */
   static open(cfg: { localXdsPath: string | null; localXds: string | null }, first: FromWorker | null = null): LocalConfigLoader | null {
@@ -104,7 +93,7 @@ export class LocalConfigLoader {
       this.inFlight = load;
       return this.onMessage(load, first);
     }
-    const data: LocalWorkerData = { localXdsPath: this.localXdsPath, localXds: this.localXds, reload: this.loads++ > 0, base: this.committed };
+    const data: LocalWorkerData = { localXdsPath: this.localXdsPath, localXds: this.localXds, reload: this.loads++ > 0 };
     const worker = new Worker(new URL('./local-worker.js', import.meta.url), { workerData: data });
     const load: InFlight = { worker, resolve, reject, settled: false };
     this.inFlight = load;
@@ -113,24 +102,16 @@ export class LocalConfigLoader {
     worker.on('exit', (code) => this.end(load, new Error(`the local config worker exited (code ${code})`)));
   }
 
-  /** The keys ("namespace/name") of the last committed document's policies: config_dump's `staticConfig`. */
-  committedPolicyKeys(): string[] {
-    return this.committed.map(([key]) => key);
-  }
-
-  /** The last load was applied: the next load's policies are diffed against it. */
+  /** The last load was applied (the dataplane took its document). */
   commit(): void {
     this.ticket = null;
-    if (this.pending !== null) this.committed = this.pending;
-    this.pending = null;
   }
 
-  /** The last load was not applied: its document is dropped; the next load is diffed against the one before it. */
+  /** The last load was not applied: its document is dropped. */
   discard(): void {
     // The dataplane takes a document when it applies it; one that was not applied would stay held.
     if (this.ticket !== null) localDiscard(this.ticket);
     this.ticket = null;
-    this.pending = null;
   }
 
   /** Ends a load in flight (it rejects); later loads reject. A load already resolved has ended its worker. */
@@ -156,15 +137,7 @@ export class LocalConfigLoader {
         }
         load.settled = true;
         this.ticket = m.ticket;
-        this.pending = m.kept;
-        load.resolve({
-          source: m.source,
-          counts: m.counts,
-          ticket: m.ticket,
-          chunks: m.chunks,
-          fast: m.fast,
-          policies: parseJson(m.policies) as PolicyChange,
-        });
+        load.resolve({ source: m.source, counts: m.counts, ticket: m.ticket, chunks: m.chunks, fast: m.fast });
         return;
       case 'invalid':
         this.end(load, new LocalConfigError(m.message));

@@ -6,7 +6,7 @@
 // Two ways to read a document, one result:
 // - **Fast** (native/mesh/src/state/local.rs, `localPrepare`): the dataplane reads the YAML straight into its
 //   validated workloads and services and holds them under a ticket; only the policies come back, as written, for the
-//   schema (local.ts `parseLocalPolicies`) and the policy compiler here.
+//   schema (local.ts `parseLocalPolicies`) and the policy compiler (policy/compile.ts).
 // - **Slow** (local.ts `parseLocalConfig`): when the fast path declines (a problem, or something it does not model),
 //   the whole document goes through the schema, which refuses it with the file, the path and the problem, or accepts
 //   it: its workloads and services are then handed to the dataplane as JSON (`localPrepareRecords`) and held the same
@@ -17,16 +17,13 @@
 //   parse, the schema and its objects live and die with it.
 // - The whole document is validated before anything is sent: a refused document sends only `invalid`, so the
 //   main thread applies nothing of it.
-// - The dataplane diffs workloads and services itself (it knows which keys the last applied local document put in
-//   its state); the policy part of the change is computed here, against the last COMMITTED document's policies (the
-//   stable JSON of each, by key, which the main thread keeps and passes in as `base`) and sent back with the new
-//   ones (`kept`).
-// - The policy change crosses as the dataplane's own deltas (compiled policies), UTF-8 JSON in transferred buffers;
-//   the policies as written cross too (small), for the main thread's policy index and config_dump. The document's
+// - The dataplane diffs the document itself: it knows which keys the last applied local document put in its state,
+//   and drops what equals what it holds. So every policy of the document crosses, compiled, as the dataplane's own
+//   deltas (UTF-8 JSON in transferred buffers); nothing of the document is kept on this side between loads, and its
 //   text stays here: config_dump's `staticConfig` is rendered from what the document put in the state.
 //
 // Protocol (local-worker.ts): started with `LocalWorkerData`;
-//   worker → main  { op: 'loaded', source, ticket, chunks, counts, policies, kept, fast }
+//   worker → main  { op: 'loaded', source, ticket, chunks, counts, fast }
 //              or  { op: 'invalid', message }   (a LocalConfigError: file, path, problem)
 //              or  { op: 'failed', message }    (anything else)
 import { LocalConfigError, ZtunnelError } from '../errors.js';
@@ -35,7 +32,6 @@ import { compilePolicy } from '../policy/compile.js';
 import type { Policy } from '../state/model.js';
 import { splitChange } from '../state/chunks.js';
 import { toNativeService, toNativeWorkload } from '../state/model.js';
-import { diffKept, EMPTY_KEPT, type Kept } from '../state/store.js';
 import { parseLocalConfig, parseLocalPolicies, readLocalText } from './local.js';
 
 /** What the worker is started with (workerData). */
@@ -44,8 +40,6 @@ export interface LocalWorkerData {
   localXds: string | null;
   /** A reload: an empty file is refused, not an empty config. */
   reload: boolean;
-  /** The last committed document's policies: [key, stable JSON]. */
-  base: Array<[string, string]>;
 }
 
 
@@ -61,13 +55,9 @@ export type FromWorker =
       source: string;
       /** The dataplane's ticket for the document's workloads and services. */
       ticket: number;
-      /** The policy part of the change: StateDelta chunks of compiled policies, UTF-8 JSON. */
+      /** The document's policies: StateDelta chunks of compiled policies, UTF-8 JSON. */
       chunks: Uint8Array[];
       counts: LoadedCounts;
-      /** The policy part of the change as written: `{ upserts, removed }`, UTF-8 JSON. */
-      policies: Uint8Array;
-      /** This document's policies: [key, stable JSON] (the next load's base once committed). */
-      kept: Array<[string, string]>;
       /** Whether the fast path read it (false: the schema's slow way). */
       fast: boolean;
     }
@@ -109,17 +99,14 @@ export async function prepareLoad(data: LocalWorkerData): Promise<{ message: Fro
     const read = await readLocalText(data, { reload: data.reload });
     if (read === null) throw new Error('no local config is configured');
     const doc = prepare(read.text, read.source);
-    const base: Kept = { ...EMPTY_KEPT, policies: new Map(data.base) };
-    const { change, kept } = diffKept(base, { workloads: [], services: [], policies: doc.policies });
     const chunks: Uint8Array[] = [];
-    for (const chunk of splitChange(change)) {
-      if ((chunk.policies?.length ?? 0) + (chunk.removedPolicies?.length ?? 0) === 0) continue;
-      chunks.push(utf8.encode(JSON.stringify({ policies: chunk.policies?.map(compilePolicy), removedPolicies: chunk.removedPolicies })));
+    for (const chunk of splitChange({ policies: doc.policies })) {
+      if (chunk.policies === undefined) continue;
+      chunks.push(utf8.encode(JSON.stringify({ policies: chunk.policies.map(compilePolicy) })));
     }
-    const policies = utf8.encode(JSON.stringify({ upserts: change.policies ?? [], removed: change.removedPolicies ?? [] }));
     const counts = { workloads: doc.workloads, services: doc.services, policies: doc.policies.length };
-    const transfer = [...chunks.map((c) => c.buffer as ArrayBuffer), policies.buffer as ArrayBuffer];
-    return { message: { op: 'loaded', source: read.source, ticket: doc.ticket, chunks, counts, policies, kept: [...kept.policies], fast: doc.fast }, transfer };
+    const transfer = chunks.map((c) => c.buffer as ArrayBuffer);
+    return { message: { op: 'loaded', source: read.source, ticket: doc.ticket, chunks, counts, fast: doc.fast }, transfer };
   } catch (err) {
     if (err instanceof LocalConfigError) return { message: { op: 'invalid', message: err.message }, transfer: [] };
     return { message: { op: 'failed', message: err instanceof Error ? err.message : String(err) }, transfer: [] };

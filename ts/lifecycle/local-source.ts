@@ -18,8 +18,6 @@ export class LocalSource implements Component {
   readonly name = 'local config';
   /** The first load (null: no local config); awaited before anything is created. */
   first: Promise<LocalLoad | null> = Promise.resolve(null);
-  /** The policy keys of the document last applied (null: none applied yet): config_dump's `staticConfig`. */
-  policyKeys: Set<string> | null = null;
   private loader: LocalConfigLoader | null = null;
   private watch: LocalConfigWatch | null = null;
   private firstApplied!: (ok: boolean) => void;
@@ -60,21 +58,21 @@ export class LocalSource implements Component {
       this.log.info({ source: load.source, ...load.counts, fast: load.fast, chunks: applied.chunks, applyMs: applied.applyMs }, 'local config applied');
     }
     this.firstApplied(true);
-    // Inline LOCAL_XDS never changes: its worker (and the policies it keeps for diffs) can go.
+    // Inline LOCAL_XDS never changes: its loader can go.
     if (this.watch === null) {
       this.loader?.close().catch((err: unknown) => this.log.warn({ err: err instanceof Error ? err.message : String(err) }, 'closing the local config loader failed'));
     }
   }
 
   /**
-   * config_dump's `staticConfig`, as ztunnel shows its local config: the last applied local document as parsed (its
-   * workloads and services from the dataplane's state, its policies from the store). Without one (xDS, or before the
-   * first applies) the empty document, as ztunnel's admin writes its LocalConfig's default.
+   * config_dump's `staticConfig`, as ztunnel shows its local config: the last applied local document as the
+   * dataplane holds it. Without one (xDS, or before the first applies) the empty document, as ztunnel's admin writes
+   * its LocalConfig's default.
    */
   staticConfig(plane: Pick<DataplanePort, 'localDump'> | null): Record<string, unknown> {
-    if (this.policyKeys === null || plane === null) return { workloads: [], policies: [], services: [] };
-    const { workloads, services } = plane.localDump();
-    return { workloads, policies: this.mesh.store.dumpPolicies(this.policyKeys), services };
+    if (plane === null) return { workloads: [], policies: [], services: [] };
+    const { workloads, policies, services } = plane.localDump();
+    return { workloads, policies, services };
   }
 
   stop(): Promise<void> | undefined {
@@ -107,7 +105,7 @@ export class LocalSource implements Component {
     }
   }
 
-  /** Applies a loaded document and commits it as the base of the next reload (a refusal keeps the previous base). */
+  /** Applies a loaded document (a refusal keeps the last good one: the dataplane changed nothing). */
   private async apply(load: LocalLoad): Promise<{ workloads: number; services: number; policies: number; chunks: number; applyMs: number }> {
     const t0 = performance.now();
     let applied;
@@ -118,7 +116,6 @@ export class LocalSource implements Component {
       throw err;
     }
     this.loader?.commit();
-    this.policyKeys = new Set(this.loader?.committedPolicyKeys() ?? []);
     collectAfterBatch(load.counts.workloads + load.counts.services + load.counts.policies);
     return {
       workloads: applied.changedWorkloads,

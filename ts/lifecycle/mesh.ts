@@ -85,7 +85,6 @@ export class Mesh {
       const plane = this.o.plane();
       if (signal.aborted) throw new Error('shutting down');
       const out = await plane.applyLocal(load.ticket, load.chunks);
-      this.o.store.commitPolicies(load.policies);
       const applied = this.o.store.absorb(out);
       this.follow(applied);
       return applied;

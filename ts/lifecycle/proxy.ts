@@ -211,11 +211,11 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       configDump: () => {
         // The mesh is rendered by the dataplane, its only holder (before it opens: empty).
         const plane = dataplane.plane;
-        const dumped = plane?.meshDump() ?? { workloads: [], services: [], stagedServices: {} };
+        const dumped = plane?.meshDump() ?? { workloads: [], services: [], policies: [], stagedServices: {} };
         return {
           workloads: dumped.workloads,
           services: dumped.services,
-          policies: store.dumpPolicies(),
+          policies: dumped.policies,
           stagedServices: dumped.stagedServices,
           staticConfig: local.staticConfig(plane),
           certificates: certificates.manager?.dump() ?? [],

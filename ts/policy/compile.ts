@@ -1,11 +1,13 @@
-// Policy compilation: the TS model of an authorization policy (from the local config or xDS) → the compact form the
-// Rust dataplane evaluates (docs/native-api.md, `NativePolicy`).
+// Policy compilation, the only one: the TS model of an authorization policy (from the local config, xDS or a policy
+// preview) → the form the Rust dataplane loads (docs/native-api.md, `NativePolicy`), evaluates, and writes
+// config_dump's `policies` from. The dataplane only parses this form into its evaluation structures.
 //
 // What compiling does, and why here (the control side) rather than per connection:
 // - principals are compared without `spiffe://` (Istio's rule); exact and prefix values written with the scheme
 //   are stripped once, here;
 // - CIDRs are normalized ("10.0.0.1" → "10.0.0.1/32") and string matchers become tagged variants;
-// - the result is validated again by Rust (INVALID_STATE names the policy), so a bad policy never half-applies.
+// - the dataplane checks what it loads at its boundary (INVALID_STATE names the policy), so a bad policy never
+//   half-applies.
 // Evaluation semantics live in native/mesh/src/rbac.rs (the README's "Authorization" section).
 import { isIP } from 'node:net';
 // The compiled shapes are the dataplane's own (generated from its Rust types).

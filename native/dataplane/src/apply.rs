@@ -35,31 +35,31 @@ impl Dataplane {
         Ok(out)
     }
 
-    /// Applies a local config document held by `state::local::stash` (ticket `id`), with the compiled policy part
-    /// of its change (JSON deltas carrying only policies), as one change: the workloads and services it has are
-    /// upserted (those equal to what is held change nothing), and those the last applied local document had and this
-    /// one lacks are removed; sources other than the local document (xDS) are not touched. All or nothing: a bad
-    /// policy chunk, or an unknown ticket, changes nothing (the document is dropped either way).
+    /// Applies a local config document held by `state::local::stash` (ticket `id`), with its policies (compiled by
+    /// the control side: JSON deltas carrying only policies, every policy of the document), as one change: what the
+    /// document has is upserted (what equals what is held changes nothing), and what the last applied local document
+    /// had and this one lacks is removed; sources other than the local document (xDS) are not touched. All or
+    /// nothing: a bad policy chunk, or an unknown ticket, changes nothing (the document is dropped either way).
     pub fn apply_local(&self, id: u32, policy_chunks: &[Vec<u8>]) -> Result<String, DataplaneError> {
         let doc = state::local::take(id)
             .ok_or_else(|| DataplaneError::Spec(format!("no local config document is held under ticket {id}")))?;
         let mut delta = state::ValidDelta::default();
         for chunk in policy_chunks {
             let d: StateDelta = serde_json::from_slice(chunk).map_err(state::StateError::from)?;
-            if d.full || !d.workloads.is_empty() || !d.services.is_empty() {
+            if d.full || !d.workloads.is_empty() || !d.services.is_empty() || !d.removed_policies.is_empty() {
                 return Err(DataplaneError::Spec("a local policy chunk carries more than policies".into()));
             }
-            let v = d.validate()?;
-            delta.policies.extend(v.policies);
-            delta.removed_policies.extend(v.removed_policies);
+            delta.policies.extend(d.validate()?.policies);
         }
-        let keys = state::local::LocalKeys::of(&doc);
+        let keys = state::local::LocalKeys::of(&doc, &delta.policies);
         delta.workloads = doc.workloads;
         delta.services = doc.services;
         let applied = self.apply_valid(
             delta,
             move |st, d| {
-                (d.removed_workloads, d.removed_services) = st.local_removals(&keys);
+                let gone = st.local_removals(&keys);
+                (d.removed_workloads, d.removed_services, d.removed_policies) =
+                    (gone.workloads, gone.services, gone.policies);
                 keys
             },
             |st, keys| st.local_record(keys),

@@ -1,4 +1,4 @@
-//! The mesh state written out: config_dump's `workloads`, `services` and `stagedServices` (ztunnel's keys, in
+//! The mesh state written out: config_dump's `workloads`, `services`, `policies` and `stagedServices` (ztunnel's keys, in
 //! ztunnel's order, with ztunnel's omissions of default values), and the whole workload records a state change hands
 //! back to the control side (every key, the same shape as the `Workload` it sends). The dataplane's state is the only
 //! copy of the mesh (ARCHITECTURE.md), so this is the one place it is written out.
@@ -12,6 +12,7 @@ use super::model::{
     ApplicationTunnel, GatewayAddress, GatewayDestination, LoadBalancer, Locality, NetworkMode, Protocol, Service,
     ServiceKey, Visibility, Workload, WorkloadStatus,
 };
+use super::policy::{Action, Match, Policy, PolicyCidr, Scope, ServiceAccountMatch, StringMatch};
 use super::State;
 
 /// "<network>/<ip>" or "<namespace>/<hostname>", as the control side writes a gateway's destination.
@@ -323,7 +324,137 @@ pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceOut<'a> {
     }
 }
 
-/// config_dump's mesh part: `{ workloads, services, stagedServices }`. Workloads sorted by uid, services by hostname
+/// A string match as ztunnel's config_dump writes one (its `StringMatch`, externally tagged): `{"Exact": "x"}`, and
+/// `{"Presence": []}` for its empty tuple variant.
+#[derive(Serialize)]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "StringMatchDump")
+)]
+pub enum StringMatchOut<'a> {
+    Exact(&'a str),
+    Prefix(&'a str),
+    Suffix(&'a str),
+    Presence(#[cfg_attr(any(test, feature = "ts"), ts(type = "[]"))] [(); 0]),
+}
+
+fn string_matches(v: &[StringMatch]) -> Vec<StringMatchOut<'_>> {
+    v.iter()
+        .map(|m| match m {
+            StringMatch::Exact(s) => StringMatchOut::Exact(s),
+            StringMatch::Prefix(s) => StringMatchOut::Prefix(s),
+            StringMatch::Suffix(s) => StringMatchOut::Suffix(s),
+            StringMatch::Presence(_) => StringMatchOut::Presence([]),
+        })
+        .collect()
+}
+
+/// One match, ztunnel's `RbacMatch`: its keys in its order, an empty list left out.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "MatchDump")
+)]
+pub struct MatchOut<'a> {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<StringMatchOut<'a>>>"))]
+    namespaces: Vec<StringMatchOut<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<StringMatchOut<'a>>>"))]
+    not_namespaces: Vec<StringMatchOut<'a>>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<ServiceAccountMatch>>"))]
+    service_accounts: &'a [ServiceAccountMatch],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<ServiceAccountMatch>>"))]
+    not_service_accounts: &'a [ServiceAccountMatch],
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<StringMatchOut<'a>>>"))]
+    principals: Vec<StringMatchOut<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<StringMatchOut<'a>>>"))]
+    not_principals: Vec<StringMatchOut<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
+    source_ips: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
+    not_source_ips: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
+    destination_ips: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
+    not_destination_ips: Vec<String>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<u16>>"))]
+    destination_ports: &'a [u16],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<u16>>"))]
+    not_destination_ports: &'a [u16],
+}
+
+fn cidrs(v: &[PolicyCidr]) -> Vec<String> {
+    v.iter().map(PolicyCidr::to_string).collect()
+}
+
+fn match_out(m: &Match) -> MatchOut<'_> {
+    MatchOut {
+        namespaces: string_matches(&m.namespaces),
+        not_namespaces: string_matches(&m.not_namespaces),
+        service_accounts: &m.service_accounts,
+        not_service_accounts: &m.not_service_accounts,
+        principals: string_matches(&m.principals),
+        not_principals: string_matches(&m.not_principals),
+        source_ips: cidrs(&m.source_ips),
+        not_source_ips: cidrs(&m.not_source_ips),
+        destination_ips: cidrs(&m.destination_ips),
+        not_destination_ips: cidrs(&m.not_destination_ips),
+        destination_ports: &m.destination_ports,
+        not_destination_ports: &m.not_destination_ports,
+    }
+}
+
+/// A policy as ztunnel's config_dump writes its `Authorization`, from the form the dataplane evaluates (the one the
+/// control side compiled: principals without `spiffe://`, CIDRs with their prefix length).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "PolicyDump")
+)]
+pub struct PolicyOut<'a> {
+    name: &'a str,
+    namespace: &'a str,
+    scope: Scope,
+    action: Action,
+    rules: Vec<Vec<Vec<MatchOut<'a>>>>,
+    dry_run: bool,
+}
+
+fn policy(p: &Policy) -> PolicyOut<'_> {
+    PolicyOut {
+        name: &p.name,
+        namespace: &p.namespace,
+        scope: p.scope,
+        action: p.action,
+        rules: p.rules.iter().map(|r| r.iter().map(|c| c.iter().map(match_out).collect()).collect()).collect(),
+        dry_run: p.dry_run,
+    }
+}
+
+/// Policies sorted by key ("namespace/name").
+fn policies<'a>(all: impl Iterator<Item = &'a Policy>) -> Vec<PolicyOut<'a>> {
+    let mut ps: Vec<&Policy> = all.collect();
+    ps.sort_by(|a, b| a.namespace.cmp(&b.namespace).then_with(|| a.name.cmp(&b.name)));
+    ps.into_iter().map(policy).collect()
+}
+
+/// config_dump's mesh part: `{ workloads, services, policies, stagedServices }`. Workloads sorted by uid, services by hostname
 /// then namespace; staged services are endpoints naming a service the state does not have (yet).
 #[derive(Serialize)]
 #[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
@@ -331,6 +462,8 @@ pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceOut<'a> {
 pub struct MeshDump<'a> {
     workloads: Vec<WorkloadDumpOut<'a>>,
     services: Vec<ServiceOut<'a>>,
+    /// Sorted by "namespace/name".
+    policies: Vec<PolicyOut<'a>>,
     /// "namespace/hostname" → endpoints by workload uid.
     staged_services: BTreeMap<String, BTreeMap<&'a str, EndpointOut<'a>>>,
 }
@@ -350,6 +483,7 @@ pub fn mesh(st: &State) -> MeshDump<'_> {
     MeshDump {
         workloads: ws.into_iter().map(workload_dump).collect(),
         services: ss.into_iter().map(|s| service(Some(st), s)).collect(),
+        policies: policies(st.policies.values().map(|p| p.as_ref())),
         staged_services: staged,
     }
 }
@@ -370,13 +504,14 @@ pub struct LocalWorkloadOut<'a> {
     services: BTreeMap<String, BTreeMap<String, u16>>,
 }
 
-/// `staticConfig` without its policies (the control side adds those): the last applied local document's workloads
-/// (by uid) and services (by hostname, then namespace), as the dataplane parsed them. A record an xDS source has
-/// since replaced under the same key shows as it is now.
+/// `staticConfig`, as ztunnel shows its local config: the last applied local document's workloads (by uid),
+/// policies (by key) and services (by hostname, then namespace), as the dataplane holds them. A record an xDS source
+/// has since replaced under the same key shows as it is now.
 #[derive(Serialize)]
 #[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub struct LocalDump<'a> {
     workloads: Vec<LocalWorkloadOut<'a>>,
+    policies: Vec<PolicyOut<'a>>,
     services: Vec<ServiceOut<'a>>,
 }
 
@@ -396,6 +531,7 @@ pub fn local(st: &State) -> LocalDump<'_> {
                 services: w.service_ports.iter().map(|(k, m)| (k.to_string(), ports(m.iter()))).collect(),
             })
             .collect(),
+        policies: policies(keys.policies.iter().filter_map(|k| st.policies.get(k)).map(|p| p.as_ref())),
         services: ss.into_iter().map(|s| service(None, s)).collect(),
     }
 }
@@ -522,5 +658,54 @@ mod tests {
         assert_eq!(keys(&back), keys(&serde_json::to_value(WorkloadJson::default()).unwrap()));
         assert_eq!(keys(&back), keys(&full()));
         assert_eq!(back, full(), "every value comes back as it was sent");
+    }
+
+    fn compiled(name: &str, rules: Value) -> Value {
+        json!({"name": name, "namespace": "ns", "scope": "Namespace", "action": "Allow", "rules": rules})
+    }
+
+    /// config_dump's `policies` are written from the state (the compiled form the control side sent), as ztunnel's
+    /// serde writes its `Authorization`: externally tagged string matches (`Presence` an empty list), its keys in
+    /// its order, empty lists left out, CIDRs as written, `dryRun` always; sorted by key.
+    #[test]
+    fn policies_are_dumped_from_the_state_as_ztunnel_writes_them() {
+        let mut st = State::default();
+        let rules = json!([[[{
+            "destinationPorts": [8080], "principals": [{"exact": "td/ns/a/sa/b"}, {"presence": true}],
+            "notSourceIps": ["10.1.2.3/8"], "serviceAccounts": [{"namespace": "a", "serviceAccount": "b"}],
+            "namespaces": [{"suffix": "x"}], "notNamespaces": [],
+        }], []]]);
+        let delta = json!({"policies": [compiled("z", json!([])), compiled("a", rules)]});
+        st.apply(serde_json::from_value(delta).unwrap()).unwrap();
+        let dumped = serde_json::to_string(&mesh(&st).policies).unwrap();
+        assert_eq!(
+            dumped,
+            concat!(
+                r#"[{"name":"a","namespace":"ns","scope":"Namespace","action":"Allow","rules":[[[{"namespaces":[{"Suffix":"x"}],"#,
+                r#""serviceAccounts":[{"namespace":"a","serviceAccount":"b"}],"principals":[{"Exact":"td/ns/a/sa/b"},{"Presence":[]}],"#,
+                r#""notSourceIps":["10.1.2.3/8"],"destinationPorts":[8080]}],[]]],"dryRun":false},"#,
+                r#"{"name":"z","namespace":"ns","scope":"Namespace","action":"Allow","rules":[],"dryRun":false}]"#,
+            )
+        );
+    }
+
+    /// The state drops a policy upsert equal to what it holds and a removal of a policy it does not hold: neither
+    /// changes anything, so neither reaches re-evaluation or the control side's counts.
+    #[test]
+    fn a_policy_sent_again_unchanged_changes_nothing() {
+        let mut st = State::default();
+        let delta = |v: Value| serde_json::from_value(v).unwrap();
+        let p = compiled("p", json!([[[{"destinationPorts": [80]}]]]));
+        assert_eq!(st.apply(delta(json!({"policies": [p.clone()]}))).unwrap().policies, 1);
+        assert_eq!(st.apply(delta(json!({"policies": [p.clone()]}))).unwrap().policies, 0, "unchanged");
+        assert_eq!(st.apply(delta(json!({"removedPolicies": ["ns/other"]}))).unwrap().policies, 0, "not held");
+        let changed = compiled("p", json!([[[{"destinationPorts": [81]}]]]));
+        assert_eq!(st.apply(delta(json!({"policies": [changed.clone()]}))).unwrap().policies, 1);
+        let again = json!({"policies": [changed], "removedPolicies": ["ns/p"]});
+        assert_eq!(st.apply(delta(again)).unwrap().policies, 2, "removed and upserted in one delta: the upsert wins");
+        assert_eq!(
+            serde_json::to_value(&mesh(&st).policies).unwrap()[0]["rules"][0][0][0]["destinationPorts"],
+            json!([81])
+        );
     }
 }

@@ -1046,27 +1046,40 @@ pub fn held() -> usize {
     slots().held.len()
 }
 
-/// The keys the last applied local document put in the state: what the next one removes if it lacks them.
+/// The keys the last applied local document put in the state: what the next one removes if it lacks them, and what
+/// config_dump's `staticConfig` shows.
 #[derive(Debug, Default, Clone)]
 pub struct LocalKeys {
     pub workloads: HashSet<super::intern::Str>,
     pub services: HashSet<ServiceKey>,
+    /// "namespace/name"
+    pub policies: HashSet<String>,
+}
+
+/// What a local document removes: the keys the last one had and it lacks, as a delta's removal lists.
+pub struct LocalRemovals {
+    pub workloads: Vec<String>,
+    pub services: Vec<String>,
+    pub policies: Vec<String>,
 }
 
 impl LocalKeys {
-    pub fn of(doc: &LocalDocument) -> LocalKeys {
+    /// The document's workloads and services, and its policies (compiled by the control side, sent beside it).
+    pub fn of(doc: &LocalDocument, policies: &[super::policy::Policy]) -> LocalKeys {
         LocalKeys {
             workloads: doc.workloads.iter().map(|w| w.uid.clone()).collect(),
             services: doc.services.iter().map(|s| s.key.clone()).collect(),
+            policies: policies.iter().map(|p| p.key()).collect(),
         }
     }
 
-    /// What `self` (the last applied) has and `next` lacks: (workload uids, service keys as "ns/hostname").
-    pub fn removed_by(&self, next: &LocalKeys) -> (Vec<String>, Vec<String>) {
-        (
-            self.workloads.difference(&next.workloads).map(|u| u.to_string()).collect(),
-            self.services.difference(&next.services).map(|k| k.to_string()).collect(),
-        )
+    /// What `self` (the last applied) has and `next` lacks.
+    pub fn removed_by(&self, next: &LocalKeys) -> LocalRemovals {
+        LocalRemovals {
+            workloads: self.workloads.difference(&next.workloads).map(|u| u.to_string()).collect(),
+            services: self.services.difference(&next.services).map(|k| k.to_string()).collect(),
+            policies: self.policies.difference(&next.policies).cloned().collect(),
+        }
     }
 }
 

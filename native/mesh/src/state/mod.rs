@@ -164,12 +164,24 @@ impl State {
                     || self.services.get(&s.key).is_none_or(|old| **old != *s)
             })
             .collect();
+        let removed_p: std::collections::HashSet<&str> = delta.removed_policies.iter().map(String::as_str).collect();
+        let keep_p: Vec<bool> = delta
+            .policies
+            .iter()
+            .map(|p| {
+                let key = p.key();
+                removed_p.contains(key.as_str()) || self.policies.get(&key).is_none_or(|old| **old != *p)
+            })
+            .collect();
         let mut i = 0;
         delta.workloads.retain(|_| (keep_w[i], i += 1).0);
         let mut i = 0;
         delta.services.retain(|_| (keep_s[i], i += 1).0);
+        let mut i = 0;
+        delta.policies.retain(|_| (keep_p[i], i += 1).0);
         // A removal of a key that is not held changes nothing.
         delta.removed_workloads.retain(|uid| self.workloads.contains_key(uid.as_str()));
+        delta.removed_policies.retain(|key| self.policies.contains_key(key.as_str()));
     }
 
     pub fn apply_valid(&mut self, delta: ValidDelta) -> Applied {
@@ -301,7 +313,7 @@ impl State {
     }
 
     /// The removals a local document with these keys implies: what the last applied one had and it lacks.
-    pub fn local_removals(&self, next: &local::LocalKeys) -> (Vec<String>, Vec<String>) {
+    pub fn local_removals(&self, next: &local::LocalKeys) -> local::LocalRemovals {
         self.local_keys.removed_by(next)
     }
 

@@ -1,5 +1,6 @@
-//! Authorization policies as they cross the boundary (compiled by TS: principals without `spiffe://`, CIDRs in
-//! canonical form, ports as numbers) and their validated, evaluation-ready form.
+//! Authorization policies as they cross the boundary (compiled by TS, the one policy compiler: principals without
+//! `spiffe://`, CIDRs in canonical form, ports as numbers) and the form the dataplane loads them into: checked,
+//! evaluation-ready, and what config_dump's `policies` are written from (state/dump.rs).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -74,16 +75,8 @@ pub struct Cidr {
 
 impl Cidr {
     pub fn parse(s: &str) -> Option<Cidr> {
-        let (ip, prefix) = match s.split_once('/') {
-            Some((ip, p)) => (ip.parse::<IpAddr>().ok()?, Some(p.parse::<u8>().ok()?)),
-            None => (s.parse::<IpAddr>().ok()?, None),
-        };
-        let max = if ip.is_ipv4() { 32 } else { 128 };
-        let prefix = prefix.unwrap_or(max);
-        if prefix > max {
-            return None;
-        }
-        Some(Cidr { addr: mask(ip, prefix), prefix })
+        let (ip, prefix) = parse_cidr(s)?;
+        Some(Cidr::of(ip, prefix))
     }
 
     /// The range of `prefix` bits that contains `ip`.
@@ -93,6 +86,42 @@ impl Cidr {
 
     pub fn contains(&self, ip: IpAddr) -> bool {
         ip.is_ipv4() == self.addr.is_ipv4() && mask(ip, self.prefix) == self.addr
+    }
+}
+
+/// "ip/prefix" or a bare address (the whole length): the address as written and the prefix.
+fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
+    let (ip, prefix) = match s.split_once('/') {
+        Some((ip, p)) => (ip.parse::<IpAddr>().ok()?, Some(p.parse::<u8>().ok()?)),
+        None => (s.parse::<IpAddr>().ok()?, None),
+    };
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let prefix = prefix.unwrap_or(max);
+    (prefix <= max).then_some((ip, prefix))
+}
+
+/// A policy's CIDR: matched as the masked range, shown as written (ztunnel's `IpNet` keeps the address it was
+/// given: config_dump shows "10.1.2.3/8", not "10.0.0.0/8").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyCidr {
+    pub range: Cidr,
+    pub written: IpAddr,
+}
+
+impl PolicyCidr {
+    pub fn parse(s: &str) -> Option<PolicyCidr> {
+        let (ip, prefix) = parse_cidr(s)?;
+        Some(PolicyCidr { range: Cidr::of(ip, prefix), written: ip })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.range.contains(ip)
+    }
+}
+
+impl std::fmt::Display for PolicyCidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.written, self.range.prefix)
     }
 }
 
@@ -173,10 +202,10 @@ pub struct Match {
     pub not_principals: Vec<StringMatch>,
     pub service_accounts: Vec<ServiceAccountMatch>,
     pub not_service_accounts: Vec<ServiceAccountMatch>,
-    pub source_ips: Vec<Cidr>,
-    pub not_source_ips: Vec<Cidr>,
-    pub destination_ips: Vec<Cidr>,
-    pub not_destination_ips: Vec<Cidr>,
+    pub source_ips: Vec<PolicyCidr>,
+    pub not_source_ips: Vec<PolicyCidr>,
+    pub destination_ips: Vec<PolicyCidr>,
+    pub not_destination_ips: Vec<PolicyCidr>,
     pub destination_ports: Vec<u16>,
     pub not_destination_ports: Vec<u16>,
     /// Every list empty (computed once: the evaluator asks on every connection).
@@ -204,7 +233,7 @@ impl Match {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Policy {
     pub name: String,
     pub namespace: String,
@@ -314,6 +343,20 @@ impl RuleIndex {
     }
 }
 
+/// Equal as written (the index is built from the rules: comparing it again would only cost a large policy twice).
+impl PartialEq for Policy {
+    fn eq(&self, other: &Policy) -> bool {
+        self.name == other.name
+            && self.namespace == other.namespace
+            && self.scope == other.scope
+            && self.action == other.action
+            && self.dry_run == other.dry_run
+            && self.rules == other.rules
+    }
+}
+
+impl Eq for Policy {}
+
 impl Policy {
     /// `namespace/name`, the key workloads use in `authorizationPolicies`.
     pub fn key(&self) -> String {
@@ -328,8 +371,8 @@ impl PolicyJson {
         if self.name.is_empty() {
             return Err(bad("name is empty".into()));
         }
-        let cidrs = |v: &[String]| -> Result<Vec<Cidr>, StateError> {
-            v.iter().map(|s| Cidr::parse(s).ok_or_else(|| bad(format!("{s:?} is not a CIDR")))).collect()
+        let cidrs = |v: &[String]| -> Result<Vec<PolicyCidr>, StateError> {
+            v.iter().map(|s| PolicyCidr::parse(s).ok_or_else(|| bad(format!("{s:?} is not a CIDR")))).collect()
         };
         let ports = |v: &[u32]| -> Result<Vec<u16>, StateError> {
             v.iter()
@@ -398,6 +441,10 @@ mod tests {
         assert!(Cidr::parse("fd00::/8").unwrap().contains("fd12::1".parse().unwrap()));
         assert!(Cidr::parse("10.0.0.0/33").is_none());
         assert!(Cidr::parse("nonsense").is_none());
+        let written = PolicyCidr::parse("10.1.2.3/8").unwrap();
+        assert_eq!((written.to_string(), written.range), ("10.1.2.3/8".to_string(), c), "shown as written");
+        assert!(written.contains("10.200.0.1".parse().unwrap()));
+        assert_eq!(PolicyCidr::parse("fd00::1").unwrap().to_string(), "fd00::1/128");
     }
 
     /// Issue #29: a connection against a 100k-rule policy tries the one rule its principal names (and those no
