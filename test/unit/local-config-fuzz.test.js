@@ -7,7 +7,6 @@ import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { parseLocalConfig } from '../../dist/config/local.js';
 import { LocalConfigError } from '../../dist/errors.js';
-import { toNativeService, toNativeWorkload } from '../../dist/state/model.js';
 import { openNativeDataplane } from '../helpers/native-dataplane.js';
 
 const RUNS = Number(process.env.FUZZ_RUNS ?? 300);
@@ -79,8 +78,8 @@ test('plausible documents with hostile values: what the schema accepts, the data
       if (cfg === null) return;
       accepted++;
       // Unique keys, as the loader's own duplicate checks leave them.
-      const workloads = [...new Map(cfg.workloads.map((w) => [w.uid, w])).values()].map(toNativeWorkload);
-      const services = [...new Map(cfg.services.map((s) => [`${s.namespace}/${s.hostname}`, s])).values()].map(toNativeService);
+      const workloads = [...new Map(cfg.workloads.map((w) => [w.uid, w])).values()];
+      const services = [...new Map(cfg.services.map((s) => [`${s.namespace}/${s.hostname}`, s])).values()];
       dp.applyState({ full: true, workloads, removedWorkloads: [], services, removedServices: [], policies: [], removedPolicies: [] });
     }),
     { numRuns: RUNS },

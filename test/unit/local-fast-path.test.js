@@ -16,7 +16,6 @@ import YAML from 'yaml';
 import { parseLocalConfig, parseLocalPolicies } from '../../dist/config/local.js';
 import { LocalConfigError } from '../../dist/errors.js';
 import { localDiscard, localPrepare, localPrepareRecords, yamlToJson } from '../../dist/native/index.js';
-import { toNativeService, toNativeWorkload } from '../../dist/state/model.js';
 import { largeConfigYaml } from '../helpers/large-config.js';
 import { openNativeDataplane } from '../helpers/native-dataplane.js';
 
@@ -70,7 +69,7 @@ async function compare(text) {
   assert.deepEqual(fast.policies, JSON.parse(yamlToJson(text))?.policies ?? [], 'the policies as written');
   let slowTicket;
   try {
-    slowTicket = localPrepareRecords(utf8(JSON.stringify({ workloads: doc.workloads.map(toNativeWorkload), services: doc.services.map(toNativeService) })));
+    slowTicket = localPrepareRecords(utf8(JSON.stringify({ workloads: doc.workloads, services: doc.services })));
   } catch (err) {
     localDiscard(fast.ticket);
     // The dataplane refuses what the schema let through (the fuzz test's property says it must not): the fast path

@@ -31,7 +31,6 @@ import { localDiscard, localPrepare, localPrepareRecords } from '../native/index
 import { compilePolicy } from '../policy/compile.js';
 import type { Policy } from '../state/model.js';
 import { splitChange } from '../state/chunks.js';
-import { toNativeService, toNativeWorkload } from '../state/model.js';
 import { parseLocalConfig, parseLocalPolicies, readLocalText } from './local.js';
 
 /** What the worker is started with (workerData). */
@@ -79,7 +78,7 @@ function prepare(text: Buffer, name: string): { ticket: number; workloads: numbe
     }
   }
   const doc = parseLocalConfig(text.toString('utf8'), name);
-  const records = utf8.encode(JSON.stringify({ workloads: doc.workloads.map(toNativeWorkload), services: doc.services.map(toNativeService) }));
+  const records = utf8.encode(JSON.stringify({ workloads: doc.workloads, services: doc.services }));
   let ticket: number;
   try {
     ticket = localPrepareRecords(records);

@@ -261,10 +261,13 @@ const candidatesSchema = z
     });
   });
 
-// Compile-time proof that the schema produces the state model (a drift breaks the build, not a test).
+// Compile-time proof that the schema produces the dataplane's records, every key of them and no other (a drift
+// breaks the build, not a test): a parsed workload or service crosses as it is (the type is generated from the
+// dataplane's one record type).
 type Parsed = z.output<typeof documentSchema>;
-const _workloadFits = (w: Parsed['workloads'][number]): WorkloadInfo => w;
-const _serviceFits = (s: Parsed['services'][number]): ServiceInfo => s;
+type Exactly<T, U> = [Exclude<keyof T, keyof U>, Exclude<keyof U, keyof T>] extends [never, never] ? T : never;
+const _workloadFits = (w: Exactly<Parsed['workloads'][number], WorkloadInfo>): WorkloadInfo => w;
+const _serviceFits = (s: Exactly<Parsed['services'][number], ServiceInfo>): ServiceInfo => s;
 const _policyFits = (p: Parsed['policies'][number]): Policy => p;
 
 // ---- error rendering -----------------------------------------------------------------------------------------

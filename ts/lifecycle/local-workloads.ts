@@ -50,7 +50,7 @@ function servingKey(w: WorkloadInfo): string {
 
 /** Whether a workload on this node needs a certificate: every one with listeners; else HBONE/native tunnel. */
 function wantsCertificate(w: WorkloadInfo, listeners: boolean): boolean {
-  return listeners || w.protocol === 'HBONE' || w.nativeTunnel;
+  return listeners || w.protocol === 'HBONE' || w.nativeTunnel === true;
 }
 
 export class LocalWorkloads {

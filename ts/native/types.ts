@@ -42,9 +42,11 @@ export type { WorkloadTransition } from './generated/WorkloadTransition.js';
 export type { MissingReference } from './generated/MissingReference.js';
 export type { MeshDump } from './generated/MeshDump.js';
 export type { WorkloadDump } from './generated/WorkloadDump.js';
-export type { WorkloadRecordDump } from './generated/WorkloadRecordDump.js';
+export type { PolicyDump } from './generated/PolicyDump.js';
+export type { MatchDump } from './generated/MatchDump.js';
+export type { StringMatchDump } from './generated/StringMatchDump.js';
+export type { WorkloadRecord } from './generated/WorkloadRecord.js';
 export type { LocalDump } from './generated/LocalDump.js';
-export type { LocalWorkloadDump } from './generated/LocalWorkloadDump.js';
 export type { ServiceDump } from './generated/ServiceDump.js';
 export type { EndpointDump } from './generated/EndpointDump.js';
 

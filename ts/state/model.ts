@@ -1,6 +1,7 @@
-// The TS-side model of the mesh state. WorkloadInfo/ServiceInfo are the native Workload/Service
-// (docs/native-api.md): the dataplane routes on every field (waypoints, gateways, load balancing). The native side
-// receives exactly its own fields: see toNativeWorkload/toNativeService.
+// The TS-side model of the mesh state. WorkloadInfo/ServiceInfo are the native Workload/Service (docs/native-api.md),
+// generated from the dataplane's own record types: the dataplane routes on every field (waypoints, gateways, load
+// balancing). The local file's schema produces exactly these records (ts/config/local.ts proves it at compile time),
+// and they cross as they are.
 import type { Service, Workload } from '../native/types.js';
 
 export type { ApplicationTunnel, GatewayAddress, LoadBalancer, NetworkMode } from '../native/types.js';
@@ -60,53 +61,4 @@ export function policyKey(p: { namespace: string; name: string }): string {
 /** The SPIFFE identity a workload's certificate carries. */
 export function workloadIdentity(w: Pick<Workload, 'trustDomain' | 'namespace' | 'serviceAccount'>): string {
   return `spiffe://${w.trustDomain}/ns/${w.namespace}/sa/${w.serviceAccount}`;
-}
-
-/** Exactly the native Workload fields: the native side may reject unknown fields. */
-export function toNativeWorkload(w: Workload): Workload {
-  return {
-    uid: w.uid,
-    name: w.name,
-    namespace: w.namespace,
-    serviceAccount: w.serviceAccount,
-    trustDomain: w.trustDomain,
-    workloadIps: w.workloadIps,
-    network: w.network,
-    protocol: w.protocol,
-    node: w.node,
-    status: w.status,
-    capacity: w.capacity,
-    canonicalName: w.canonicalName,
-    canonicalRevision: w.canonicalRevision,
-    workloadName: w.workloadName,
-    workloadType: w.workloadType,
-    clusterId: w.clusterId,
-    locality: w.locality,
-    services: w.services,
-    authorizationPolicies: w.authorizationPolicies,
-    hostname: w.hostname,
-    networkMode: w.networkMode,
-    waypoint: w.waypoint,
-    networkGateway: w.networkGateway,
-    applicationTunnel: w.applicationTunnel,
-    nativeTunnel: w.nativeTunnel,
-  };
-}
-
-export function toNativeService(s: Service): Service {
-  return {
-    name: s.name,
-    namespace: s.namespace,
-    hostname: s.hostname,
-    vips: s.vips,
-    cidrVips: s.cidrVips,
-    ports: s.ports,
-    subjectAltNames: s.subjectAltNames,
-    waypoint: s.waypoint,
-    weightedWaypoints: s.weightedWaypoints,
-    loadBalancer: s.loadBalancer,
-    ipFamilies: s.ipFamilies,
-    canonical: s.canonical,
-    visibility: s.visibility,
-  };
 }

@@ -18,8 +18,6 @@ import { compilePolicy } from '../policy/compile.js';
 import {
   policyKey,
   serviceKey,
-  toNativeService,
-  toNativeWorkload,
   type Policy,
   type ServiceInfo,
   type WorkloadInfo,
@@ -95,9 +93,9 @@ export class StateStore {
     const goneS = [...new Set(change.removedServices ?? [])].filter((k) => !upS.has(k));
     const goneP = [...new Set(change.removedPolicies ?? [])].filter((k) => !upP.has(k));
     const delta: StateDelta = {};
-    if (upW.size) delta.workloads = [...upW.values()].map(toNativeWorkload);
+    if (upW.size) delta.workloads = [...upW.values()];
     if (goneW.length) delta.removedWorkloads = goneW;
-    if (upS.size) delta.services = [...upS.values()].map(toNativeService);
+    if (upS.size) delta.services = [...upS.values()];
     if (goneS.length) delta.removedServices = goneS;
     if (upP.size) delta.policies = [...upP.values()].map(compilePolicy);
     if (goneP.length) delta.removedPolicies = goneP;

@@ -15,7 +15,7 @@ impl Dataplane {
     /// Apply a batched state delta (JSON). Validation happens before the lock is taken; a bad delta changes
     /// nothing. Returns what changed, as the control side reads it (`AppliedOut`).
     pub fn apply_state_json(&self, json: &str) -> Result<String, DataplaneError> {
-        let delta: StateDelta = serde_json::from_str(json).map_err(state::StateError::from)?;
+        let delta = StateDelta::from_json(json.as_bytes())?;
         let applied = self.apply_state(delta)?;
         Ok(self.applied_json(&applied, Vec::new(), Vec::new()))
     }
@@ -25,7 +25,7 @@ impl Dataplane {
     pub fn apply_state_batches(&self, chunks: &[Vec<u8>]) -> Result<String, DataplaneError> {
         let mut merged = state::ValidDelta::default();
         for chunk in chunks {
-            let delta: StateDelta = serde_json::from_slice(chunk).map_err(state::StateError::from)?;
+            let delta = StateDelta::from_json(chunk)?;
             merged.absorb(delta.validate()?);
         }
         let applied = self.apply_valid(merged, |_, _| (), |_, ()| ());
@@ -45,7 +45,7 @@ impl Dataplane {
             .ok_or_else(|| DataplaneError::Spec(format!("no local config document is held under ticket {id}")))?;
         let mut delta = state::ValidDelta::default();
         for chunk in policy_chunks {
-            let d: StateDelta = serde_json::from_slice(chunk).map_err(state::StateError::from)?;
+            let d = StateDelta::from_json(chunk)?;
             if d.full || !d.workloads.is_empty() || !d.services.is_empty() || !d.removed_policies.is_empty() {
                 return Err(DataplaneError::Spec("a local policy chunk carries more than policies".into()));
             }

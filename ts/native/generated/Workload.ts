@@ -7,26 +7,41 @@ import type { NetworkMode } from "./NetworkMode.js";
 import type { WorkloadProtocol } from "./WorkloadProtocol.js";
 
 /**
- * A workload as TS sends it, and as the dataplane hands it back (`dump::workload`, the same keys: a test checks).
+ * A workload in the form it is read in (a JSON delta, the local file): the record's keys, then `capacity` and
+ * `services` as "namespace/hostname" → { service port: target }. What a state change hands back to the control
+ * side (whole records), and the workloads of config_dump's `staticConfig` (ztunnel's LocalWorkload: its Workload's
+ * keys, then `services`).
  */
-export type Workload = { uid: string, name: string, namespace: string, serviceAccount: string, trustDomain: string, workloadIps: Array<string>, network: string, protocol: WorkloadProtocol, node: string, status: HealthStatus, 
+export type Workload = { capacity: number, services: { [key in string]?: { [key in string]?: number } }, 
 /**
- * Load-balancing weight; null (or 0) is 1.
+ * Shared by the state's indexes (not interned: unique).
  */
-capacity: number | null, canonicalName: string, canonicalRevision: string, workloadName: string, 
+uid: string, workloadIps: Array<string>, 
 /**
- * "deployment", "cronjob", "pod" or "job".
+ * Boxed: most workloads have neither, and an inline address costs 64 bytes each.
  */
-workloadType: string, clusterId: string, locality: Locality, 
-/**
- * "namespace/hostname" → { "<service port>": target port }
- */
-services: { [key in string]?: { [key in string]?: number } }, 
-/**
- * "namespace/name" of each policy selecting this workload.
- */
-authorizationPolicies: Array<string>, hostname: string, 
+waypoint?: GatewayAddress | null, networkGateway?: GatewayAddress | null, protocol: WorkloadProtocol, 
 /**
  * HostNetwork workloads share the node's IP and are not found by it.
  */
-networkMode: NetworkMode, waypoint: GatewayAddress | null, networkGateway: GatewayAddress | null, applicationTunnel: ApplicationTunnel | null, nativeTunnel: boolean, };
+networkMode: NetworkMode, 
+/**
+ * Shared with the (namespace, name) index (not interned: nearly unique).
+ */
+name: string, namespace: string, 
+/**
+ * Never empty once valid (Istio's default).
+ */
+trustDomain: string, 
+/**
+ * Never empty once valid (Istio's default).
+ */
+serviceAccount: string, network?: string, workloadName?: string, 
+/**
+ * "deployment", "cronjob", "pod" or "job"; never empty once valid (Istio's default).
+ */
+workloadType: string, canonicalName?: string, canonicalRevision?: string, hostname?: string, node?: string, nativeTunnel?: boolean, applicationTunnel?: ApplicationTunnel | null, 
+/**
+ * "namespace/name" of each policy selecting this workload.
+ */
+authorizationPolicies?: Array<string>, status: HealthStatus, clusterId: string, locality?: Locality, };

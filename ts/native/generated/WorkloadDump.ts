@@ -12,4 +12,36 @@ import type { WorkloadProtocol } from "./WorkloadProtocol.js";
  * `istioctl ztunnel-config` and a diff against ztunnel's dump see the same document. `services` is the list of
  * "namespace/hostname" the workload is an endpoint of (its port maps are in each service's `endpoints`).
  */
-export type WorkloadDump = { services?: Array<string>, capacity: number, uid?: string, workloadIps: Array<string>, waypoint?: GatewayAddress, networkGateway?: GatewayAddress, protocol: WorkloadProtocol, networkMode: NetworkMode, name: string, namespace: string, trustDomain?: string, serviceAccount?: string, network?: string, workloadName?: string, workloadType?: string, canonicalName?: string, canonicalRevision?: string, hostname?: string, node?: string, nativeTunnel?: boolean, applicationTunnel?: ApplicationTunnel, authorizationPolicies?: Array<string>, status: HealthStatus, clusterId: string, locality?: Locality, };
+export type WorkloadDump = { services?: Array<string>, capacity: number, 
+/**
+ * Shared by the state's indexes (not interned: unique).
+ */
+uid: string, workloadIps: Array<string>, 
+/**
+ * Boxed: most workloads have neither, and an inline address costs 64 bytes each.
+ */
+waypoint?: GatewayAddress | null, networkGateway?: GatewayAddress | null, protocol: WorkloadProtocol, 
+/**
+ * HostNetwork workloads share the node's IP and are not found by it.
+ */
+networkMode: NetworkMode, 
+/**
+ * Shared with the (namespace, name) index (not interned: nearly unique).
+ */
+name: string, namespace: string, 
+/**
+ * Never empty once valid (Istio's default).
+ */
+trustDomain: string, 
+/**
+ * Never empty once valid (Istio's default).
+ */
+serviceAccount: string, network?: string, workloadName?: string, 
+/**
+ * "deployment", "cronjob", "pod" or "job"; never empty once valid (Istio's default).
+ */
+workloadType: string, canonicalName?: string, canonicalRevision?: string, hostname?: string, node?: string, nativeTunnel?: boolean, applicationTunnel?: ApplicationTunnel | null, 
+/**
+ * "namespace/name" of each policy selecting this workload.
+ */
+authorizationPolicies?: Array<string>, status: HealthStatus, clusterId: string, locality?: Locality, };

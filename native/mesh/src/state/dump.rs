@@ -1,38 +1,21 @@
 //! The mesh state written out: config_dump's `workloads`, `services`, `policies` and `stagedServices` (ztunnel's keys, in
 //! ztunnel's order, with ztunnel's omissions of default values), and the whole workload records a state change hands
-//! back to the control side (every key, the same shape as the `Workload` it sends). The dataplane's state is the only
+//! back to the control side (the same shape as the `Workload` it sends: `WorkloadFull`). The dataplane's state is the only
 //! copy of the mesh (ARCHITECTURE.md), so this is the one place it is written out.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::intern::Str;
 use super::model::{
-    ApplicationTunnel, GatewayAddress, GatewayDestination, LoadBalancer, Locality, NetworkMode, Protocol, Service,
-    ServiceKey, Visibility, Workload, WorkloadStatus,
+    is_false, GatewayAddress, GatewayAddressJson, LoadBalancer, Service, ServiceKey, Visibility, Workload,
+    WorkloadStatus,
 };
 use super::policy::{Action, Match, Policy, PolicyCidr, Scope, ServiceAccountMatch, StringMatch};
 use super::State;
 
-/// "<network>/<ip>" or "<namespace>/<hostname>", as the control side writes a gateway's destination.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GatewayOut {
-    destination: String,
-    hbone_mtls_port: u16,
-}
-
-fn gateway(g: Option<&GatewayAddress>) -> Option<GatewayOut> {
-    g.map(gateway_of)
-}
-
-fn gateway_of(g: &GatewayAddress) -> GatewayOut {
-    let destination = match &g.destination {
-        GatewayDestination::Address((net, ip)) => format!("{net}/{ip}"),
-        GatewayDestination::Hostname(k) => k.to_string(),
-    };
-    GatewayOut { destination, hbone_mtls_port: g.hbone_mtls_port }
+fn gateway(g: Option<&GatewayAddress>) -> Option<GatewayAddressJson> {
+    g.map(GatewayAddress::to_json)
 }
 
 /// A port map with ports as keys in ascending order (JSON object keys are strings).
@@ -42,69 +25,30 @@ fn ports<'a>(m: impl IntoIterator<Item = (&'a u16, &'a u16)>) -> BTreeMap<String
     sorted.into_iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
 
-/// A workload, keys in config_dump's order.
+/// A workload in the form it is read in (a JSON delta, the local file): the record's keys, then `capacity` and
+/// `services` as "namespace/hostname" → { service port: target }. What a state change hands back to the control
+/// side (whole records), and the workloads of config_dump's `staticConfig` (ztunnel's LocalWorkload: its Workload's
+/// keys, then `services`).
 #[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct WorkloadOut<'a> {
-    uid: &'a str,
-    workload_ips: Vec<String>,
-    waypoint: Option<GatewayOut>,
-    network_gateway: Option<GatewayOut>,
-    protocol: Protocol,
-    network_mode: NetworkMode,
-    name: &'a str,
-    namespace: &'a str,
-    trust_domain: &'a str,
-    service_account: &'a str,
-    network: &'a str,
-    workload_name: &'a str,
-    workload_type: &'a str,
-    canonical_name: &'a str,
-    canonical_revision: &'a str,
-    hostname: &'a str,
-    node: &'a str,
-    native_tunnel: bool,
-    application_tunnel: &'a Option<ApplicationTunnel>,
-    authorization_policies: &'a [Str],
-    status: WorkloadStatus,
-    cluster_id: &'a str,
-    locality: &'a Locality,
-    services: BTreeMap<String, BTreeMap<String, u16>>,
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "Workload")
+)]
+pub struct WorkloadFull<'a> {
+    #[serde(flatten)]
+    #[cfg_attr(any(test, feature = "ts"), ts(flatten))]
+    record: &'a Workload,
     capacity: u32,
+    services: BTreeMap<String, BTreeMap<String, u16>>,
 }
 
-pub fn workload(w: &Workload) -> WorkloadOut<'_> {
-    WorkloadOut {
-        uid: &w.uid,
-        workload_ips: w.ips.iter().map(|ip| ip.to_string()).collect(),
-        waypoint: gateway(w.waypoint.as_deref()),
-        network_gateway: gateway(w.network_gateway.as_deref()),
-        protocol: w.protocol,
-        network_mode: w.network_mode,
-        name: &w.name,
-        namespace: &w.namespace,
-        trust_domain: &w.trust_domain,
-        service_account: &w.service_account,
-        network: &w.network,
-        workload_name: &w.workload_name,
-        workload_type: &w.workload_type,
-        canonical_name: &w.canonical_name,
-        canonical_revision: &w.canonical_revision,
-        hostname: &w.hostname,
-        node: &w.node,
-        native_tunnel: w.native_tunnel,
-        application_tunnel: &w.application_tunnel,
-        authorization_policies: &w.authorization_policies,
-        status: w.status,
-        cluster_id: &w.cluster_id,
-        locality: &w.locality,
-        services: w.service_ports.iter().map(|(k, m)| (k.to_string(), ports(m.iter()))).collect(),
+pub fn workload(w: &Workload) -> WorkloadFull<'_> {
+    WorkloadFull {
+        record: w,
         capacity: w.capacity,
+        services: w.service_ports.iter().map(|(k, m)| (k.to_string(), ports(m.iter()))).collect(),
     }
-}
-
-fn is_false(b: &bool) -> bool {
-    !*b
 }
 
 /// A workload as config_dump shows it: ztunnel's keys in ztunnel's order, and ztunnel's omissions (a key whose value
@@ -117,119 +61,20 @@ fn is_false(b: &bool) -> bool {
     derive(ts_rs::TS),
     ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadDump")
 )]
-#[serde(rename_all = "camelCase")]
 pub struct WorkloadDumpOut<'a> {
     #[serde(flatten)]
     #[cfg_attr(any(test, feature = "ts"), ts(flatten))]
-    record: WorkloadRecordOut<'a>,
+    record: &'a Workload,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
     services: Vec<String>,
     capacity: u32,
 }
 
-/// The keys a workload's dump shares with a local config workload's (all but `services` and `capacity`).
-#[derive(Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadRecordDump")
-)]
-#[serde(rename_all = "camelCase")]
-struct WorkloadRecordOut<'a> {
-    #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
-    uid: &'a str,
-    workload_ips: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
-    waypoint: Option<GatewayOut>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
-    network_gateway: Option<GatewayOut>,
-    protocol: Protocol,
-    network_mode: NetworkMode,
-    name: &'a str,
-    namespace: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
-    trust_domain: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
-    service_account: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
-    network: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
-    workload_name: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
-    workload_type: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
-    canonical_name: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
-    canonical_revision: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
-    hostname: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<String>"))]
-    node: &'a str,
-    #[serde(skip_serializing_if = "is_false")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<bool>"))]
-    native_tunnel: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<ApplicationTunnel>"))]
-    application_tunnel: &'a Option<ApplicationTunnel>,
-    #[serde(skip_serializing_if = "<[Str]>::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
-    authorization_policies: &'a [Str],
-    status: WorkloadStatus,
-    cluster_id: &'a str,
-    #[serde(skip_serializing_if = "is_default_locality")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Locality>"))]
-    locality: &'a Locality,
-}
-
-fn is_default_locality(l: &&Locality) -> bool {
-    **l == Locality::default()
-}
-
 pub fn workload_dump(w: &Workload) -> WorkloadDumpOut<'_> {
     let mut services: Vec<String> = w.service_ports.iter().map(|(k, _)| k.to_string()).collect();
     services.sort();
-    WorkloadDumpOut { record: workload_record(w), services, capacity: w.capacity }
-}
-
-fn workload_record(w: &Workload) -> WorkloadRecordOut<'_> {
-    WorkloadRecordOut {
-        uid: &w.uid,
-        workload_ips: w.ips.iter().map(|ip| ip.to_string()).collect(),
-        waypoint: gateway(w.waypoint.as_deref()),
-        network_gateway: gateway(w.network_gateway.as_deref()),
-        protocol: w.protocol,
-        network_mode: w.network_mode,
-        name: &w.name,
-        namespace: &w.namespace,
-        trust_domain: &w.trust_domain,
-        service_account: &w.service_account,
-        network: &w.network,
-        workload_name: &w.workload_name,
-        workload_type: &w.workload_type,
-        canonical_name: &w.canonical_name,
-        canonical_revision: &w.canonical_revision,
-        hostname: &w.hostname,
-        node: &w.node,
-        native_tunnel: w.native_tunnel,
-        application_tunnel: &w.application_tunnel,
-        authorization_policies: &w.authorization_policies,
-        status: w.status,
-        cluster_id: &w.cluster_id,
-        locality: &w.locality,
-    }
+    WorkloadDumpOut { record: w, services, capacity: w.capacity }
 }
 
 /// One endpoint of a service, keyed by workload uid in `endpoints` and `stagedServices`.
@@ -250,7 +95,7 @@ pub struct EndpointOut<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WeightedOut {
-    waypoint: GatewayOut,
+    waypoint: GatewayAddressJson,
     weight: u32,
 }
 
@@ -278,7 +123,7 @@ pub struct ServiceOut<'a> {
     subject_alt_names: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
     #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
-    waypoint: Option<GatewayOut>,
+    waypoint: Option<GatewayAddressJson>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<super::model::WeightedWaypointJson>>"))]
     weighted_waypoints: Vec<WeightedOut>,
@@ -315,7 +160,7 @@ pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceOut<'a> {
         weighted_waypoints: s
             .weighted_waypoints
             .iter()
-            .map(|(g, weight)| WeightedOut { waypoint: gateway_of(g), weight: *weight })
+            .map(|(g, weight)| WeightedOut { waypoint: g.to_json(), weight: *weight })
             .collect(),
         load_balancer: &s.load_balancer,
         ip_families: s.ip_families,
@@ -488,29 +333,13 @@ pub fn mesh(st: &State) -> MeshDump<'_> {
     }
 }
 
-/// A workload of the local config as config_dump's `staticConfig` shows it (ztunnel's LocalWorkload): the
-/// workload's dump keys, and `services` as the document gives them, "namespace/hostname" → { service port: target }.
-#[derive(Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "LocalWorkloadDump")
-)]
-pub struct LocalWorkloadOut<'a> {
-    #[serde(flatten)]
-    #[cfg_attr(any(test, feature = "ts"), ts(flatten))]
-    record: WorkloadRecordOut<'a>,
-    capacity: u32,
-    services: BTreeMap<String, BTreeMap<String, u16>>,
-}
-
 /// `staticConfig`, as ztunnel shows its local config: the last applied local document's workloads (by uid),
 /// policies (by key) and services (by hostname, then namespace), as the dataplane holds them. A record an xDS source
 /// has since replaced under the same key shows as it is now.
 #[derive(Serialize)]
 #[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
 pub struct LocalDump<'a> {
-    workloads: Vec<LocalWorkloadOut<'a>>,
+    workloads: Vec<WorkloadFull<'a>>,
     policies: Vec<PolicyOut<'a>>,
     services: Vec<ServiceOut<'a>>,
 }
@@ -523,14 +352,7 @@ pub fn local(st: &State) -> LocalDump<'_> {
     let mut ss: Vec<&Service> = keys.services.iter().filter_map(|k| st.services.get(k)).map(|s| s.as_ref()).collect();
     ss.sort_by(|a, b| a.key.hostname.cmp(&b.key.hostname).then_with(|| a.key.namespace.cmp(&b.key.namespace)));
     LocalDump {
-        workloads: ws
-            .into_iter()
-            .map(|w| LocalWorkloadOut {
-                record: workload_record(w),
-                capacity: w.capacity,
-                services: w.service_ports.iter().map(|(k, m)| (k.to_string(), ports(m.iter()))).collect(),
-            })
-            .collect(),
+        workloads: ws.into_iter().map(workload).collect(),
         policies: policies(keys.policies.iter().filter_map(|k| st.policies.get(k)).map(|p| p.as_ref())),
         services: ss.into_iter().map(|s| service(None, s)).collect(),
     }
@@ -546,11 +368,11 @@ pub fn local(st: &State) -> LocalDump<'_> {
 pub struct TransitionOut<'a> {
     uid: &'a str,
     /// null: added.
-    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<super::model::WorkloadJson>"))]
-    before: Option<WorkloadOut<'a>>,
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<WorkloadFull<'static>>"))]
+    before: Option<WorkloadFull<'a>>,
     /// null: removed.
-    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<super::model::WorkloadJson>"))]
-    after: Option<WorkloadOut<'a>>,
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<WorkloadFull<'static>>"))]
+    after: Option<WorkloadFull<'a>>,
 }
 
 /// A policy reference that became unresolved.
@@ -628,7 +450,6 @@ pub fn applied<'a>(
 mod tests {
     use serde_json::{json, Value};
 
-    use super::super::model::WorkloadJson;
     use super::*;
 
     /// A record with every field set to something other than its default.
@@ -647,17 +468,82 @@ mod tests {
         })
     }
 
-    /// The generated TypeScript `Workload` (from `WorkloadJson`) also types what the dataplane hands back
-    /// (`AppliedOut`, config_dump): the two shapes must have the same keys, and a record must survive the round trip.
+    /// One record type reads a workload and writes it back: a record with every field set comes back as it was
+    /// sent (the hand-back and staticConfig form, `WorkloadFull`), whose keys are the generated TypeScript
+    /// `Workload`'s; a record of defaults comes back with ztunnel's omissions, its defaults filled in.
     #[test]
     fn a_workload_handed_back_has_the_keys_and_values_it_was_sent_with() {
-        let sent: WorkloadJson = serde_json::from_value(full()).unwrap();
-        let w = sent.validate().unwrap();
+        let w = serde_json::from_value::<Workload>(full()).unwrap().validate().unwrap();
         let back = serde_json::to_value(workload(&w)).unwrap();
-        let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<std::collections::BTreeSet<_>>();
-        assert_eq!(keys(&back), keys(&serde_json::to_value(WorkloadJson::default()).unwrap()));
-        assert_eq!(keys(&back), keys(&full()));
         assert_eq!(back, full(), "every value comes back as it was sent");
+        let text = serde_json::to_string(&workload(&w)).unwrap();
+        let at = |k: &str| text.find(&format!("\"{k}\":")).unwrap_or_else(|| panic!("{k} in {text}"));
+        let order = [
+            "uid",
+            "workloadIps",
+            "waypoint",
+            "networkGateway",
+            "protocol",
+            "networkMode",
+            "name",
+            "namespace",
+            "trustDomain",
+            "serviceAccount",
+            "network",
+            "workloadName",
+            "workloadType",
+            "canonicalName",
+            "canonicalRevision",
+            "hostname",
+            "node",
+            "nativeTunnel",
+            "applicationTunnel",
+            "authorizationPolicies",
+            "status",
+            "clusterId",
+            "locality",
+            "capacity",
+            "services",
+        ];
+        assert!(
+            order.windows(2).all(|k| at(k[0]) < at(k[1])),
+            "ztunnel's order (its LocalWorkload: the record, then services): {text}"
+        );
+        let least: Workload = serde_json::from_value(json!({"uid": "u", "name": "a", "namespace": "ns"})).unwrap();
+        let back = serde_json::to_value(workload(&least.validate().unwrap())).unwrap();
+        assert_eq!(
+            back,
+            json!({
+                "uid": "u", "workloadIps": [], "protocol": "TCP", "networkMode": "Standard", "name": "a",
+                "namespace": "ns", "trustDomain": "cluster.local", "serviceAccount": "default",
+                "workloadType": "deployment", "status": "Healthy", "clusterId": "", "capacity": 1, "services": {},
+            })
+        );
+        let dumped = serde_json::to_value(workload_dump(&w)).unwrap();
+        assert_eq!(dumped["services"], json!(["ns1/svc.ns1.svc.cluster.local"]), "config_dump lists the keys");
+        let text = serde_json::to_string(&workload_dump(&w)).unwrap();
+        assert!(text.find("\"services\":") < text.find("\"capacity\":") && text.ends_with("\"capacity\":3}"), "{text}");
+    }
+
+    #[test]
+    fn a_bad_workload_field_is_refused_with_its_problem() {
+        let bad = |patch: Value| {
+            let mut v = full();
+            v.as_object_mut().unwrap().extend(patch.as_object().unwrap().clone());
+            serde_json::from_value::<Workload>(v)
+                .map_err(|e| e.to_string())
+                .and_then(|w| w.validate().map(|_| ()).map_err(|e| e.to_string()))
+        };
+        assert!(bad(json!({"workloadIps": ["10.0.0.300"]})).unwrap_err().contains("invalid IP address"));
+        let e = bad(json!({"waypoint": {"destination": "nowhere", "hboneMtlsPort": 0}})).unwrap_err();
+        assert!(e.contains("\"nowhere\" is not <network>/<ip> or <namespace>/<hostname>"), "{e}");
+        let e = bad(json!({"services": {"nohost": {"80": 8080}}})).unwrap_err();
+        assert!(e.contains("service key \"nohost\" is not namespace/hostname"), "{e}");
+        let e = bad(json!({"services": {"ns/h": {"80": 70000}}})).unwrap_err();
+        assert!(e.contains("port 70000 is out of range"), "{e}");
+        let e = bad(json!({"clusterId": "a,b"})).unwrap_err();
+        assert!(e.contains("c1//Pod/ns1/a") && e.contains("clusterId"), "{e}");
+        assert_eq!(bad(json!({"waypoint": null, "capacity": null})), Ok(()));
     }
 
     fn compiled(name: &str, rules: Value) -> Value {

@@ -23,16 +23,18 @@
 
 use parking_lot::Mutex;
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::IpAddr;
 
 use saphyr_parser::{Event, Parser, ScalarStyle, StrInput};
 use serde::Deserialize;
 
+use super::intern::{intern, Str};
+use super::model::PortMap;
 use super::model::{
     defaults, header_safe, segment_safe, AppTunnelProtocol, ApplicationTunnel, GatewayAddressJson, HealthPolicy,
     IpFamilies, LbMode, LbScope, LoadBalancer, Locality, NetworkMode, Protocol, ServiceJson, Visibility,
-    WeightedWaypointJson, WorkloadJson, WorkloadStatus,
+    WeightedWaypointJson, WorkloadStatus,
 };
 use super::{Service, ServiceKey, StateError, Workload};
 
@@ -114,12 +116,12 @@ impl LocalDocument {
         #[derive(Deserialize, Default)]
         #[serde(default)]
         struct Doc {
-            workloads: Vec<WorkloadJson>,
+            workloads: Vec<Workload>,
             services: Vec<ServiceJson>,
         }
-        let doc: Doc = serde_json::from_slice(json)?;
+        let doc: Doc = super::model::from_json(json)?;
         Ok(LocalDocument {
-            workloads: doc.workloads.iter().map(WorkloadJson::validate).collect::<Result<_, _>>()?,
+            workloads: doc.workloads.into_iter().map(Workload::validate).collect::<Result<_, _>>()?,
             services: doc.services.iter().map(ServiceJson::validate).collect::<Result<_, _>>()?,
             policies_json: "[]".into(),
         })
@@ -142,6 +144,11 @@ impl Parsed {
 }
 
 /// The dataplane's own validation of a record the reader accepted (a refusal declines: the slow way then reports it).
+/// A gateway as written, as the record holds it (a destination that is neither form is declined).
+fn gateway_address(g: GatewayAddressJson) -> R<Box<super::model::GatewayAddress>> {
+    g.parse().map(Box::new).or_else(decline)
+}
+
 fn valid<T>(r: Result<T, StateError>) -> R<T> {
     r.or_else(|e| decline(e.to_string()))
 }
@@ -455,7 +462,7 @@ impl<'a> Reader<'a> {
         valid(self.service()?.validate())
     }
 
-    fn workload(&mut self) -> R<WorkloadJson> {
+    fn workload(&mut self) -> R<Workload> {
         const F: &[&str] = &[
             "uid",
             "name",
@@ -483,86 +490,80 @@ impl<'a> Reader<'a> {
             "applicationTunnel",
             "nativeTunnel",
         ];
-        let mut w = WorkloadJson {
-            service_account: defaults::SERVICE_ACCOUNT.into(),
-            trust_domain: defaults::TRUST_DOMAIN.into(),
-            workload_type: defaults::WORKLOAD_TYPE.into(),
-            capacity: Some(defaults::CAPACITY),
-            ..WorkloadJson::default()
-        };
+        // Istio's defaults for what is left out are `Workload::validate`'s.
+        let mut w = Workload::default();
         let mut required = Seen(0);
         self.fields(F, |r, i| {
             match i {
-                0 => w.uid = r.non_empty()?,
-                1 => w.name = r.non_empty()?,
+                0 => w.uid = Str::from(r.non_empty()?.as_str()),
+                1 => w.name = Str::from(r.non_empty()?.as_str()),
                 2 => {
-                    w.namespace = r.header_text(true)?;
+                    w.namespace = intern(&r.header_text(true)?);
                     if w.namespace.is_empty() {
                         return decline("namespace is empty");
                     }
                 }
-                3 => w.service_account = r.header_text(true)?,
-                4 => w.trust_domain = r.header_text(true)?,
+                3 => w.service_account = intern(&r.header_text(true)?),
+                4 => w.trust_domain = intern(&r.header_text(true)?),
                 5 => {
                     let mut ips = Vec::new();
-                    r.seq(|r| {
-                        let s = r.string()?;
-                        if s.parse::<IpAddr>().is_err() {
-                            return decline("not an IP address");
-                        }
-                        {
-                            ips.push(s);
+                    r.seq(|r| match r.string()?.parse::<IpAddr>() {
+                        Ok(ip) => {
+                            ips.push(ip);
                             Ok(())
                         }
+                        Err(_) => decline("not an IP address"),
                     })?;
-                    w.workload_ips = ips;
+                    w.ips = ips;
                 }
-                6 => w.network = r.header_text(false)?,
+                6 => w.network = intern(&r.header_text(false)?),
                 7 => w.protocol = r.one_of(&[("HBONE", Protocol::Hbone), ("TCP", Protocol::Tcp)])?,
                 8 => {
                     w.network_mode =
                         r.one_of(&[("Standard", NetworkMode::Standard), ("HostNetwork", NetworkMode::HostNetwork)])?
                 }
-                9 => w.node = r.string()?,
-                10 => w.hostname = r.string()?,
+                9 => w.node = intern(&r.string()?),
+                10 => w.hostname = intern(&r.string()?),
                 11 => {
                     w.status =
                         r.one_of(&[("Healthy", WorkloadStatus::Healthy), ("Unhealthy", WorkloadStatus::Unhealthy)])?
                 }
-                12 => w.capacity = Some(r.int(0, u32::MAX as i64)? as u32),
-                13 => w.canonical_name = r.header_text(false)?,
-                14 => w.canonical_revision = r.header_text(false)?,
-                15 => w.workload_name = r.header_text(false)?,
+                12 => w.capacity = r.int(0, u32::MAX as i64)? as u32,
+                13 => w.canonical_name = intern(&r.header_text(false)?),
+                14 => w.canonical_revision = intern(&r.header_text(false)?),
+                15 => w.workload_name = intern(&r.header_text(false)?),
                 16 => {
                     let s = r.string()?;
                     let lower = s.to_ascii_lowercase();
                     if !s.is_ascii() || !defaults::WORKLOAD_TYPES.contains(&lower.as_str()) {
                         return decline("not a workload type");
                     }
-                    w.workload_type = lower;
+                    w.workload_type = intern(&lower);
                 }
-                17 => w.cluster_id = r.header_text(false)?,
+                17 => w.cluster_id = intern(&r.header_text(false)?),
                 18 => w.locality = r.locality()?,
                 19 => {
-                    let mut services = HashMap::new();
+                    let mut services = Vec::new();
+                    let mut keys = HashSet::new();
                     r.map(|r, k| {
                         let namespaced = k
                             .split_once('/')
                             .is_some_and(|(ns, host)| !ns.is_empty() && !host.is_empty() && !host.contains('/'));
-                        if !namespaced {
+                        let Some(key) = ServiceKey::parse(&k).filter(|_| namespaced) else {
                             return decline("a service key that is not namespace/hostname");
+                        };
+                        let ports = PortMap::new(r.port_map()?);
+                        if !keys.insert(key.clone()) {
+                            return decline("a service key given twice");
                         }
-                        let ports = r.port_map()?;
-                        match services.insert(k.into_owned(), ports) {
-                            None => Ok(()),
-                            Some(_) => decline("a service key given twice"),
-                        }
+                        services.push((key, ports));
+                        Ok(())
                     })?;
-                    w.services = services;
+                    w.service_ports = services;
                 }
-                20 => w.authorization_policies = r.strings()?,
-                21 => w.waypoint = r.gateway(true)?,
-                22 => w.network_gateway = r.gateway(true)?,
+                20 => w.authorization_policies = r.strings()?.iter().map(|k| intern(k)).collect(),
+                21 => w.waypoint = r.gateway(true)?.map(gateway_address).transpose()?,
+                22 => w.network_gateway = r.gateway(true)?.map(gateway_address).transpose()?,
                 23 => {
                     if !r.null()? {
                         let mut t = ApplicationTunnel::default();
@@ -609,12 +610,12 @@ impl<'a> Reader<'a> {
     }
 
     /// servicePort → targetPort: a key 1-65535 (written as a number, or a string of up to five digits), a target 0-65535.
-    fn port_map(&mut self) -> R<HashMap<String, u32>> {
+    fn port_map(&mut self) -> R<Vec<(u16, u16)>> {
         match self.next()? {
             Event::MappingStart(0, None) => {}
             _ => return decline("a port map that is not a plain mapping"),
         }
-        let mut out = HashMap::new();
+        let mut out = Vec::new();
         let mut keys = HashSet::new();
         loop {
             if let Event::MappingEnd = self.peek()? {
@@ -634,8 +635,8 @@ impl<'a> Reader<'a> {
             if !keys.insert(key) {
                 return decline("a port given twice");
             }
-            let target = self.int(0, 65535)? as u32;
-            out.insert(key.to_string(), target);
+            let target = self.int(0, 65535)? as u16;
+            out.push((key, target));
         }
     }
 
@@ -722,7 +723,7 @@ impl<'a> Reader<'a> {
                     })?;
                     s.cidr_vips = cidrs;
                 }
-                5 => s.ports = r.port_map()?,
+                5 => s.ports = r.port_map()?.into_iter().map(|(k, v)| (k.to_string(), u32::from(v))).collect(),
                 6 => s.subject_alt_names = r.strings()?,
                 7 => s.canonical = r.bool()?,
                 8 => s.waypoint = r.gateway(true)?,

@@ -36,6 +36,9 @@ use intern::Str;
 pub enum StateError {
     #[error("{code}: {0}", code = crate::ErrorCode::InvalidState)]
     Json(#[from] serde_json::Error),
+    /// A field of a JSON delta that cannot be read, by its path ("workloads[1].workloadIps[0]").
+    #[error("{code}: {path}: {error}", code = crate::ErrorCode::InvalidState)]
+    Field { path: String, error: serde_json::Error },
     #[error("{code}: {what} {name:?}: {problem}", code = crate::ErrorCode::InvalidState)]
     Invalid { what: &'static str, name: String, problem: String },
 }
@@ -645,7 +648,7 @@ mod tests {
     use super::*;
 
     fn delta(json: &str) -> StateDelta {
-        serde_json::from_str(json).unwrap()
+        StateDelta::from_json(json.as_bytes()).unwrap()
     }
 
     #[test]
@@ -708,11 +711,17 @@ mod tests {
             .unwrap();
         let err = st
             .apply(delta(
-                r#"{"full":true,"workloads":[{"uid":"w2","name":"b","namespace":"ns","workloadIps":["10.0.0.300"]}]}"#,
+                r#"{"full":true,"workloads":[{"uid":"w2","name":"b","namespace":"ns","clusterId":"a;b","workloadIps":["10.0.0.2"]}]}"#,
             ))
             .unwrap_err();
-        assert!(err.to_string().contains("w2"), "{err}");
+        assert!(err.to_string().contains("w2") && err.to_string().contains("clusterId"), "{err}");
         assert!(st.workload("w1").is_some());
         assert!(st.workload("w2").is_none());
+        // A value that cannot be read at all is named by its path in the delta.
+        let bad =
+            r#"{"workloads":[{"uid":"w1","name":"a","namespace":"ns"},{"uid":"w2","workloadIps":["10.0.0.300"]}]}"#;
+        let err = StateDelta::from_json(bad.as_bytes()).unwrap_err().to_string();
+        assert!(err.starts_with("INVALID_STATE: workloads[1].workloadIps[0]: invalid IP address"), "{err}");
+        assert!(StateDelta::from_json(b"{} x").is_err(), "trailing characters");
     }
 }

@@ -111,8 +111,7 @@ impl std::fmt::Display for ServiceKey {
 
 /// Where a waypoint or network gateway is, as TS sends it: `destination` is "<network>/<ip>" or
 /// "<namespace>/<hostname>".
-#[derive(Debug, Clone, Deserialize, Default)]
-#[cfg_attr(test, derive(Serialize))]
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
 #[cfg_attr(
     any(test, feature = "ts"),
     derive(ts_rs::TS),
@@ -139,26 +138,40 @@ pub struct GatewayAddress {
 
 impl GatewayAddressJson {
     fn validate(&self, what: &'static str, name: &str, field: &str) -> Result<GatewayAddress, StateError> {
-        let bad =
-            |problem: String| StateError::Invalid { what, name: name.into(), problem: format!("{field}: {problem}") };
-        let (head, rest) = self
-            .destination
-            .split_once('/')
-            .ok_or_else(|| bad(format!("{:?} is not <network>/<ip> or <namespace>/<hostname>", self.destination)))?;
+        self.parse().map_err(|problem| StateError::Invalid {
+            what,
+            name: name.into(),
+            problem: format!("{field}: {problem}"),
+        })
+    }
+
+    /// The address this names; a port of 0 is Istio's default (`defaults::HBONE_MTLS_PORT`).
+    pub fn parse(&self) -> Result<GatewayAddress, String> {
+        let bad = || format!("{:?} is not <network>/<ip> or <namespace>/<hostname>", self.destination);
+        let (head, rest) = self.destination.split_once('/').ok_or_else(bad)?;
         let destination = match rest.parse::<IpAddr>() {
             Ok(ip) => GatewayDestination::Address((head.to_string(), ip)),
             Err(_) if !head.is_empty() && !rest.is_empty() && !rest.contains('/') => {
                 GatewayDestination::Hostname(ServiceKey::new(head, rest))
             }
-            Err(_) => {
-                return Err(bad(format!("{:?} is not <network>/<ip> or <namespace>/<hostname>", self.destination)))
-            }
+            Err(_) => return Err(bad()),
         };
         let hbone_mtls_port = match self.hbone_mtls_port {
             0 => defaults::HBONE_MTLS_PORT,
-            p => port(what, name, p)?,
+            p => u16::try_from(p).map_err(|_| format!("port {p} is out of range"))?,
         };
         Ok(GatewayAddress { destination, hbone_mtls_port })
+    }
+}
+
+impl GatewayAddress {
+    /// As the control side writes one (`GatewayAddressJson`).
+    pub fn to_json(&self) -> GatewayAddressJson {
+        let destination = match &self.destination {
+            GatewayDestination::Address((net, ip)) => format!("{net}/{ip}"),
+            GatewayDestination::Hostname(k) => k.to_string(),
+        };
+        GatewayAddressJson { destination, hbone_mtls_port: u32::from(self.hbone_mtls_port) }
     }
 }
 
@@ -284,48 +297,6 @@ pub enum Visibility {
     Namespace,
 }
 
-/// A workload as TS sends it, and as the dataplane hands it back (`dump::workload`, the same keys: a test checks).
-#[derive(Debug, Clone, Deserialize, Default)]
-#[cfg_attr(test, derive(Serialize))]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "Workload")
-)]
-#[serde(rename_all = "camelCase", default)]
-pub struct WorkloadJson {
-    pub uid: String,
-    pub name: String,
-    pub namespace: String,
-    pub service_account: String,
-    pub trust_domain: String,
-    pub workload_ips: Vec<String>,
-    pub network: String,
-    pub protocol: Protocol,
-    pub node: String,
-    pub status: WorkloadStatus,
-    /// Load-balancing weight; null (or 0) is 1.
-    pub capacity: Option<u32>,
-    pub canonical_name: String,
-    pub canonical_revision: String,
-    pub workload_name: String,
-    /// "deployment", "cronjob", "pod" or "job".
-    pub workload_type: String,
-    pub cluster_id: String,
-    pub locality: Locality,
-    /// "namespace/hostname" → { "<service port>": target port }
-    pub services: HashMap<String, HashMap<String, u32>>,
-    /// "namespace/name" of each policy selecting this workload.
-    pub authorization_policies: Vec<String>,
-    pub hostname: String,
-    /// HostNetwork workloads share the node's IP and are not found by it.
-    pub network_mode: NetworkMode,
-    pub waypoint: Option<GatewayAddressJson>,
-    pub network_gateway: Option<GatewayAddressJson>,
-    pub application_tunnel: Option<ApplicationTunnel>,
-    pub native_tunnel: bool,
-}
-
 #[derive(Debug, Clone, Deserialize, Default)]
 #[cfg_attr(
     any(test, feature = "ts"),
@@ -361,8 +332,8 @@ pub struct StateDelta {
     /// true: replace the whole state with what follows.
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<bool>", optional))]
     pub full: bool,
-    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<WorkloadJson>>", optional))]
-    pub workloads: Vec<WorkloadJson>,
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<super::dump::WorkloadFull<'static>>>", optional))]
+    pub workloads: Vec<Workload>,
     /// Workload uids.
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub removed_workloads: Vec<String>,
@@ -428,38 +399,185 @@ impl ValidDelta {
     }
 }
 
-/// A validated workload.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A workload: the one record type of the mesh. Read from a JSON delta (the control side's camelCase form: what
+/// this derives), built by the WDS decoder (wds.rs) and the local file's reader (local.rs), checked and completed by
+/// `validate` (Istio's defaults, `defaults`), held by the state, and written out by config_dump's views
+/// (dump.rs: `WorkloadFull`, the form it is read in, and `WorkloadDump`, ztunnel's). Its keys are in ztunnel's
+/// config_dump order, a default value left out as ztunnel does; the views add `services` and `capacity`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    any(test, feature = "ts"),
+    derive(ts_rs::TS),
+    ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadRecord")
+)]
+#[serde(rename_all = "camelCase", default)]
 pub struct Workload {
     /// Shared by the state's indexes (not interned: unique).
+    #[serde(deserialize_with = "unique")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
     pub uid: Str,
-    /// Shared with the (namespace, name) index (not interned: nearly unique).
-    pub name: Str,
-    pub namespace: Str,
-    pub service_account: Str,
-    pub trust_domain: Str,
+    #[serde(rename = "workloadIps")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Vec<String>"))]
     pub ips: Vec<IpAddr>,
-    pub network: Str,
-    pub protocol: Protocol,
-    pub node: Str,
-    pub status: WorkloadStatus,
-    pub capacity: u32,
-    pub canonical_name: Str,
-    pub canonical_revision: Str,
-    pub workload_name: Str,
-    pub workload_type: Str,
-    pub cluster_id: Str,
-    pub locality: Locality,
-    /// service → (service port → target port) for this endpoint.
-    pub service_ports: Vec<(ServiceKey, PortMap)>,
-    pub authorization_policies: Vec<Str>,
-    pub hostname: Str,
-    pub network_mode: NetworkMode,
     /// Boxed: most workloads have neither, and an inline address costs 64 bytes each.
+    #[serde(skip_serializing_if = "Option::is_none", with = "gateway_serde")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<GatewayAddressJson>", optional = nullable))]
     pub waypoint: Option<Box<GatewayAddress>>,
+    #[serde(skip_serializing_if = "Option::is_none", with = "gateway_serde")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<GatewayAddressJson>", optional = nullable))]
     pub network_gateway: Option<Box<GatewayAddress>>,
-    pub application_tunnel: Option<ApplicationTunnel>,
+    pub protocol: Protocol,
+    /// HostNetwork workloads share the node's IP and are not found by it.
+    pub network_mode: NetworkMode,
+    /// Shared with the (namespace, name) index (not interned: nearly unique).
+    #[serde(deserialize_with = "unique")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
+    pub name: Str,
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
+    pub namespace: Str,
+    /// Never empty once valid (Istio's default).
+    #[serde(skip_serializing_if = "str_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
+    pub trust_domain: Str,
+    /// Never empty once valid (Istio's default).
+    #[serde(skip_serializing_if = "str_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
+    pub service_account: Str,
+    #[serde(skip_serializing_if = "str_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
+    pub network: Str,
+    #[serde(skip_serializing_if = "str_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
+    pub workload_name: Str,
+    /// "deployment", "cronjob", "pod" or "job"; never empty once valid (Istio's default).
+    #[serde(skip_serializing_if = "str_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
+    pub workload_type: Str,
+    #[serde(skip_serializing_if = "str_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
+    pub canonical_name: Str,
+    #[serde(skip_serializing_if = "str_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
+    pub canonical_revision: Str,
+    #[serde(skip_serializing_if = "str_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
+    pub hostname: Str,
+    #[serde(skip_serializing_if = "str_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
+    pub node: Str,
+    #[serde(skip_serializing_if = "is_false")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<bool>", optional))]
     pub native_tunnel: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional = nullable))]
+    pub application_tunnel: Option<ApplicationTunnel>,
+    /// "namespace/name" of each policy selecting this workload.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
+    pub authorization_policies: Vec<Str>,
+    pub status: WorkloadStatus,
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
+    pub cluster_id: Str,
+    #[serde(skip_serializing_if = "is_default")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Locality>", optional))]
+    pub locality: Locality,
+    /// service → (service port → target port) for this endpoint: "namespace/hostname" → { "<service port>": target
+    /// port } as read. Written by the views (config_dump lists only the keys).
+    #[serde(rename = "services", skip_serializing, deserialize_with = "service_ports_serde")]
+    #[cfg_attr(any(test, feature = "ts"), ts(skip))]
+    pub service_ports: Vec<(ServiceKey, PortMap)>,
+    /// Load-balancing weight; null (or absent) is 1. Written by the views.
+    #[serde(skip_serializing, deserialize_with = "capacity_serde")]
+    #[cfg_attr(any(test, feature = "ts"), ts(skip))]
+    pub capacity: u32,
+}
+
+impl Default for Workload {
+    fn default() -> Workload {
+        Workload {
+            uid: Str::default(),
+            ips: Vec::new(),
+            waypoint: None,
+            network_gateway: None,
+            protocol: Protocol::default(),
+            network_mode: NetworkMode::default(),
+            name: Str::default(),
+            namespace: Str::default(),
+            trust_domain: Str::default(),
+            service_account: Str::default(),
+            network: Str::default(),
+            workload_name: Str::default(),
+            workload_type: Str::default(),
+            canonical_name: Str::default(),
+            canonical_revision: Str::default(),
+            hostname: Str::default(),
+            node: Str::default(),
+            native_tunnel: false,
+            application_tunnel: None,
+            authorization_policies: Vec::new(),
+            status: WorkloadStatus::default(),
+            cluster_id: Str::default(),
+            locality: Locality::default(),
+            service_ports: Vec::new(),
+            capacity: defaults::CAPACITY,
+        }
+    }
+}
+
+fn str_empty(s: &Str) -> bool {
+    s.is_empty()
+}
+
+pub(super) fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// A string kept as its own copy (not interned): for values nearly unique to a record.
+fn unique<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Str, D::Error> {
+    let s: std::borrow::Cow<'de, str> = Deserialize::deserialize(d)?;
+    Ok(Str::from(&*s))
+}
+
+fn capacity_serde<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    Ok(Option::<u32>::deserialize(d)?.unwrap_or(defaults::CAPACITY))
+}
+
+/// A waypoint or network gateway in its JSON form, `GatewayAddressJson`.
+mod gateway_serde {
+    use super::{GatewayAddress, GatewayAddressJson};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(g: &Option<Box<GatewayAddress>>, s: S) -> Result<S::Ok, S::Error> {
+        g.as_ref().map(|g| g.to_json()).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<GatewayAddress>>, D::Error> {
+        let Some(json) = Option::<GatewayAddressJson>::deserialize(d)? else { return Ok(None) };
+        json.parse().map(|g| Some(Box::new(g))).map_err(serde::de::Error::custom)
+    }
+}
+
+/// "namespace/hostname" → { "<service port>": target port }.
+fn service_ports_serde<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<(ServiceKey, PortMap)>, D::Error> {
+    let m: HashMap<String, HashMap<String, u32>> = Deserialize::deserialize(d)?;
+    m.into_iter()
+        .map(|(k, ports)| {
+            let key = ServiceKey::parse(&k).ok_or_else(|| format!("service key {k:?} is not namespace/hostname"))?;
+            let pairs = ports
+                .iter()
+                .map(|(p, t)| {
+                    let p = p.parse::<u16>().map_err(|_| format!("port {p:?} is not a port number"))?;
+                    Ok((p, u16::try_from(*t).map_err(|_| format!("port {t} is out of range"))?))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok((key, PortMap::new(pairs)))
+        })
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(serde::de::Error::custom)
 }
 
 impl Workload {
@@ -567,14 +685,6 @@ fn exact<T>(mut v: Vec<T>) -> Vec<T> {
     v
 }
 
-fn default_if_empty<'a>(s: &'a str, d: &'a str) -> &'a str {
-    if s.is_empty() {
-        d
-    } else {
-        s
-    }
-}
-
 /// A value that ends up in an HTTP header (baggage, forwarded, x-forwarded-network) or in a SPIFFE identity:
 /// printable ASCII without spaces and without the separators of those formats (`,` `;` `=` `"` `\\`). Kubernetes
 /// names and label values always are; anything else would break the header (or, with `,k8s.namespace.name=...`,
@@ -597,18 +707,20 @@ pub fn header_safe(field: &str, v: &str) -> Result<(), String> {
     }
 }
 
-impl WorkloadJson {
-    pub fn validate(&self) -> Result<Workload, StateError> {
-        let bad = |problem: String| StateError::Invalid { what: "workload", name: self.uid.clone(), problem };
+impl Workload {
+    /// Checks what every source must hold to (values that go into headers and identities) and completes the record:
+    /// Istio's defaults for what it leaves empty, lists at their exact length.
+    pub fn validate(mut self) -> Result<Workload, StateError> {
         if self.uid.is_empty() {
             return Err(StateError::Invalid {
                 what: "workload",
-                name: self.name.clone(),
+                name: self.name.to_string(),
                 problem: "uid is empty".into(),
             });
         }
+        let bad = |problem: String| StateError::Invalid { what: "workload", name: self.uid.to_string(), problem };
         for (field, v) in [
-            ("namespace", self.namespace.as_str()),
+            ("namespace", &*self.namespace),
             ("serviceAccount", &self.service_account),
             ("trustDomain", &self.trust_domain),
             ("network", &self.network),
@@ -617,71 +729,33 @@ impl WorkloadJson {
             ("canonicalName", &self.canonical_name),
             ("canonicalRevision", &self.canonical_revision),
             ("clusterId", &self.cluster_id),
-            ("locality.region", self.locality.region.as_str()),
-            ("locality.zone", self.locality.zone.as_str()),
-            ("locality.subzone", self.locality.subzone.as_str()),
+            ("locality.region", &self.locality.region),
+            ("locality.zone", &self.locality.zone),
+            ("locality.subzone", &self.locality.subzone),
         ] {
             header_safe(field, v).map_err(bad)?;
         }
         for (field, v) in [
-            ("namespace", &self.namespace),
+            ("namespace", &*self.namespace),
             ("serviceAccount", &self.service_account),
             ("trustDomain", &self.trust_domain),
         ] {
             segment_safe(field, v).map_err(bad)?;
         }
-        let ips = self
-            .workload_ips
-            .iter()
-            .map(|s| s.parse::<IpAddr>().map_err(|_| bad(format!("{s:?} is not an IP address"))))
-            .collect::<Result<Vec<_>, _>>()
-            .map(exact)?;
-        let service_ports = self
-            .services
-            .iter()
-            .map(|(k, m)| {
-                let key =
-                    ServiceKey::parse(k).ok_or_else(|| bad(format!("service key {k:?} is not namespace/hostname")))?;
-                Ok((key, PortMap::new(port_map("workload", &self.uid, m)?.into_iter().collect())))
-            })
-            .collect::<Result<Vec<_>, StateError>>()
-            .map(exact)?;
-        Ok(Workload {
-            uid: Str::from(self.uid.as_str()),
-            name: Str::from(self.name.as_str()),
-            namespace: intern(&self.namespace),
-            // Istio's defaults for an empty field.
-            service_account: intern(default_if_empty(&self.service_account, defaults::SERVICE_ACCOUNT)),
-            trust_domain: intern(default_if_empty(&self.trust_domain, defaults::TRUST_DOMAIN)),
-            ips,
-            network: intern(&self.network),
-            protocol: self.protocol,
-            node: intern(&self.node),
-            status: self.status,
-            capacity: self.capacity.unwrap_or(defaults::CAPACITY),
-            canonical_name: intern(&self.canonical_name),
-            canonical_revision: intern(&self.canonical_revision),
-            workload_name: intern(&self.workload_name),
-            workload_type: intern(default_if_empty(&self.workload_type, defaults::WORKLOAD_TYPE)),
-            cluster_id: intern(&self.cluster_id),
-            locality: self.locality.clone(),
-            service_ports,
-            authorization_policies: self.authorization_policies.iter().map(|k| intern(k)).collect(),
-            hostname: intern(&self.hostname),
-            network_mode: self.network_mode,
-            waypoint: self
-                .waypoint
-                .as_ref()
-                .map(|g| g.validate("workload", &self.uid, "waypoint").map(Box::new))
-                .transpose()?,
-            network_gateway: self
-                .network_gateway
-                .as_ref()
-                .map(|g| g.validate("workload", &self.uid, "networkGateway").map(Box::new))
-                .transpose()?,
-            application_tunnel: self.application_tunnel.clone(),
-            native_tunnel: self.native_tunnel,
-        })
+        // Istio's defaults for an empty field.
+        for (v, d) in [
+            (&mut self.service_account, defaults::SERVICE_ACCOUNT),
+            (&mut self.trust_domain, defaults::TRUST_DOMAIN),
+            (&mut self.workload_type, defaults::WORKLOAD_TYPE),
+        ] {
+            if v.is_empty() {
+                *v = intern(d);
+            }
+        }
+        self.ips.shrink_to_fit();
+        self.service_ports.shrink_to_fit();
+        self.authorization_policies.shrink_to_fit();
+        Ok(self)
     }
 }
 
@@ -743,11 +817,26 @@ impl ServiceJson {
     }
 }
 
+/// A record (or several) from JSON text; a field that cannot be read is named by its path.
+pub fn from_json<T: serde::de::DeserializeOwned>(json: &[u8]) -> Result<T, StateError> {
+    let d = &mut serde_json::Deserializer::from_slice(json);
+    let value = serde_path_to_error::deserialize(&mut *d)
+        .map_err(|e| StateError::Field { path: e.path().to_string(), error: e.into_inner() })?;
+    d.end()?;
+    Ok(value)
+}
+
 impl StateDelta {
+    /// A delta from its JSON text; a field that cannot be read is named by its path in the delta
+    /// (`INVALID_STATE: workloads[1].workloadIps[0]: invalid IP address syntax ...`).
+    pub fn from_json(json: &[u8]) -> Result<StateDelta, StateError> {
+        from_json(json)
+    }
+
     /// Validate every resource; the delta applies whole or not at all.
     /// Validate every resource, without touching any state: the delta applies whole or not at all.
     pub fn validate(self) -> Result<ValidDelta, StateError> {
-        let workloads = self.workloads.iter().map(WorkloadJson::validate).collect::<Result<Vec<_>, _>>()?;
+        let workloads = self.workloads.into_iter().map(Workload::validate).collect::<Result<Vec<_>, _>>()?;
         let services = self.services.iter().map(ServiceJson::validate).collect::<Result<Vec<_>, _>>()?;
         let policies = self.policies.iter().map(super::policy::PolicyJson::validate).collect::<Result<Vec<_>, _>>()?;
         Ok(ValidDelta {

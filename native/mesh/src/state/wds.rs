@@ -4,8 +4,8 @@
 //! `proto/istio/workload/workload.proto` and `proto/envoy/service/discovery/v3/discovery.proto` (fields the
 //! dataplane does not use are left out: prost skips unknown fields, as every protobuf reader must).
 //!
-//! A wire record becomes the same `WorkloadJson` / `ServiceJson` the control side sends for a local config file, and
-//! is validated by the same code, so both sources are judged alike. Istio's defaults are one table,
+//! A wire record becomes the same `Workload` record (and `ServiceJson`) the control side sends for a local config
+//! file, and is validated by the same code, so both sources are judged alike. Istio's defaults are one table,
 //! `model::defaults`.
 //! Every error is a NACK reason: the field and the problem, without the resource name (the caller prefixes it).
 
@@ -16,7 +16,8 @@ use prost::Message;
 
 use super::model::{
     AppTunnelProtocol, ApplicationTunnel, GatewayAddressJson, HealthPolicy, IpFamilies, LbMode, LbScope, LoadBalancer,
-    Locality, NetworkMode, Protocol, ServiceJson, Visibility, WeightedWaypointJson, WorkloadJson, WorkloadStatus,
+    Locality, NetworkMode, PortMap, Protocol, ServiceJson, ServiceKey, Visibility, WeightedWaypointJson, Workload,
+    WorkloadStatus,
 };
 
 pub const ADDRESS_TYPE_URL: &str = "type.googleapis.com/istio.workload.Address";
@@ -234,7 +235,7 @@ pub struct WireWeightedWaypoint {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum AddressRecord {
-    Workload(WorkloadJson),
+    Workload(Workload),
     Service(ServiceJson),
 }
 
@@ -276,7 +277,8 @@ fn gateway(g: &Option<WireGateway>, field: &str) -> Result<Option<GatewayAddress
     Ok(Some(GatewayAddressJson { destination, hbone_mtls_port }))
 }
 
-fn workload(w: WireWorkload) -> Result<WorkloadJson, Reason> {
+fn workload(w: WireWorkload) -> Result<Workload, Reason> {
+    use super::intern::{intern, Str};
     if w.uid.is_empty() {
         return Err("workload has no uid".into());
     }
@@ -286,20 +288,20 @@ fn workload(w: WireWorkload) -> Result<WorkloadJson, Reason> {
         2 => return Err("tunnelProtocol LEGACY_ISTIO_MTLS is not supported (only NONE and HBONE)".into()),
         v => return Err(unknown("tunnelProtocol", v)),
     };
-    let mut services = HashMap::with_capacity(w.services.len());
+    let mut service_ports = Vec::with_capacity(w.services.len());
     for (key, list) in &w.services {
         let well_formed =
             key.split_once('/').is_some_and(|(ns, h)| !ns.is_empty() && !h.is_empty() && !h.contains('/'));
-        if !well_formed {
+        let Some(service) = ServiceKey::parse(key).filter(|_| well_formed) else {
             return Err(format!("services: key {key:?} is not <namespace>/<hostname>"));
-        }
-        let mut ports = HashMap::with_capacity(list.ports.len());
+        };
+        let mut ports = Vec::with_capacity(list.ports.len());
         for (i, p) in list.ports.iter().enumerate() {
             let sp = port(&format!("services[{key:?}].ports[{i}].servicePort"), p.service_port, false)?;
             let tp = port(&format!("services[{key:?}].ports[{i}].targetPort"), p.target_port, true)?;
-            ports.insert(sp.to_string(), tp);
+            ports.push((sp as u16, tp as u16));
         }
-        services.insert(key.clone(), ports);
+        service_ports.push((service, PortMap::new(ports)));
     }
     let workload_type =
         match usize::try_from(w.workload_type).ok().and_then(|i| super::model::defaults::WORKLOAD_TYPES.get(i)) {
@@ -330,43 +332,42 @@ fn workload(w: WireWorkload) -> Result<WorkloadJson, Reason> {
             },
         }),
     };
-    let workload_ips = w
+    let ips = w
         .addresses
         .iter()
         .enumerate()
-        .map(|(i, a)| ip(a, &format!("addresses[{i}]")).map(|ip| ip.to_string()))
+        .map(|(i, a)| ip(a, &format!("addresses[{i}]")))
         .collect::<Result<Vec<_>, _>>()?;
+    let gateway = |g: &Option<WireGateway>, field: &str| -> Result<Option<Box<super::model::GatewayAddress>>, Reason> {
+        gateway(g, field)?.map(|g| g.parse().map(Box::new).map_err(|e| format!("{field}: {e}"))).transpose()
+    };
     let waypoint = gateway(&w.waypoint, "waypoint")?;
     let network_gateway = gateway(&w.network_gateway, "networkGateway")?;
     let locality = w
         .locality
-        .map(|l| Locality {
-            region: super::intern::intern(&l.region),
-            zone: super::intern::intern(&l.zone),
-            subzone: super::intern::intern(&l.subzone),
-        })
+        .map(|l| Locality { region: intern(&l.region), zone: intern(&l.zone), subzone: intern(&l.subzone) })
         .unwrap_or_default();
-    Ok(WorkloadJson {
-        uid: w.uid,
-        name: w.name,
-        namespace: w.namespace,
-        service_account: w.service_account,
-        trust_domain: w.trust_domain,
-        workload_ips,
-        network: w.network,
+    Ok(Workload {
+        uid: Str::from(w.uid.as_str()),
+        name: Str::from(w.name.as_str()),
+        namespace: intern(&w.namespace),
+        service_account: intern(&w.service_account),
+        trust_domain: intern(&w.trust_domain),
+        ips,
+        network: intern(&w.network),
         protocol,
-        node: w.node,
+        node: intern(&w.node),
         status,
-        capacity: Some(w.capacity.map_or(super::model::defaults::CAPACITY, |c| c.value)),
-        canonical_name: w.canonical_name,
-        canonical_revision: w.canonical_revision,
-        workload_name: w.workload_name,
-        workload_type: workload_type.into(),
-        cluster_id: w.cluster_id,
+        capacity: w.capacity.map_or(super::model::defaults::CAPACITY, |c| c.value),
+        canonical_name: intern(&w.canonical_name),
+        canonical_revision: intern(&w.canonical_revision),
+        workload_name: intern(&w.workload_name),
+        workload_type: intern(workload_type),
+        cluster_id: intern(&w.cluster_id),
         locality,
-        services,
-        authorization_policies: w.authorization_policies,
-        hostname: w.hostname,
+        service_ports,
+        authorization_policies: w.authorization_policies.iter().map(|k| intern(k)).collect(),
+        hostname: intern(&w.hostname),
         network_mode,
         waypoint,
         network_gateway,
