@@ -690,8 +690,8 @@ impl Dataplane {
                 let (pi, force, arrival) = (self.pi.clone(), drain.force.clone(), arrival.of(&started));
                 let task = async move {
                     match r.hbone {
-                        Some(_) => handover::hbone::resume(pi, force, r, arrival).await,
-                        None => handover::carry::resume(pi, force, r, arrival).await,
+                        Some(_) => proxy::resume::resume_hbone(pi, force, r, arrival).await,
+                        None => proxy::resume::resume(pi, force, r, arrival).await,
                     }
                 };
                 match handles.get(i % handles.len().max(1)) {

@@ -120,6 +120,22 @@ impl Baggage {
     }
 }
 
+/// `baggage` of a workload, in Istio's key order, skipping empty values: the cluster is the workload's own
+/// clusterId only (ztunnel omits it when istiod sent none, rather than saying the daemon's).
+pub fn baggage(w: &Workload) -> String {
+    let wtype = if w.workload_type.is_empty() { "deployment" } else { w.workload_type.as_str() };
+    let kvs = [
+        ("k8s.cluster.name".to_string(), w.cluster_id.as_str()),
+        ("k8s.namespace.name".to_string(), w.namespace.as_str()),
+        (format!("k8s.{wtype}.name"), w.workload_name.as_str()),
+        ("service.name".to_string(), w.canonical_name.as_str()),
+        ("service.version".to_string(), w.canonical_revision.as_str()),
+        ("cloud.region".to_string(), w.locality.region.as_str()),
+        ("cloud.availability_zone".to_string(), w.locality.zone.as_str()),
+    ];
+    kvs.iter().filter(|(_, v)| !v.is_empty()).map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
 impl TrafficLabels {
     pub fn new(info: &ConnectionInfo<'_>) -> TrafficLabels {
         let mut l = TrafficLabels {

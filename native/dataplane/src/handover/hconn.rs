@@ -22,7 +22,7 @@ use crate::copy::{H2Parts, H2Relay};
 
 /// How long the streams get to stop, h2 to come to rest, and the record in flight to end: a connection not at
 /// rest by then is declined (it carries on here, and the exchange goes on without it).
-pub(super) const REST_WAIT: Duration = Duration::from_millis(500);
+pub const REST_WAIT: Duration = Duration::from_millis(500);
 
 /// What a stopped stream is told.
 pub enum Word {
@@ -162,7 +162,7 @@ pub enum Offered {
     Declined,
     /// The successor has it: end without a word on the wire.
     Gone,
-    /// It left h2 but the successor did not take it: carry it on here (`hbone::run_streams`).
+    /// It left h2 but the successor did not take it: carry it on here (`proxy::resume::run_streams`).
     Kept(Box<(Engine, Vec<u32>, Vec<ConnMeta>)>),
 }
 

@@ -279,36 +279,6 @@ pub enum LocalJson {
     Pod { namespace: String, name: String, service_account: String, node: String },
 }
 
-impl From<&crate::proxy::LocalRef> for LocalJson {
-    fn from(l: &crate::proxy::LocalRef) -> LocalJson {
-        use crate::proxy::LocalRef;
-        match l {
-            LocalRef::Uid(u) => LocalJson::Uid { uid: u.to_string() },
-            LocalRef::Pod { namespace, name, service_account, node } => LocalJson::Pod {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                service_account: service_account.to_string(),
-                node: node.to_string(),
-            },
-        }
-    }
-}
-
-impl From<&LocalJson> for crate::proxy::LocalRef {
-    fn from(l: &LocalJson) -> crate::proxy::LocalRef {
-        use crate::proxy::LocalRef;
-        match l {
-            LocalJson::Uid { uid } => LocalRef::Uid(uid.as_str().into()),
-            LocalJson::Pod { namespace, name, service_account, node } => LocalRef::Pod {
-                namespace: namespace.as_str().into(),
-                name: name.as_str().into(),
-                service_account: service_account.as_str().into(),
-                node: node.as_str().into(),
-            },
-        }
-    }
-}
-
 /// A connection's description: enough for the successor to count it, list it, authorize it and write its record.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -962,12 +932,15 @@ pub struct Started(#[allow(dead_code)] std::sync::Arc<mpsc::Sender<()>>);
 
 struct ArrivalHeld {
     sock: Mutex<Option<UnixStream>>,
-    _adopted: crate::proxy::reevaluation::Adopting,
+    /// Dropped with the last clone (the proxy's: one authorization pass over what was taken in).
+    _adopted: Box<dyn Send + Sync>,
 }
 
 impl Arrival {
-    pub fn new(sock: Option<UnixStream>, adopted: crate::proxy::reevaluation::Adopting) -> Arrival {
-        Arrival { held: std::sync::Arc::new(ArrivalHeld { sock: Mutex::new(sock), _adopted: adopted }), _wave: None }
+    /// `adopted`: held until the last clone is dropped.
+    pub fn new(sock: Option<UnixStream>, adopted: impl Send + Sync + 'static) -> Arrival {
+        let held = ArrivalHeld { sock: Mutex::new(sock), _adopted: Box::new(adopted) };
+        Arrival { held: std::sync::Arc::new(held), _wave: None }
     }
 
     /// A clone for one connection of `wave`.
@@ -1090,4 +1063,4 @@ pub fn listen(path: &std::path::Path, replace: bool) -> io::Result<std::os::unix
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

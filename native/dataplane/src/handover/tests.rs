@@ -11,10 +11,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use super::carry::{carry, resume, Carried, Ends};
+use super::carry::{carry, Carried, Ends};
 use super::wire::{self, Kind};
 use super::*;
 use crate::copy::{tcp_bidirectional, Tally};
+use crate::proxy::resume::{meta, resume};
 use crate::proxy::LocalRef;
 
 const UP: usize = 3 << 20;
@@ -63,13 +64,13 @@ async fn receive(mut s: tokio::net::tcp::OwnedReadHalf, seed: usize) -> (usize, 
     }
 }
 
-pub(super) fn describe() -> ConnMeta {
+pub(crate) fn describe() -> ConnMeta {
     let pi = crate::inpod::testutil::inputs();
     let labels = crate::metrics::TrafficLabels { reporter: "source".into(), ..Default::default() };
     let result = crate::proxy::access::ConnectionResult::open(&pi, labels, std::time::Instant::now());
     let addr = "127.0.0.1:1".parse().unwrap();
     let record = crate::fields! {"src.addr" => "127.0.0.1:1", "direction" => "outbound"};
-    carry::meta(ConnKind::OutboundTcp, &LocalRef::Uid("u".into()), &result, record, (addr, addr, addr))
+    meta(ConnKind::OutboundTcp, &LocalRef::Uid("u".into()), &result, record, (addr, addr, addr))
 }
 
 struct Flow {

@@ -41,8 +41,6 @@ use crate::metrics::{ConnectionInfo, Reporter, TrafficLabels};
 use crate::rbac;
 use crate::state::{AppTunnelProtocol, GatewayDestination, Service, State, Workload};
 
-/// The error of a stream ended because its connection's peer certificate was revoked.
-pub const REVOKED: &str = "the peer's certificate was revoked";
 /// Streams of one HBONE connection being set up at once (authorization and upstream connect): more wait for a place,
 /// so one connection cannot hold more than this many upstream dials.
 pub const MAX_PENDING_STREAMS: usize = 64;
@@ -509,7 +507,7 @@ async fn serve_connection(
     if let Some((engine, ids, metas)) = kept {
         // It left h2 for a successor that did not take it: carried on here to its end.
         drop(conn);
-        crate::handover::hbone::run_streams(pi.clone(), drain.force.clone(), engine, ids, metas, None).await;
+        super::resume::run_streams(pi.clone(), drain.force.clone(), engine, ids, metas, None).await;
     }
     pi.metrics.tunnels_active_inbound.fetch_sub(1, Ordering::Relaxed);
 }
@@ -637,7 +635,7 @@ async fn stream_task(ctx: Arc<StreamContext>, establish: EstablishFuture) {
     let describe = || {
         let record = super::access::record_fields(&access_record(ctx.peer, &ctx.peer_id, &local, target));
         let kind = crate::handover::ConnKind::InboundHbone;
-        let meta = crate::handover::carry::meta(kind, &ctx.local, &result, record, (ctx.peer, target, target));
+        let meta = super::resume::meta(kind, &ctx.local, &result, record, (ctx.peer, target, target));
         crate::handover::ConnMeta { peer_identity: Some(ctx.peer_id.to_string()), ..meta }
     };
     // The relay and its other ends are built in place (a value moved into a future would take room twice).
@@ -682,7 +680,9 @@ async fn stream_task(ctx: Arc<StreamContext>, establish: EstablishFuture) {
     });
     let idle = to_peer.get() == 0 && from_peer.get() == 0;
     ctx.stream_ended(reset_by_peer && (created.elapsed() < super::resets::PREMATURE_LIFETIME || idle));
-    let error = copied.err().map(|e| (flag, if flag == "CERT_REVOKED" { REVOKED.to_string() } else { e.to_string() }));
+    let error = copied.err().map(|e| {
+        (flag, if flag == "CERT_REVOKED" { crate::tls::revocation::REVOKED.to_string() } else { e.to_string() })
+    });
     let record = access_record(ctx.peer, &ctx.peer_id, &local, target);
     result.finish(&ctx.pi, &record, to_peer.get(), from_peer.get(), error);
 }
@@ -839,7 +839,7 @@ async fn establish_stream(
     };
     // ENABLE_RESPONSE_BAGGAGE (Istio's default): the 200 carries the destination's baggage for the client's metrics.
     let mut ok = Response::builder().status(StatusCode::OK);
-    let dst_baggage = super::outbound::baggage(&local);
+    let dst_baggage = crate::metrics::baggage(&local);
     if pi.cfg.enable_response_baggage && !dst_baggage.is_empty() {
         ok = ok.header("baggage", dst_baggage);
     }

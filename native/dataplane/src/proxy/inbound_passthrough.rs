@@ -74,7 +74,7 @@ async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
     let describe = || {
         let fields = super::access::record_fields(&record);
         let kind = crate::handover::ConnKind::InboundPlaintext;
-        crate::handover::carry::meta(kind, &l.local, &result, fields, (peer, dst, dst))
+        super::resume::meta(kind, &l.local, &result, fields, (peer, dst, dst))
     };
     let (outcome, (to_app, to_client)) = match crate::handover::carry::carry(&pi.handover, relay, ends, describe).await
     {

@@ -13,6 +13,7 @@ pub mod pool;
 pub mod proxy_protocol;
 pub mod reevaluation;
 pub mod resets;
+pub mod resume;
 pub mod self_inbound;
 pub mod socks5;
 pub mod tracker;

@@ -583,22 +583,6 @@ fn passthrough(dst: SocketAddr) -> Request {
     }
 }
 
-/// `baggage` of a workload, in Istio's key order, skipping empty values: the cluster is the workload's own
-/// clusterId only (ztunnel omits it when istiod sent none, rather than saying the daemon's).
-pub fn baggage(w: &Workload) -> String {
-    let wtype = if w.workload_type.is_empty() { "deployment" } else { w.workload_type.as_str() };
-    let kvs = [
-        ("k8s.cluster.name".to_string(), w.cluster_id.as_str()),
-        ("k8s.namespace.name".to_string(), w.namespace.as_str()),
-        (format!("k8s.{wtype}.name"), w.workload_name.as_str()),
-        ("service.name".to_string(), w.canonical_name.as_str()),
-        ("service.version".to_string(), w.canonical_revision.as_str()),
-        ("cloud.region".to_string(), w.locality.region.as_str()),
-        ("cloud.availability_zone".to_string(), w.locality.zone.as_str()),
-    ];
-    kvs.iter().filter(|(_, v)| !v.is_empty()).map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
-}
-
 /// `forwarded: for="<client>"[;host=<service hostname>]` (IPv6 clients as `[ip]:port`).
 pub fn forwarded(client: SocketAddr, service: Option<&Service>) -> String {
     match service {
@@ -821,7 +805,7 @@ async fn establish(
                 src: src_ip,
             };
             let headers = ConnectHeaders {
-                baggage: baggage(&routed.source),
+                baggage: crate::metrics::baggage(&routed.source),
                 forwarded: forwarded(client, routed.request.service.as_deref()),
                 traceparent: new_traceparent(),
             };
@@ -1003,7 +987,7 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
             let describe = || {
                 let record = super::access::record_fields(&access_record(client_addr, &routed, None));
                 let addrs = (client_addr, original_dst, routed.request.upstream);
-                crate::handover::carry::meta(crate::handover::ConnKind::OutboundTcp, local, &result, record, addrs)
+                super::resume::meta(crate::handover::ConnKind::OutboundTcp, local, &result, record, addrs)
             };
             // Boxed: a TCP relay's phase is larger than an HBONE stream's, and the task is sized for its largest.
             let (outcome, (up_bytes, down_bytes)) =
@@ -1055,7 +1039,7 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
                     let record = super::access::record_fields(&access_record(client_addr, &routed, None));
                     let addrs = (client_addr, original_dst, routed.request.upstream);
                     let kind = crate::handover::ConnKind::OutboundHbone;
-                    crate::handover::carry::meta(kind, local, &result, record, addrs)
+                    super::resume::meta(kind, local, &result, record, addrs)
                 };
                 match crate::handover::hconn::carry_stream(gate, &mut copy, ends, describe).await {
                     crate::handover::hconn::Carried::Ended(r) => r,
@@ -1075,7 +1059,7 @@ pub async fn connection(l: Arc<Listener>, establish: EstablishFuture) {
     // gateway): flagged CERT_REVOKED, as ztunnel's.
     let revoked = _lease.as_ref().is_some_and(|(l, inner)| l.revoked() || inner.as_ref().is_some_and(|i| i.revoked()));
     let error = copied.err().map(|e| match revoked {
-        true => ("CERT_REVOKED", super::inbound::REVOKED.to_string()),
+        true => ("CERT_REVOKED", crate::tls::revocation::REVOKED.to_string()),
         false => ("CONNECT", e.to_string()),
     });
     let derived = _lease.as_ref().and_then(|(_, inner)| inner.as_ref()).and_then(|i| i.derived.as_deref());
@@ -1352,11 +1336,11 @@ mod tests {
         let w = st.workload("w").unwrap();
         // No clusterId from istiod: no k8s.cluster.name (not the daemon's own cluster id), as ztunnel.
         assert_eq!(
-            baggage(w),
+            crate::metrics::baggage(w),
             "k8s.namespace.name=default,k8s.deployment.name=sleep,service.name=sleep,service.version=v1,cloud.region=eu,cloud.availability_zone=eu-1"
         );
         let with_cluster = Workload { cluster_id: crate::state::intern::intern("east"), ..(**w).clone() };
-        assert!(baggage(&with_cluster).starts_with("k8s.cluster.name=east,k8s.namespace.name=default,"));
+        assert!(crate::metrics::baggage(&with_cluster).starts_with("k8s.cluster.name=east,k8s.namespace.name=default,"));
         assert_eq!(forwarded(addr("10.0.0.1:4242"), None), "for=\"10.0.0.1:4242\"");
         assert_eq!(forwarded(addr("[fd00::1]:4242"), None), "for=\"[fd00::1]:4242\"");
         let tp = new_traceparent();

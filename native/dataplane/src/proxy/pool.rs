@@ -469,7 +469,7 @@ impl Pool {
             if let (Some((engine, ids, metas)), Some(pi)) = (kept, &inputs) {
                 dead2.store(true, Ordering::Release);
                 drop(conn);
-                crate::handover::hbone::run_streams(pi.clone(), force.clone(), engine, ids, metas, None).await;
+                super::resume::run_streams(pi.clone(), force.clone(), engine, ids, metas, None).await;
             }
             dead2.store(true, Ordering::Release);
             let revoked = revocation.revoked.is_cancelled();

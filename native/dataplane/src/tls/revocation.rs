@@ -26,6 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::crl::CrlSet;
 
+/// The error of a stream ended because its connection's peer certificate was revoked (flagged `CERT_REVOKED`).
+pub const REVOKED: &str = "the peer's certificate was revoked";
+
 /// A connection's peer chain (DER, leaf first) and the Unix time its handshake verified it (carried with a connection
 /// handed to a successor daemon, whose revocation checks go on from it).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
