@@ -335,7 +335,7 @@ test('bad input is refused with what is wrong and where; other methods 405; a we
   assert.match(index.body, /\/debug\/authz\/preview/);
 });
 
-test('a 1 MiB candidate is parsed off the main thread: readiness answers within 100 ms meanwhile; bad input is still named (issue 29)', async () => {
+test('a 1 MiB candidate is parsed off the main thread: readiness answers meanwhile, never held for the parse; bad input is still named (issue 29)', async () => {
   // About 1 MiB of policies in the local config's form (each a few principals), under the body limit.
   const policies = [];
   let size = 0;
@@ -353,7 +353,9 @@ test('a 1 MiB candidate is parsed off the main thread: readiness answers within 
     return performance.now() - t0;
   };
   let done = false;
-  const answered = post(body).finally(() => (done = true));
+  const began = performance.now();
+  let took = 0;
+  const answered = post(body).finally(() => ((done = true), (took = performance.now() - began)));
   const latencies = [];
   while (!done) {
     latencies.push(await probe());
@@ -363,7 +365,11 @@ test('a 1 MiB candidate is parsed off the main thread: readiness answers within 
   assert.equal(r.status, 200, r.body.slice(0, 300));
   assert.equal(JSON.parse(r.body).candidates.length, policies.length);
   assert.ok(latencies.length >= 3, `${latencies.length} probes while the preview ran`);
-  assert.ok(Math.max(...latencies) < 100, `readiness took up to ${Math.max(...latencies).toFixed(0)} ms while the preview ran`);
+  // Parsed on the main thread, the 1 MiB held a probe for most of the preview's time (220 ms of about 300 on a quiet
+  // machine, issue 29); off it, a probe waits a few ms. Judged against the preview's own time, so that a busy machine
+  // (which slows both alike) does not fail it, while a parse on the main thread still would.
+  const worst = Math.max(...latencies);
+  assert.ok(worst < took / 2, `readiness took up to ${worst.toFixed(0)} ms while the preview ran (${took.toFixed(0)} ms)`);
   // A mistake in a large body is named as in a small one (the worker's answer).
   policies[7].action = 'Alow';
   const bad = await post(JSON.stringify(policies));
