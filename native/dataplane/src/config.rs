@@ -14,7 +14,7 @@ pub const DNS_PORT: u16 = 15053;
 /// The DNS proxy (15053).
 #[derive(Debug, Clone, Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct DnsConfig {
     /// ISTIO_META_DNS_CAPTURE: a server per local workload.
@@ -69,7 +69,7 @@ impl DnsConfig {
 
 #[derive(Debug, Clone, Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Http2Config {
     pub stream_window_size: u32,
@@ -93,7 +93,7 @@ impl Default for Http2Config {
 /// upstream connections alike: ztunnel's `SocketConfig`, with its defaults.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SocketConfig {
     pub keepalive_enabled: bool,
@@ -122,7 +122,7 @@ impl Default for SocketConfig {
 /// COMPLIANCE_POLICY=pqc (`tls::provider_for`).
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TlsPolicy {
     /// TLS 1.2 too, with the ECDHE AES-GCM suites (a TLS 1.2 connection is not handed over: it drains).
@@ -137,11 +137,7 @@ pub struct TlsPolicy {
 
 #[derive(Debug, Clone, Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
-#[cfg_attr(
-    test,
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "DataplaneConfig")
-)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "DataplaneConfig"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Config {
     pub node_name: String,
@@ -199,7 +195,7 @@ pub struct Config {
 /// "Resilience"). `connectAttempts` 1 and `consecutiveFailures` 0 are ztunnel's behaviour.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ResilienceConfig {
     /// Attempts of one service-addressed connect in all, each on an endpoint not tried yet, within the connect
@@ -418,8 +414,7 @@ mod tests {
              import type {{ DataplaneConfig }} from './DataplaneConfig.js';\n\n\
              export const DATAPLANE_DEFAULTS: DataplaneConfig = {json};\n"
         );
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ts/native/generated/dataplaneDefaults.ts");
+        let path = std::path::Path::new(env!("TS_RS_EXPORT_DIR")).join("dataplaneDefaults.ts");
         std::fs::write(&path, ts).unwrap();
         // The value written is the value read back: defaults pass their own validation.
         Config::from_json(&json).unwrap();

@@ -30,7 +30,7 @@ struct Window {
 }
 
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, PartialOrd, Ord)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "EventLevel"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "EventLevel"))]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
     Debug,
@@ -57,7 +57,7 @@ pub fn parse_min_level(s: &str) -> Option<u8> {
 /// One event of `drainEvents()`. A `suppressed` event's fields are `kind` (the cause's kind) and `count` (lines not
 /// logged); its message is the cause's.
 #[derive(Debug, Clone, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "LogEvent"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "LogEvent"))]
 pub struct Event {
     #[cfg_attr(test, ts(type = "\"access\" | \"log\" | \"dns\" | \"suppressed\""))]
     pub kind: &'static str,
@@ -69,7 +69,7 @@ pub struct Event {
 
 /// The last entry of a `drainEvents()` batch when the queue overflowed: how many events were dropped.
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 pub struct DroppedEvents {
     #[cfg_attr(test, ts(type = "\"dropped\""))]
     kind: &'static str,

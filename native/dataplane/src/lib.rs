@@ -74,7 +74,7 @@ pub enum DataplaneError {
 
 /// What `addLocalWorkload` takes: the listeners to open for one workload of the local config ("ip:port" each).
 #[derive(Debug, Deserialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LocalWorkloadSpec {
     pub uid: String,
@@ -94,7 +94,7 @@ pub struct LocalWorkloadSpec {
 
 /// What `addLocalWorkload` and `listeners` answer: the addresses actually bound (a port 0 made concrete).
 #[derive(Debug, Serialize, Clone)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase")]
 pub struct BoundListeners {
     pub uid: String,
@@ -111,11 +111,7 @@ pub struct BoundListeners {
 
 /// One entry of `certificates()`: what the admin API shows of an installed certificate.
 #[derive(Serialize)]
-#[cfg_attr(
-    test,
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "InstalledCertificate")
-)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "InstalledCertificate"))]
 #[serde(rename_all = "camelCase")]
 struct CertificateOut<'a> {
     /// The SPIFFE id.
@@ -133,7 +129,7 @@ struct CertificateOut<'a> {
 
 /// What `authorize()` takes (admin `/debug/authorize`).
 #[derive(Deserialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct AuthorizeRequest {
     /// The source SPIFFE identity; absent (or empty) for plaintext.
@@ -149,11 +145,7 @@ struct AuthorizeRequest {
 
 /// What `authorize()` answers: the destination workload, the decision, and every policy considered.
 #[derive(Serialize)]
-#[cfg_attr(
-    test,
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "AuthorizeExplanation")
-)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "AuthorizeExplanation"))]
 struct AuthorizeOut {
     workload: AuthorizeWorkload,
     decision: rbac::Decision,
@@ -162,7 +154,7 @@ struct AuthorizeOut {
 
 /// The destination workload an answer is about (`authorize()`, `previewAuthz()`).
 #[derive(Debug, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 pub struct AuthorizeWorkload {
     #[cfg_attr(test, ts(as = "String"))]
     uid: state::intern::Str,
@@ -180,7 +172,7 @@ impl AuthorizeWorkload {
 
 /// What `version()` answers.
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "NativeVersion"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "NativeVersion"))]
 #[serde(rename_all = "camelCase")]
 struct VersionOut {
     version: &'static str,
@@ -193,7 +185,7 @@ struct VersionOut {
 
 /// What `startDedicated` takes: PROXY_WORKLOAD_INFO plus the socket settings.
 #[derive(Debug, Deserialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DedicatedSpec {
     pub namespace: String,

@@ -22,7 +22,7 @@ pub enum Reporter {
 
 /// Istio's `CommonTrafficLabels`, in order. Empty strings render as "unknown" on the TS side.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, serde::Deserialize, Default)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 pub struct TrafficLabels {
     pub reporter: String,
     pub source_workload: String,
@@ -354,11 +354,7 @@ pub struct Metrics {
 
 /// One label set's connection counters (cumulative since the dataplane started).
 #[derive(Serialize)]
-#[cfg_attr(
-    test,
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "ConnectionCounters")
-)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "ConnectionCounters"))]
 #[serde(rename_all = "camelCase")]
 struct BucketJson<'a> {
     labels: &'a TrafficLabels,
@@ -379,11 +375,7 @@ struct BucketJson<'a> {
 /// The dataplane's counters as the control side reads them, once per scrape (`metrics()`). Counters are cumulative
 /// since the dataplane started.
 #[derive(Serialize)]
-#[cfg_attr(
-    test,
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "MetricsSnapshot")
-)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "MetricsSnapshot"))]
 #[serde(rename_all = "camelCase")]
 pub struct SnapshotJson<'a> {
     /// The dataplane's tokio runtime (ztunnel's `tokio_*` metrics); null when not asked for.
@@ -405,11 +397,7 @@ pub struct SnapshotJson<'a> {
 
 /// The runtime's figures; per-worker arrays are indexed by worker.
 #[derive(Serialize)]
-#[cfg_attr(
-    test,
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "RuntimeCounters")
-)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "RuntimeCounters"))]
 #[serde(rename_all = "camelCase")]
 struct RuntimeJson {
     workers: usize,
@@ -424,7 +412,7 @@ struct RuntimeJson {
 
 /// Connections open now, by reporter.
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "SocketsOpen"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "SocketsOpen"))]
 struct SocketsOpenJson {
     #[cfg_attr(test, ts(type = "number"))]
     source: i64,
@@ -434,7 +422,7 @@ struct SocketsOpenJson {
 
 /// HBONE connections (TLS + HTTP/2), not the TCP connections tunnelled inside them.
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "TunnelCounters"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "TunnelCounters"))]
 #[serde(rename_all = "camelCase")]
 struct TunnelsJson {
     #[cfg_attr(test, ts(type = "number"))]
@@ -462,11 +450,7 @@ struct TunnelsJson {
 
 /// Authorization outcomes counted by the dataplane.
 #[derive(Serialize)]
-#[cfg_attr(
-    test,
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "AuthorizationCounters")
-)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "AuthorizationCounters"))]
 #[serde(rename_all = "camelCase")]
 struct AuthorizationJson {
     #[cfg_attr(test, ts(type = "number"))]
@@ -477,11 +461,7 @@ struct AuthorizationJson {
 
 /// Connect retries and outlier ejection (beyond ztunnel).
 #[derive(Serialize)]
-#[cfg_attr(
-    test,
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "ResilienceCounters")
-)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "ResilienceCounters"))]
 #[serde(rename_all = "camelCase")]
 struct ResilienceJson {
     /// Service-addressed connects tried again on another endpoint.
@@ -496,7 +476,7 @@ struct ResilienceJson {
 
 /// ztunnel's CRL counters by reporter (`source`: outbound, `destination`: inbound).
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "CrlCounters"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "CrlCounters"))]
 #[serde(rename_all = "camelCase")]
 struct CrlJson {
     /// Handshakes refused because a peer certificate is revoked, and live connections closed for it.
@@ -521,7 +501,7 @@ impl From<&crate::tls::revocation::ByReporter> for ReporterPair {
 
 /// The node's budget for stream data buffered toward HBONE peers (budget.rs).
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "BufferCounters"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "BufferCounters"))]
 #[serde(rename_all = "camelCase")]
 struct BuffersJson {
     buffered: usize,

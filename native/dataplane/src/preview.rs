@@ -51,11 +51,7 @@ pub enum PreviewError {
 
 /// What `previewAuthz` takes.
 #[derive(Debug, Deserialize)]
-#[cfg_attr(
-    test,
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "AuthzPreviewRequest")
-)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "AuthzPreviewRequest"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PreviewRequest {
     /// The candidate policies, compiled as `StateDelta.policies` carries them and validated the same way; each is
@@ -74,7 +70,7 @@ pub struct PreviewRequest {
 
 /// One group of connections or attempts of the answer: same destination workload and address, same source.
 #[derive(Debug, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "PreviewFlow"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "PreviewFlow"))]
 #[serde(rename_all = "camelCase")]
 pub struct Flow {
     pub workload: AuthorizeWorkload,
@@ -103,7 +99,7 @@ pub struct Flow {
 
 /// What `previewAuthz` answers.
 #[derive(Debug, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "AuthzPreview"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "AuthzPreview"))]
 #[serde(rename_all = "camelCase")]
 pub struct PreviewOut {
     /// The candidates, `namespace/name`, in the order given.

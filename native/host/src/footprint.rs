@@ -16,7 +16,7 @@
 
 /// What one release did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase")]
 pub struct ColdCodeReleased {
     /// Executable file mappings whose pages were released.

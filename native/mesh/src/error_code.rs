@@ -5,11 +5,7 @@
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "NativeErrorCode")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "NativeErrorCode"))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
     /// The dataplane's configuration.

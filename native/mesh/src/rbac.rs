@@ -71,11 +71,7 @@ impl Connection {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "AuthorizeDecision")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "AuthorizeDecision"))]
 #[serde(rename_all = "camelCase")]
 pub struct Decision {
     pub allowed: bool,
@@ -91,11 +87,7 @@ pub struct Decision {
 }
 
 #[derive(Debug, Clone, Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "ConsideredPolicy")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "ConsideredPolicy"))]
 #[serde(rename_all = "camelCase")]
 pub struct Considered {
     pub policy: String,

@@ -16,7 +16,7 @@ use crate::state::Workload;
 pub const DURATION_BUCKETS: [f64; 6] = [0.0005, 0.001, 0.01, 0.1, 1.0, 5.0];
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "DnsLabels"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "DnsLabels"))]
 pub struct Labels {
     pub request_query_type: String,
     pub request_protocol: &'static str,
@@ -36,7 +36,7 @@ impl Labels {
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "DnsCounts"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "DnsCounts"))]
 #[serde(rename_all = "camelCase")]
 struct Counts {
     #[cfg_attr(test, ts(type = "number"))]
@@ -66,7 +66,7 @@ pub struct DnsMetrics {
 }
 
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "DnsRow"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "DnsRow"))]
 struct Row<'a> {
     labels: &'a Labels,
     #[serde(flatten)]
@@ -75,7 +75,7 @@ struct Row<'a> {
 
 /// The DNS proxy's counters, as the control side reads them (`Metrics::snapshot`).
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "DnsCounters"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "DnsCounters"))]
 #[serde(rename_all = "camelCase")]
 pub struct DnsSnapshot<'a> {
     rows: Vec<Row<'a>>,

@@ -330,7 +330,7 @@ pub struct HboneReceived {
 
 /// How one hand-over went, from the side that reports it.
 #[derive(Debug, Clone, Default, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase")]
 pub struct HandoverReport {
     /// The predecessor (`give`) or the successor (`take`).

@@ -14,7 +14,7 @@ use crate::proxy::LocalRef;
 
 /// `inpodState()`: the workload proxy manager, for readiness, config_dump `workloadState` and metrics.
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "InPodState"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "InPodState"))]
 #[serde(rename_all = "camelCase")]
 struct StateJson<'a> {
     active_proxies: usize,
@@ -32,7 +32,7 @@ struct StateJson<'a> {
 }
 
 #[derive(Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "InPodWorkload"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "InPodWorkload"))]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct PodJson<'a> {
     /// Only when asked for (`inpodState({ connections: true })`, the default).
@@ -48,22 +48,14 @@ pub(crate) struct PodJson<'a> {
 }
 
 #[derive(Serialize)]
-#[cfg_attr(
-    test,
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "InPodConnections")
-)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "InPodConnections"))]
 pub(crate) struct ConnectionsJson {
     pub inbound: Vec<crate::proxy::tracker::ConnInfo>,
     pub outbound: Vec<crate::proxy::tracker::ConnInfo>,
 }
 
 #[derive(Serialize)]
-#[cfg_attr(
-    test,
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "InPodWorkloadInfo")
-)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "InPodWorkloadInfo"))]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct InfoJson<'a> {
     pub name: &'a str,

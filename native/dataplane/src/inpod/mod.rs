@@ -46,7 +46,7 @@ use netns::NetNs;
 use zds::WorkloadInfo;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "lowercase")]
 pub enum OrigSrc {
     /// Preserve the client's source IP when IP_TRANSPARENT works.
@@ -58,7 +58,7 @@ pub enum OrigSrc {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InPodConfig {
     /// INPOD_UDS
@@ -76,7 +76,7 @@ pub struct InPodConfig {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 pub enum PodPhase {
     Pending,
     Up,

@@ -40,7 +40,7 @@ struct Health {
 
 /// One tracked endpoint, for config_dump.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase")]
 pub struct OutlierEndpoint {
     pub uid: String,

@@ -21,7 +21,7 @@ use crate::socket::{listen_with, ListenOptions};
 
 /// What `startSelfInbound` takes: the daemon's own pod, and which of its own ports the mesh may reach.
 #[derive(Debug, Deserialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SelfInboundSpec {
     pub namespace: String,

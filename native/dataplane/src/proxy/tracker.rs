@@ -58,7 +58,7 @@ impl Tracked {
 
 /// What config_dump's `workloadState.connections` shows of a live connection (ztunnel's keys).
 #[derive(Debug, Clone, serde::Serialize)]
-#[cfg_attr(test, derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/", rename = "ConnectionInfo"))]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export, rename = "ConnectionInfo"))]
 #[serde(rename_all = "camelCase")]
 pub struct ConnInfo {
     #[serde(skip)]

@@ -30,11 +30,7 @@ fn ports<'a>(m: impl IntoIterator<Item = (&'a u16, &'a u16)>) -> BTreeMap<String
 /// side (whole records), and the workloads of config_dump's `staticConfig` (ztunnel's LocalWorkload: its Workload's
 /// keys, then `services`).
 #[derive(Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "Workload")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "Workload"))]
 pub struct WorkloadFull<'a> {
     #[serde(flatten)]
     #[cfg_attr(any(test, feature = "ts"), ts(flatten))]
@@ -56,11 +52,7 @@ pub fn workload(w: &Workload) -> WorkloadFull<'_> {
 /// `istioctl ztunnel-config` and a diff against ztunnel's dump see the same document. `services` is the list of
 /// "namespace/hostname" the workload is an endpoint of (its port maps are in each service's `endpoints`).
 #[derive(Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadDump")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "WorkloadDump"))]
 pub struct WorkloadDumpOut<'a> {
     #[serde(flatten)]
     #[cfg_attr(any(test, feature = "ts"), ts(flatten))]
@@ -79,11 +71,7 @@ pub fn workload_dump(w: &Workload) -> WorkloadDumpOut<'_> {
 
 /// One endpoint of a service, keyed by workload uid in `endpoints` and `stagedServices`.
 #[derive(Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "EndpointDump")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "EndpointDump"))]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointOut<'a> {
     workload_uid: &'a str,
@@ -103,11 +91,7 @@ pub struct WeightedOut {
 /// when unset; also the fields ztunnel's dump lacks — CIDR VIPs, weighted waypoints, `canonical` — when unset;
 /// `visibility` always, as ztunnel shows `Public`).
 #[derive(Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "ServiceDump")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "ServiceDump"))]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceOut<'a> {
     name: &'a str,
@@ -172,11 +156,7 @@ pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceOut<'a> {
 /// A string match as ztunnel's config_dump writes one (its `StringMatch`, externally tagged): `{"Exact": "x"}`, and
 /// `{"Presence": []}` for its empty tuple variant.
 #[derive(Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "StringMatchDump")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "StringMatchDump"))]
 pub enum StringMatchOut<'a> {
     Exact(&'a str),
     Prefix(&'a str),
@@ -198,11 +178,7 @@ fn string_matches(v: &[StringMatch]) -> Vec<StringMatchOut<'_>> {
 /// One match, ztunnel's `RbacMatch`: its keys in its order, an empty list left out.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "MatchDump")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "MatchDump"))]
 pub struct MatchOut<'a> {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<StringMatchOut<'a>>>"))]
@@ -267,11 +243,7 @@ fn match_out(m: &Match) -> MatchOut<'_> {
 /// control side compiled: principals without `spiffe://`, CIDRs with their prefix length).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "PolicyDump")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "PolicyDump"))]
 pub struct PolicyOut<'a> {
     name: &'a str,
     namespace: &'a str,
@@ -302,7 +274,7 @@ fn policies<'a>(all: impl Iterator<Item = &'a Policy>) -> Vec<PolicyOut<'a>> {
 /// config_dump's mesh part: `{ workloads, services, policies, stagedServices }`. Workloads sorted by uid, services by hostname
 /// then namespace; staged services are endpoints naming a service the state does not have (yet).
 #[derive(Serialize)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase")]
 pub struct MeshDump<'a> {
     workloads: Vec<WorkloadDumpOut<'a>>,
@@ -337,7 +309,7 @@ pub fn mesh(st: &State) -> MeshDump<'_> {
 /// policies (by key) and services (by hostname, then namespace), as the dataplane holds them. A record an xDS source
 /// has since replaced under the same key shows as it is now.
 #[derive(Serialize)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 pub struct LocalDump<'a> {
     workloads: Vec<WorkloadFull<'a>>,
     policies: Vec<PolicyOut<'a>>,
@@ -360,11 +332,7 @@ pub fn local(st: &State) -> LocalDump<'_> {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadTransition")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "WorkloadTransition"))]
 pub struct TransitionOut<'a> {
     uid: &'a str,
     /// null: added.
@@ -377,11 +345,7 @@ pub struct TransitionOut<'a> {
 
 /// A policy reference that became unresolved.
 #[derive(Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "MissingReference")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "MissingReference"))]
 pub struct MissingOut<'a> {
     uid: &'a str,
     policy: &'a str,
@@ -392,7 +356,7 @@ pub struct MissingOut<'a> {
 /// (warned of) and how many are missing in all, and the state's sizes. For a WDS batch, also the
 /// (name, version) of each resource that applied and "<name>: <reason>" of each that did not.
 #[derive(Serialize)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase")]
 pub struct AppliedOut<'a> {
     /// Workloads whose record changed and that are (or were) on this node, whole.

@@ -11,11 +11,7 @@ use super::{NetworkAddr, StateError};
 use crate::identity::Identity;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadProtocol")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "WorkloadProtocol"))]
 pub enum Protocol {
     #[serde(rename = "HBONE")]
     Hbone,
@@ -25,11 +21,7 @@ pub enum Protocol {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "HealthStatus")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "HealthStatus"))]
 pub enum WorkloadStatus {
     #[default]
     Healthy,
@@ -37,7 +29,7 @@ pub enum WorkloadStatus {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 #[serde(default)]
 pub struct Locality {
     /// Shared: a few values across the whole mesh.
@@ -112,11 +104,7 @@ impl std::fmt::Display for ServiceKey {
 /// Where a waypoint or network gateway is, as TS sends it: `destination` is "<network>/<ip>" or
 /// "<namespace>/<hostname>".
 #[derive(Debug, Clone, Deserialize, Serialize, Default)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "GatewayAddress")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "GatewayAddress"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayAddressJson {
     pub destination: String,
@@ -177,11 +165,7 @@ impl GatewayAddress {
 
 #[derive(Debug, Clone, Deserialize, Default)]
 #[cfg_attr(test, derive(Serialize))]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "WeightedWaypoint")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "WeightedWaypoint"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WeightedWaypointJson {
     pub waypoint: GatewayAddressJson,
@@ -189,7 +173,7 @@ pub struct WeightedWaypointJson {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 pub enum NetworkMode {
     #[default]
     Standard,
@@ -198,11 +182,7 @@ pub enum NetworkMode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "ApplicationTunnelProtocol")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "ApplicationTunnelProtocol"))]
 pub enum AppTunnelProtocol {
     #[default]
     #[serde(rename = "NONE")]
@@ -212,7 +192,7 @@ pub enum AppTunnelProtocol {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq, Eq)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ApplicationTunnel {
     pub protocol: AppTunnelProtocol,
@@ -221,11 +201,7 @@ pub struct ApplicationTunnel {
 
 /// Load balancing scopes, in the order a service lists them (`routingPreferences`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "RoutingPreference")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "RoutingPreference"))]
 pub enum LbScope {
     Region,
     Zone,
@@ -236,11 +212,7 @@ pub enum LbScope {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "LoadBalancerMode")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "LoadBalancerMode"))]
 pub enum LbMode {
     /// Every endpoint (UNSPECIFIED_MODE).
     #[default]
@@ -254,7 +226,7 @@ pub enum LbMode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 pub enum HealthPolicy {
     #[default]
     OnlyHealthy,
@@ -262,7 +234,7 @@ pub enum HealthPolicy {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq, Eq)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct LoadBalancer {
     pub routing_preferences: Vec<LbScope>,
@@ -271,7 +243,7 @@ pub struct LoadBalancer {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 pub enum IpFamilies {
     Dual,
     IPv4,
@@ -289,7 +261,7 @@ impl IpFamilies {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 pub enum Visibility {
     #[default]
     Public,
@@ -298,11 +270,7 @@ pub enum Visibility {
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "Service")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "Service"))]
 #[serde(rename_all = "camelCase", default)]
 pub struct ServiceJson {
     pub name: String,
@@ -326,7 +294,7 @@ pub struct ServiceJson {
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", default)]
 pub struct StateDelta {
     /// true: replace the whole state with what follows.
@@ -405,11 +373,7 @@ impl ValidDelta {
 /// (dump.rs: `WorkloadFull`, the form it is read in, and `WorkloadDump`, ztunnel's). Its keys are in ztunnel's
 /// config_dump order, a default value left out as ztunnel does; the views add `services` and `capacity`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "WorkloadRecord")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "WorkloadRecord"))]
 #[serde(rename_all = "camelCase", default)]
 pub struct Workload {
     /// Shared by the state's indexes (not interned: unique).
@@ -670,8 +634,7 @@ pub mod defaults {
                  // native/mesh/src/state/model.rs. Do not edit this file manually: change the Rust value.\n\n\
                  export const WORKLOAD_DEFAULTS = {json} as const;\n"
             );
-            let path =
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ts/native/generated/workloadDefaults.ts");
+            let path = std::path::Path::new(env!("TS_RS_EXPORT_DIR")).join("workloadDefaults.ts");
             std::fs::write(path, ts).unwrap();
         }
     }

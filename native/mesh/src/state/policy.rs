@@ -10,11 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::StateError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "PolicyScope")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "PolicyScope"))]
 pub enum Scope {
     Global,
     Namespace,
@@ -22,22 +18,14 @@ pub enum Scope {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "PolicyAction")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "PolicyAction"))]
 pub enum Action {
     Allow,
     Deny,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "NativeStringMatch")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "NativeStringMatch"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum StringMatch {
     Exact(String),
@@ -59,7 +47,7 @@ impl StringMatch {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, export_to = "../../../ts/native/generated/"))]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ServiceAccountMatch {
     pub namespace: String,
@@ -142,11 +130,7 @@ fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
 
 /// One match as TS sends it. Every list empty (or omitted: the compiler leaves empty lists out) means "no constraint".
 #[derive(Debug, Clone, Default, Deserialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "NativeMatch")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "NativeMatch"))]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct MatchJson {
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<StringMatch>>", optional))]
@@ -176,11 +160,7 @@ pub struct MatchJson {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[cfg_attr(
-    any(test, feature = "ts"),
-    derive(ts_rs::TS),
-    ts(export, export_to = "../../../ts/native/generated/", rename = "NativePolicy")
-)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "NativePolicy"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PolicyJson {
     pub name: String,
