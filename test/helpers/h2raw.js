@@ -56,6 +56,9 @@ export function rawSession({ host, port = 15008, cert, key, ca }) {
     const socket = tlsConnect({ host, port, cert, key, ca, ALPNProtocols: ['h2'], checkServerIdentity: () => undefined });
     const state = { socket, goaway: null, resets: new Map(), frames: 0, closed: null };
     state.closed = new Promise((r) => socket.once('close', r));
+    // Resolves with the next frame the daemon sends (or the close).
+    const waiting = [];
+    state.nextFrame = () => Promise.race([new Promise((r) => waiting.push(r)), state.closed]);
     let buf = Buffer.alloc(0);
     socket.on('data', (d) => {
       buf = Buffer.concat([buf, d]);
@@ -69,6 +72,7 @@ export function rawSession({ host, port = 15008, cert, key, ca }) {
         if (type === FRAME.GOAWAY && state.goaway === null) state.goaway = payload.readUInt32BE(4);
         if (type === FRAME.RST_STREAM) state.resets.set(stream, payload.readUInt32BE(0));
         buf = buf.subarray(9 + len);
+        for (const w of waiting.splice(0)) w();
       }
     });
     socket.on('error', () => undefined);
