@@ -3,6 +3,7 @@ import type { ServiceAccountMatch } from "./ServiceAccountMatch.js";
 import type { StringMatchDump } from "./StringMatchDump.js";
 
 /**
- * One match, ztunnel's `RbacMatch`: its keys in its order, an empty list left out.
+ * One match as the dataplane evaluates it, and as config_dump writes it: ztunnel's `RbacMatch` (its keys in its
+ * order, an empty list left out, string matches externally tagged, CIDRs as written).
  */
 export type MatchDump = { namespaces?: Array<StringMatchDump>, notNamespaces?: Array<StringMatchDump>, serviceAccounts?: Array<ServiceAccountMatch>, notServiceAccounts?: Array<ServiceAccountMatch>, principals?: Array<StringMatchDump>, notPrincipals?: Array<StringMatchDump>, sourceIps?: Array<string>, notSourceIps?: Array<string>, destinationIps?: Array<string>, notDestinationIps?: Array<string>, destinationPorts?: Array<number>, notDestinationPorts?: Array<number>, };

@@ -4,7 +4,7 @@ import type { PolicyAction } from "./PolicyAction.js";
 import type { PolicyScope } from "./PolicyScope.js";
 
 /**
- * A policy as ztunnel's config_dump writes its `Authorization`, from the form the dataplane evaluates (the one the
- * control side compiled: principals without `spiffe://`, CIDRs with their prefix length).
+ * A policy as the dataplane holds and evaluates it (the form the control side compiled, checked), and as config_dump
+ * writes it: ztunnel's `Authorization` (its keys in its order, `dryRun` always).
  */
 export type PolicyDump = { name: string, namespace: string, scope: PolicyScope, action: PolicyAction, rules: Array<Array<Array<MatchDump>>>, dryRun: boolean, };

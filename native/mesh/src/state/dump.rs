@@ -11,7 +11,7 @@ use super::model::{
     is_false, GatewayAddress, GatewayAddressJson, LoadBalancer, Service, ServiceKey, Visibility, Workload,
     WorkloadStatus,
 };
-use super::policy::{Action, Match, Policy, PolicyCidr, Scope, ServiceAccountMatch, StringMatch};
+use super::policy::Policy;
 use super::State;
 
 fn gateway(g: Option<&GatewayAddress>) -> Option<GatewayAddressJson> {
@@ -153,122 +153,11 @@ pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceOut<'a> {
     }
 }
 
-/// A string match as ztunnel's config_dump writes one (its `StringMatch`, externally tagged): `{"Exact": "x"}`, and
-/// `{"Presence": []}` for its empty tuple variant.
-#[derive(Serialize)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "StringMatchDump"))]
-pub enum StringMatchOut<'a> {
-    Exact(&'a str),
-    Prefix(&'a str),
-    Suffix(&'a str),
-    Presence(#[cfg_attr(any(test, feature = "ts"), ts(type = "[]"))] [(); 0]),
-}
-
-fn string_matches(v: &[StringMatch]) -> Vec<StringMatchOut<'_>> {
-    v.iter()
-        .map(|m| match m {
-            StringMatch::Exact(s) => StringMatchOut::Exact(s),
-            StringMatch::Prefix(s) => StringMatchOut::Prefix(s),
-            StringMatch::Suffix(s) => StringMatchOut::Suffix(s),
-            StringMatch::Presence(_) => StringMatchOut::Presence([]),
-        })
-        .collect()
-}
-
-/// One match, ztunnel's `RbacMatch`: its keys in its order, an empty list left out.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "MatchDump"))]
-pub struct MatchOut<'a> {
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<StringMatchOut<'a>>>"))]
-    namespaces: Vec<StringMatchOut<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<StringMatchOut<'a>>>"))]
-    not_namespaces: Vec<StringMatchOut<'a>>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<ServiceAccountMatch>>"))]
-    service_accounts: &'a [ServiceAccountMatch],
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<ServiceAccountMatch>>"))]
-    not_service_accounts: &'a [ServiceAccountMatch],
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<StringMatchOut<'a>>>"))]
-    principals: Vec<StringMatchOut<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<StringMatchOut<'a>>>"))]
-    not_principals: Vec<StringMatchOut<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
-    source_ips: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
-    not_source_ips: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
-    destination_ips: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
-    not_destination_ips: Vec<String>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<u16>>"))]
-    destination_ports: &'a [u16],
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<u16>>"))]
-    not_destination_ports: &'a [u16],
-}
-
-fn cidrs(v: &[PolicyCidr]) -> Vec<String> {
-    v.iter().map(PolicyCidr::to_string).collect()
-}
-
-fn match_out(m: &Match) -> MatchOut<'_> {
-    MatchOut {
-        namespaces: string_matches(&m.namespaces),
-        not_namespaces: string_matches(&m.not_namespaces),
-        service_accounts: &m.service_accounts,
-        not_service_accounts: &m.not_service_accounts,
-        principals: string_matches(&m.principals),
-        not_principals: string_matches(&m.not_principals),
-        source_ips: cidrs(&m.source_ips),
-        not_source_ips: cidrs(&m.not_source_ips),
-        destination_ips: cidrs(&m.destination_ips),
-        not_destination_ips: cidrs(&m.not_destination_ips),
-        destination_ports: &m.destination_ports,
-        not_destination_ports: &m.not_destination_ports,
-    }
-}
-
-/// A policy as ztunnel's config_dump writes its `Authorization`, from the form the dataplane evaluates (the one the
-/// control side compiled: principals without `spiffe://`, CIDRs with their prefix length).
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "PolicyDump"))]
-pub struct PolicyOut<'a> {
-    name: &'a str,
-    namespace: &'a str,
-    scope: Scope,
-    action: Action,
-    rules: Vec<Vec<Vec<MatchOut<'a>>>>,
-    dry_run: bool,
-}
-
-fn policy(p: &Policy) -> PolicyOut<'_> {
-    PolicyOut {
-        name: &p.name,
-        namespace: &p.namespace,
-        scope: p.scope,
-        action: p.action,
-        rules: p.rules.iter().map(|r| r.iter().map(|c| c.iter().map(match_out).collect()).collect()).collect(),
-        dry_run: p.dry_run,
-    }
-}
-
 /// Policies sorted by key ("namespace/name").
-fn policies<'a>(all: impl Iterator<Item = &'a Policy>) -> Vec<PolicyOut<'a>> {
+fn policies<'a>(all: impl Iterator<Item = &'a Policy>) -> Vec<&'a Policy> {
     let mut ps: Vec<&Policy> = all.collect();
     ps.sort_by(|a, b| a.namespace.cmp(&b.namespace).then_with(|| a.name.cmp(&b.name)));
-    ps.into_iter().map(policy).collect()
+    ps
 }
 
 /// config_dump's mesh part: `{ workloads, services, policies, stagedServices }`. Workloads sorted by uid, services by hostname
@@ -280,7 +169,7 @@ pub struct MeshDump<'a> {
     workloads: Vec<WorkloadDumpOut<'a>>,
     services: Vec<ServiceOut<'a>>,
     /// Sorted by "namespace/name".
-    policies: Vec<PolicyOut<'a>>,
+    policies: Vec<&'a Policy>,
     /// "namespace/hostname" → endpoints by workload uid.
     staged_services: BTreeMap<String, BTreeMap<&'a str, EndpointOut<'a>>>,
 }
@@ -312,7 +201,7 @@ pub fn mesh(st: &State) -> MeshDump<'_> {
 #[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 pub struct LocalDump<'a> {
     workloads: Vec<WorkloadFull<'a>>,
-    policies: Vec<PolicyOut<'a>>,
+    policies: Vec<&'a Policy>,
     services: Vec<ServiceOut<'a>>,
 }
 

@@ -174,22 +174,79 @@ pub struct PolicyJson {
     pub rules: Vec<Vec<Vec<MatchJson>>>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One match as the dataplane evaluates it, and as config_dump writes it: ztunnel's `RbacMatch` (its keys in its
+/// order, an empty list left out, string matches externally tagged, CIDRs as written).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "MatchDump"))]
+#[serde(rename_all = "camelCase")]
 pub struct Match {
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "ztunnel_strings")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<ZtunnelStringMatch<'static>>>", optional))]
     pub namespaces: Vec<StringMatch>,
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "ztunnel_strings")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<ZtunnelStringMatch<'static>>>", optional))]
     pub not_namespaces: Vec<StringMatch>,
-    pub principals: Vec<StringMatch>,
-    pub not_principals: Vec<StringMatch>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<ServiceAccountMatch>>", optional))]
     pub service_accounts: Vec<ServiceAccountMatch>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<ServiceAccountMatch>>", optional))]
     pub not_service_accounts: Vec<ServiceAccountMatch>,
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "ztunnel_strings")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<ZtunnelStringMatch<'static>>>", optional))]
+    pub principals: Vec<StringMatch>,
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "ztunnel_strings")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<ZtunnelStringMatch<'static>>>", optional))]
+    pub not_principals: Vec<StringMatch>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub source_ips: Vec<PolicyCidr>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub not_source_ips: Vec<PolicyCidr>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub destination_ips: Vec<PolicyCidr>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub not_destination_ips: Vec<PolicyCidr>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<u16>>", optional))]
     pub destination_ports: Vec<u16>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<u16>>", optional))]
     pub not_destination_ports: Vec<u16>,
     /// Every list empty (computed once: the evaluator asks on every connection).
+    #[serde(skip)]
+    #[cfg_attr(any(test, feature = "ts"), ts(skip))]
     pub empty: bool,
+}
+
+/// A string match as ztunnel's config_dump writes one (its `StringMatch`, externally tagged): `{"Exact": "x"}`, and
+/// `{"Presence": []}` for its empty tuple variant.
+#[derive(Serialize)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "StringMatchDump"))]
+enum ZtunnelStringMatch<'a> {
+    Exact(&'a str),
+    Prefix(&'a str),
+    Suffix(&'a str),
+    Presence(#[cfg_attr(any(test, feature = "ts"), ts(type = "[]"))] [(); 0]),
+}
+
+fn ztunnel_strings<S: serde::Serializer>(v: &[StringMatch], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(|m| match m {
+        StringMatch::Exact(x) => ZtunnelStringMatch::Exact(x),
+        StringMatch::Prefix(x) => ZtunnelStringMatch::Prefix(x),
+        StringMatch::Suffix(x) => ZtunnelStringMatch::Suffix(x),
+        StringMatch::Presence(_) => ZtunnelStringMatch::Presence([]),
+    }))
+}
+
+/// As written: "10.1.2.3/8".
+impl Serialize for PolicyCidr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 impl Match {
@@ -213,16 +270,22 @@ impl Match {
     }
 }
 
-#[derive(Debug, Clone)]
+/// A policy as the dataplane holds and evaluates it (the form the control side compiled, checked), and as config_dump
+/// writes it: ztunnel's `Authorization` (its keys in its order, `dryRun` always).
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "PolicyDump"))]
+#[serde(rename_all = "camelCase")]
 pub struct Policy {
     pub name: String,
     pub namespace: String,
     pub scope: Scope,
     pub action: Action,
-    pub dry_run: bool,
     pub rules: Vec<Vec<Vec<Match>>>,
+    pub dry_run: bool,
     /// Which rules can match a connection, found without trying every rule (built from `rules`; None for a policy
     /// of few rules, which is scanned).
+    #[serde(skip)]
+    #[cfg_attr(any(test, feature = "ts"), ts(skip))]
     pub index: Option<Box<RuleIndex>>,
 }
 
