@@ -44,7 +44,7 @@ fn check(record: Result<AddressRecord, String>) {
                 Ok(s) => s,
                 Err(e) => return assert!(!e.to_string().is_empty()),
             };
-            let key = s.key.clone();
+            let key = s.key();
             let _: serde_json::Value = serde_json::to_value(dump::service(None, &s)).unwrap();
             st.apply_valid(ValidDelta { services: vec![s], ..Default::default() });
             let held = st.service(&key).expect("the service is held").clone();

@@ -123,7 +123,6 @@ test('the loader validates off the main thread, says what an in-thread parse say
   try {
     const first = await loader.load();
     assert.equal(first.source, path);
-    assert.equal(first.fast, true, 'read by the fast path');
     assert.deepEqual(first.counts, { workloads: 30, services: 3, policies: 1 });
     assert.deepEqual(first.chunks.map(parseJson), [{ policies: [{
       name: 'p0', namespace: 'ns0', scope: 'WorkloadSelector', action: 'Allow', dryRun: false,

@@ -99,17 +99,20 @@ test('YAML syntax errors carry a position', async () => {
 });
 
 test('type errors, enums, missing required fields, bad keys', () => {
-  assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, capacity: "two"}]'), 'x.yaml: workloads[0].capacity: expected number, got string "two"');
-  assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, protocol: UDP}]'), 'x.yaml: workloads[0].protocol: "UDP" is not one of HBONE|TCP');
+  assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, capacity: "two"}]'), 'x.yaml: workloads[0].capacity: invalid type: string "two", expected u32');
+  assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, protocol: UDP}]'), 'x.yaml: workloads[0].protocol: unknown variant `UDP`, expected `HBONE` or `TCP`');
   assert.equal(msg('workloads: [{uid: a, namespace: n}]'), 'x.yaml: workloads[0].name: missing required field');
   assert.equal(
     msg('workloads: [{uid: a, name: a, namespace: n, services: {"no-slash": {80: 8080}}}]'),
-    'x.yaml: workloads[0].services["no-slash"]: invalid key: "no-slash" is not <namespace>/<hostname>',
+    'x.yaml: workloads[0].services: "no-slash" is not <namespace>/<hostname>',
   );
   assert.equal(msg('services: [{name: s, namespace: n, hostname: h, vips: ["10.0.0.1"]}]'), 'x.yaml: services[0].vips[0]: "10.0.0.1" is not <network>/<ip> (e.g. "/10.0.0.1")');
   assert.equal(msg('policies: [{name: p, scope: Namespace, action: Audit}]'), 'x.yaml: policies[0].action: "Audit" is not one of Allow|Deny');
-  // Every problem in the document is reported, one per line.
-  assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, workloadIps: ["x", "y"]}]').split('\n').length, 2);
+  // Every record's problem is reported (its first), one per line.
+  assert.equal(msg('workloads: [{uid: a, name: a, namespace: n, workloadIps: ["x", "y"]}, {uid: b, name: b, namespace: n, capacity: -1}]'), [
+    'x.yaml: workloads[0].workloadIps[0]: "x" is not an IP address',
+    'x.yaml: workloads[1].capacity: invalid value: integer `-1`, expected u32',
+  ].join('\n'));
 });
 
 test('values that end up in headers: a forged baggage key or a control character is refused with its path', () => {
@@ -184,32 +187,25 @@ policies:
   - - - principals: [{Exact: cluster.local/ns/default/sa/sleep}, {Presence: []}]
         destinationPorts: [8080]
 `, 'good.yaml');
+  // The records as the dataplane holds them, Istio's defaults filled in; a default value is left out as ztunnel
+  // writes it, except those Istio fills in (trust domain, service account, workload type) and capacity.
   assert.deepEqual(cfg.workloads, [{
     uid: 'Kubernetes//Pod/default/sleep',
-    name: 'sleep',
-    namespace: 'default',
-    serviceAccount: 'sleep',
-    trustDomain: 'cluster.local',
     workloadIps: ['127.0.1.10'],
-    network: '',
+    waypoint: { destination: '/10.0.0.9', hboneMtlsPort: 15008 },
     protocol: 'HBONE',
     networkMode: 'Standard',
-    node: 'node-a',
-    hostname: '',
-    status: 'Healthy',
-    capacity: 1,
-    canonicalName: '',
-    canonicalRevision: '',
-    workloadName: '',
+    name: 'sleep',
+    namespace: 'default',
+    trustDomain: 'cluster.local',
+    serviceAccount: 'sleep',
     workloadType: 'deployment',
+    node: 'node-a',
+    status: 'Healthy',
     clusterId: '',
     locality: { region: 'r1', zone: '', subzone: '' },
+    capacity: 1,
     services: { 'default/echo.default.svc.cluster.local': { 80: 8080 } },
-    authorizationPolicies: [],
-    waypoint: { destination: '/10.0.0.9', hboneMtlsPort: 15008 },
-    networkGateway: null,
-    applicationTunnel: null,
-    nativeTunnel: false,
   }]);
   assert.deepEqual(cfg.services, [{
     name: 'echo',
@@ -219,12 +215,7 @@ policies:
     cidrVips: ['/10.1.0.0/16'],
     ports: { 80: 8080 },
     subjectAltNames: [],
-    canonical: false,
-    waypoint: null,
-    weightedWaypoints: [],
-    loadBalancer: null,
-    ipFamilies: null,
-    visibility: null,
+    visibility: 'Public',
   }]);
   const [policy] = cfg.policies;
   assert.equal(policy.dryRun, false);

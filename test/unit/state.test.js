@@ -75,7 +75,7 @@ test('a rejected delta changes nothing on either side', (t) => {
   const bad = model(BASE);
   assert.throws(
     () => store.apply({ workloads: [{ ...bad.workloads[0], workloadIps: ['10.0.0.300'] }], removedPolicies: ['ns/p1'] }, send),
-    (err) => err.code === 'INVALID_STATE' && /^workloads\[0\]\.workloadIps\[0\]: invalid IP address/.test(err.message),
+    (err) => err.code === 'INVALID_STATE' && /^workloads\[0\]\.workloadIps\[0\]: "10\.0\.0\.300" is not an IP address/.test(err.message),
   );
   assert.deepEqual(dp.meshDump().policies.map((p) => p.name), ['p1', 'p2'], 'ns/p1 is still held');
   assert.deepEqual(dp.meshDump().workloads.find((w) => w.uid === 'w2').workloadIps, ['10.0.0.2']);

@@ -31,8 +31,6 @@ export interface LocalLoad {
   ticket: number;
   /** The document's compiled policies: StateDelta chunks (UTF-8 JSON). */
   chunks: Uint8Array[];
-  /** Read by the dataplane's fast path (false: by the schema's slow way). */
-  fast: boolean;
 }
 
 interface InFlight {
@@ -137,7 +135,7 @@ export class LocalConfigLoader {
         }
         load.settled = true;
         this.ticket = m.ticket;
-        load.resolve({ source: m.source, counts: m.counts, ticket: m.ticket, chunks: m.chunks, fast: m.fast });
+        load.resolve({ source: m.source, counts: m.counts, ticket: m.ticket, chunks: m.chunks });
         return;
       case 'invalid':
         this.end(load, new LocalConfigError(m.message));

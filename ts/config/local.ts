@@ -1,16 +1,16 @@
-// The local config file (LOCAL_XDS_PATH / LOCAL_XDS): workloads, services and policies in ztunnel's
-// camelCase YAML. Validation is strict, like ztunnel's `deny_unknown_fields`: a typo must fail loudly, not turn
-// into a silently missing field. Every error names the file, the path inside the document
-// (`workloads[1].workloadIps[0]`) and the problem. This is the edge where untyped YAML becomes the state model;
-// nothing past here sees the raw document.
+// The local config file (LOCAL_XDS_PATH / LOCAL_XDS): workloads, services and policies in ztunnel's camelCase YAML.
+// Validation is strict, like ztunnel's `deny_unknown_fields`: a typo must fail loudly, not turn into a silently
+// missing field. Every error names the file, the path inside the document (`workloads[1].workloadIps[0]`) and the
+// problem. One schema per part of the document: its workloads and services are read by the dataplane, whose record
+// types (native/mesh/src/state/model.rs, `Workload` and `Service`) are their schema (native/mesh/src/state/local.rs);
+// its policies, which this side compiles (policy/compile.ts), are judged here (`policySchema`).
 import { readFile } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import { z } from 'zod';
 import { LocalConfigError, ZtunnelError } from '../errors.js';
-import { WORKLOAD_DEFAULTS } from '../native/generated/workloadDefaults.js';
-import { yamlToJson } from '../native/index.js';
-import type { Policy, ServiceInfo, StateSnapshot, StringMatch, WorkloadInfo } from '../state/model.js';
-import { policyKey, serviceKey } from '../state/model.js';
+import { localDiscard, localPrepare, localRecords, yamlToJson, type PreparedLocal } from '../native/index.js';
+import type { Policy, StateSnapshot, StringMatch } from '../state/model.js';
+import { policyKey } from '../state/model.js';
 
 export interface LocalConfig extends StateSnapshot {
   /** Where it came from: the file path, or "LOCAL_XDS" for inline YAML. */
@@ -18,8 +18,6 @@ export interface LocalConfig extends StateSnapshot {
 }
 
 // ---- field schemas -------------------------------------------------------------------------------------------
-
-const ip = () => z.string().refine((s) => isIP(s) !== 0, { error: (iss) => `"${String(iss.input)}" is not an IP address` });
 
 function isCidr(s: string): boolean {
   const slash = s.lastIndexOf('/');
@@ -33,78 +31,9 @@ function isCidr(s: string): boolean {
 const cidr = () =>
   z.string().refine(isCidr, { error: (iss) => `"${String(iss.input)}" is not a CIDR (e.g. 10.0.0.0/8)` });
 
-/** "<network>/<ip>"; the network may be empty ("/10.0.0.1"). */
-const networkAddress = () =>
-  z.string().refine((s) => s.includes('/') && isIP(s.slice(s.indexOf('/') + 1)) !== 0, {
-    error: (iss) => `"${String(iss.input)}" is not <network>/<ip> (e.g. "/10.0.0.1")`,
-  });
-
-/** "<network>/<cidr>" or a bare CIDR (network ""); normalized to "<network>/<cidr>". */
-const networkCidr = () =>
-  z.string().transform((s, ctx) => {
-    if (isCidr(s)) {
-      const first = s.indexOf('/');
-      // "net/10.0.0.0/8" has a network; "10.0.0.0/8" alone does not.
-      if (first === s.lastIndexOf('/')) return `/${s}`;
-    }
-    const first = s.indexOf('/');
-    if (first >= 0 && isCidr(s.slice(first + 1))) return s;
-    ctx.issues.push({ code: 'custom', input: s, message: `"${s}" is not a CIDR (e.g. 10.0.0.0/24 or net/10.0.0.0/24)` });
-    return z.NEVER;
-  });
-
 const port = () =>
   z.number().int().min(1, { error: (iss) => `${String(iss.input)} is not a port (1-65535)` }).max(65535, {
     error: (iss) => `${String(iss.input)} is not a port (1-65535)`,
-  });
-
-/** Map keys are strings in YAML→JS; a service port key must be 1-65535. */
-const portKey = () =>
-  z.string().refine((s) => /^\d{1,5}$/.test(s) && Number(s) >= 1 && Number(s) <= 65535, {
-    error: (iss) => `"${String(iss.input)}" is not a port (1-65535)`,
-  });
-
-/** servicePort -> targetPort; target 0 means "not set" (Istio's meaning: each endpoint's own port map decides). */
-const portMap = () =>
-  z.record(portKey(), z.number().int().min(0).max(65535, { error: (iss) => `${String(iss.input)} is not a port (0-65535)` }));
-
-const namespacedHost = () =>
-  z.string().refine((s) => /^[^/]+\/[^/]+$/.test(s), { error: (iss) => `"${String(iss.input)}" is not <namespace>/<hostname>` });
-
-const gatewayAddress = () =>
-  z.strictObject({
-    destination: z.string().refine((s) => /^[^/]*\/.+$/.test(s), {
-      error: (iss) => `"${String(iss.input)}" is not <network>/<ip> or <namespace>/<hostname>`,
-    }),
-    hboneMtlsPort: port().default(15008),
-  });
-
-/**
- * A value that ends up in a header (baggage, forwarded) or a SPIFFE identity: printable ASCII without spaces and without
- * `, ; = " \` (the dataplane refuses the same; see header_safe in native/mesh/src/state/model.rs).
- */
-const headerText = () =>
-  z.string().superRefine((s, ctx) => {
-    const bad = [...s].find((c) => c < '!' || c > '~' || ',;="\\'.includes(c));
-    if (bad !== undefined) {
-      ctx.addIssue({ code: 'custom', input: s, message: `${JSON.stringify(s)} has the character ${JSON.stringify(bad)}, which cannot go into a header` });
-    }
-  });
-
-/** One segment of a SPIFFE identity or of a `namespace/hostname` key (the dataplane's `segment_safe`). */
-const segmentText = () =>
-  headerText().superRefine((s, ctx) => {
-    if (s.includes('/')) {
-      ctx.addIssue({ code: 'custom', input: s, message: `${JSON.stringify(s)} has the character "/", which cannot go into an identity or a namespace/hostname key` });
-    }
-  });
-
-const lowerEnum = <const T extends readonly [string, ...string[]]>(values: T) =>
-  z.string().transform((s, ctx): T[number] => {
-    const v = s.toLowerCase();
-    if ((values as readonly string[]).includes(v)) return v as T[number];
-    ctx.issues.push({ code: 'custom', input: s, message: `"${s}" is not one of ${values.join('|')} (any case)` });
-    return z.NEVER;
   });
 
 /** Exactly one of Exact/Prefix/Suffix/Presence, as ztunnel's StringMatching serializes. */
@@ -132,64 +61,6 @@ const serviceAccountMatch = () => z.strictObject({ namespace: z.string(), servic
 
 // ---- document schema -----------------------------------------------------------------------------------------
 
-const workloadSchema = z.strictObject({
-  uid: z.string().min(1, { error: 'must not be empty' }),
-  name: z.string().min(1, { error: 'must not be empty' }),
-  namespace: segmentText().min(1, { error: 'must not be empty' }),
-  serviceAccount: segmentText().default(WORKLOAD_DEFAULTS.serviceAccount),
-  trustDomain: segmentText().default(WORKLOAD_DEFAULTS.trustDomain),
-  workloadIps: z.array(ip()).default([]),
-  network: headerText().default(''),
-  protocol: z.enum(['HBONE', 'TCP']).default('TCP'),
-  networkMode: z.enum(['Standard', 'HostNetwork']).default('Standard'),
-  node: z.string().default(''),
-  hostname: z.string().default(''),
-  status: z.enum(['Healthy', 'Unhealthy']).default('Healthy'),
-  capacity: z.number().int().min(0).default(WORKLOAD_DEFAULTS.capacity),
-  canonicalName: headerText().default(''),
-  canonicalRevision: headerText().default(''),
-  workloadName: headerText().default(''),
-  workloadType: lowerEnum(WORKLOAD_DEFAULTS.workloadTypes).default(WORKLOAD_DEFAULTS.workloadType),
-  clusterId: headerText().default(''),
-  locality: z
-    .strictObject({ region: headerText().default(''), zone: headerText().default(''), subzone: headerText().default('') })
-    .default({ region: '', zone: '', subzone: '' }),
-  services: z.record(namespacedHost(), portMap()).default({}),
-  authorizationPolicies: z.array(z.string()).default([]),
-  waypoint: gatewayAddress().nullable().default(null),
-  networkGateway: gatewayAddress().nullable().default(null),
-  applicationTunnel: z
-    .strictObject({ protocol: z.enum(['NONE', 'PROXY']).default('NONE'), port: port().nullable().default(null) })
-    .nullable()
-    .default(null),
-  nativeTunnel: z.boolean().default(false),
-});
-
-const serviceSchema = z.strictObject({
-  name: z.string().min(1, { error: 'must not be empty' }),
-  namespace: segmentText().min(1, { error: 'must not be empty' }),
-  hostname: headerText().min(1, { error: 'must not be empty' }),
-  vips: z.array(networkAddress()).default([]),
-  cidrVips: z.array(networkCidr()).default([]),
-  ports: portMap().default({}),
-  subjectAltNames: z.array(z.string()).default([]),
-  canonical: z.boolean().default(false),
-  waypoint: gatewayAddress().nullable().default(null),
-  weightedWaypoints: z
-    .array(z.strictObject({ waypoint: gatewayAddress(), weight: z.number().int().min(0).max(2 ** 32 - 1) }))
-    .default([]),
-  loadBalancer: z
-    .strictObject({
-      routingPreferences: z.array(z.enum(['Region', 'Zone', 'Subzone', 'Node', 'Cluster', 'Network'])).default([]),
-      mode: z.enum(['Standard', 'Strict', 'Failover', 'Passthrough']).default('Standard'),
-      healthPolicy: z.enum(['OnlyHealthy', 'AllowAll']).default('OnlyHealthy'),
-    })
-    .nullable()
-    .default(null),
-  ipFamilies: z.enum(['Dual', 'IPv4', 'IPv6']).nullable().default(null),
-  visibility: z.enum(['Public', 'Namespace']).nullable().default(null),
-});
-
 const matchSchema = z.strictObject({
   namespaces: z.array(stringMatch()).default([]),
   notNamespaces: z.array(stringMatch()).default([]),
@@ -215,31 +86,16 @@ const policySchema = z.strictObject({
   rules: z.array(z.array(z.array(matchSchema))).default([]),
 });
 
-const documentSchema = z
-  .strictObject({
-    workloads: z.array(workloadSchema).default([]),
-    services: z.array(serviceSchema).default([]),
-    policies: z.array(policySchema).default([]),
-  })
+/** A document's `policies` (its workloads and services are the dataplane's to judge). */
+const policiesSchema = z
+  .strictObject({ policies: z.array(policySchema).default([]) })
   .superRefine((doc, ctx) => {
-    const dup = (kind: string, keys: string[], field: string | null, what: string) => {
-      const seen = new Map<string, number>();
-      keys.forEach((key, i) => {
-        const first = seen.get(key);
-        if (first === undefined) {
-          seen.set(key, i);
-        } else {
-          ctx.addIssue({
-            code: 'custom',
-            path: field === null ? [kind, i] : [kind, i, field],
-            message: `duplicate ${what} "${key}" (also ${kind}[${first}])`,
-          });
-        }
-      });
-    };
-    dup('workloads', doc.workloads.map((w) => w.uid), 'uid', 'uid');
-    dup('services', doc.services.map(serviceKey), null, 'service');
-    dup('policies', doc.policies.map(policyKey), null, 'policy');
+    const seen = new Map<string, number>();
+    doc.policies.forEach((p, i) => {
+      const first = seen.get(policyKey(p));
+      if (first === undefined) seen.set(policyKey(p), i);
+      else ctx.addIssue({ code: 'custom', path: ['policies', i], message: `duplicate policy "${policyKey(p)}" (also policies[${first}])` });
+    });
   });
 
 /**
@@ -261,14 +117,7 @@ const candidatesSchema = z
     });
   });
 
-// Compile-time proof that the schema produces the dataplane's records, every key of them and no other (a drift
-// breaks the build, not a test): a parsed workload or service crosses as it is (the type is generated from the
-// dataplane's one record type).
-type Parsed = z.output<typeof documentSchema>;
-type Exactly<T, U> = [Exclude<keyof T, keyof U>, Exclude<keyof U, keyof T>] extends [never, never] ? T : never;
-const _workloadFits = (w: Exactly<Parsed['workloads'][number], WorkloadInfo>): WorkloadInfo => w;
-const _serviceFits = (s: Exactly<Parsed['services'][number], ServiceInfo>): ServiceInfo => s;
-const _policyFits = (p: Parsed['policies'][number]): Policy => p;
+const _policyFits = (p: z.output<typeof policySchema>): Policy => p;
 
 // ---- error rendering -----------------------------------------------------------------------------------------
 
@@ -331,32 +180,39 @@ function describeValue(v: unknown): string {
 
 // ---- entry points --------------------------------------------------------------------------------------------
 
-/** Parses and validates one document. `source` names it in errors (a file path, or "LOCAL_XDS"). */
-export function parseLocalConfig(text: string, source: string): LocalConfig {
-  // Parsed natively (native/mesh/src/yaml.rs): the `yaml` package needs minutes for a large file.
-  let json: string;
-  try {
-    json = yamlToJson(text);
-  } catch (err) {
-    if (err instanceof ZtunnelError) throw err; // no native binary
-    throw new LocalConfigError(`${source}: ${(err as Error).message}`);
-  }
-  // An empty file is an empty config, as in ztunnel.
-  const raw: unknown = JSON.parse(json) ?? {};
-  const parsed = documentSchema.safeParse(raw, { reportInput: true });
-  if (!parsed.success) {
-    throw refusal(parsed.error.issues, source);
-  }
-  return { ...parsed.data, source };
+/** The refusal of a document the dataplane read: its problems, each a line naming `source`. */
+function refused(r: { problems: string[]; total: number }, source: string): LocalConfigError {
+  const out = r.problems.map((p) => `${source}: ${p}`);
+  const more = r.total - r.problems.length;
+  if (more > 0) out.push(`${source}: and ${more} more problem${more === 1 ? '' : 's'}`);
+  return new LocalConfigError(out.join('\n'));
 }
 
 /**
- * The policies of a document whose workloads and services the dataplane's fast path already read
- * (native/mesh/src/state/local.rs hands `policies` back as written), validated by the same schema: a refusal
- * says exactly what parsing the whole document says (its workloads and services have no problem to report).
+ * One document read by the dataplane and its policies judged here: the held document's ticket, or a LocalConfigError
+ * naming `source`, the path and the problem (the ticket is then already dropped).
  */
+export function prepareLocal(text: Uint8Array, source: string): Extract<PreparedLocal, { ticket: number }> & { compiled: Policy[] } {
+  const prepared = localPrepare(text);
+  if ('problems' in prepared) throw refused(prepared, source);
+  try {
+    return { ...prepared, compiled: parseLocalPolicies(prepared.policies, source) };
+  } catch (err) {
+    localDiscard(prepared.ticket);
+    throw err;
+  }
+}
+
+/** Parses and validates one document (tools and tests: nothing is applied). `source` names it in errors. */
+export function parseLocalConfig(text: string, source: string): LocalConfig {
+  const prepared = prepareLocal(Buffer.from(text, 'utf8'), source);
+  const { workloads, services } = localRecords(prepared.ticket);
+  return { workloads, services, policies: prepared.compiled, source };
+}
+
+/** The policies of a document, validated by the policy schema (paths as in the whole document: `policies[0]...`). */
 export function parseLocalPolicies(policies: unknown[], source: string): Policy[] {
-  const parsed = documentSchema.safeParse({ policies }, { reportInput: true });
+  const parsed = policiesSchema.safeParse({ policies }, { reportInput: true });
   if (!parsed.success) {
     throw refusal(parsed.error.issues, source);
   }

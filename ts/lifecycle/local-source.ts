@@ -55,7 +55,7 @@ export class LocalSource implements Component {
     const load = await this.first;
     if (load !== null) {
       const applied = await this.apply(load);
-      this.log.info({ source: load.source, ...load.counts, fast: load.fast, chunks: applied.chunks, applyMs: applied.applyMs }, 'local config applied');
+      this.log.info({ source: load.source, ...load.counts, chunks: applied.chunks, applyMs: applied.applyMs }, 'local config applied');
     }
     this.firstApplied(true);
     // Inline LOCAL_XDS never changes: its loader can go.

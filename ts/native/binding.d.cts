@@ -16,7 +16,7 @@ export declare class Dataplane {
   /** The chunks of one large delta (UTF-8 JSON each), validated whole then applied as one, off the JS thread. */
   applyStateBatches(chunks: Array<Uint8Array>): Promise<string>
   /**
-   * Applies the local config document held under `ticket` (`localPrepare` / `localPrepareRecords`) with the
+   * Applies the local config document held under `ticket` (`localPrepare`) with the
    * compiled policy part of its change (JSON deltas of policies only), as one change, off the JS thread.
    */
   applyLocal(ticket: number, policyChunks: Array<Uint8Array>): Promise<string>
@@ -161,18 +161,18 @@ export declare function decodeAddress(body: Uint8Array): string
 export declare function localDiscard(ticket: number): void
 
 /**
- * The local config's fast path (mesh/src/state/local.rs), on the calling thread (the loader's worker): the
- * YAML read into validated workloads and services, held for `Dataplane.applyLocal`. JSON
+ * The local config read (mesh/src/state/local.rs), on the calling thread (the loader's worker): the YAML read into
+ * validated workloads and services, held for `Dataplane.applyLocal`. JSON
  * `{ "ticket": n, "workloads": n, "services": n, "policies": [...] }` (the policies as written, for the control side's
- * schema), or `{ "declined": "why" }` when the control side's slow way must decide.
+ * schema), or `{ "problems": ["<path>: <problem>", ...], "total": n }` when the document is refused.
  */
 export declare function localPrepare(text: Uint8Array): string
 
 /**
- * The slow way's records (`{ workloads, services }` as the dataplane's JSON deltas carry them, after the control side's
- * schema accepted the document), validated and held like `localPrepare`'s; returns the ticket.
+ * A held document's records, taken (it will not be applied): JSON `{ "workloads": [...], "services": [...] }` in the
+ * form a delta carries them (`parseLocalConfig`, for tools and tests).
  */
-export declare function localPrepareRecords(json: Uint8Array): number
+export declare function localRecords(ticket: number): string
 
 /** One `takeOtlp` answer. */
 export interface OtlpBatch {

@@ -150,28 +150,25 @@ export function yamlToJson(text: string): string {
   return b.yamlToJson(text);
 }
 
-/** What the local config's fast path made of a document (`localPrepare`). */
+/** What the dataplane made of a local document (`localPrepare`). */
 export type PreparedLocal =
   /** Read and validated; held in the dataplane under `ticket` until `Dataplane.applyLocal` or `localDiscard`. */
   | { ticket: number; workloads: number; services: number; policies: unknown[] }
-  /** Not read the fast way (a problem, or something it does not model): the schema's slow way decides. */
-  | { declined: string };
+  /** Refused: each problem `<path>: <problem>` (at most 100 listed), and how many there are in all. */
+  | { problems: string[]; total: number };
 
 /**
- * The local config's fast path (native/mesh/src/state/local.rs): the YAML file's bytes read straight into
- * validated workloads and services, held natively for `Dataplane.applyLocal`; the policies come back as written.
- * Runs on the calling thread (the loader's worker).
+ * The local config read by the dataplane (native/mesh/src/state/local.rs): the YAML file's bytes read straight into
+ * validated workloads and services (their record types are the schema), held natively for `Dataplane.applyLocal`;
+ * the policies come back as written, for the control side's schema. Runs on the calling thread (the loader's worker).
  */
 export function localPrepare(text: Uint8Array): PreparedLocal {
   return JSON.parse(call(() => load().localPrepare(text))) as PreparedLocal;
 }
 
-/**
- * The slow way's accepted records (`{ workloads, services }` in the dataplane's JSON form, UTF-8), validated and held
- * like `localPrepare`'s; returns the ticket. Throws INVALID_STATE when the dataplane refuses a record.
- */
-export function localPrepareRecords(json: Uint8Array): number {
-  return call(() => load().localPrepareRecords(json));
+/** A held local document's records, taken (it will not be applied), in the form a delta carries them. */
+export function localRecords(ticket: number): { workloads: Workload[]; services: Service[] } {
+  return JSON.parse(call(() => load().localRecords(ticket))) as { workloads: Workload[]; services: Service[] };
 }
 
 /** Drops a held local document that will not be applied (unknown or taken tickets are ignored). */

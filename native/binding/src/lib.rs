@@ -60,7 +60,7 @@ impl Dataplane {
             .map_err(err)
     }
 
-    /// Applies the local config document held under `ticket` (`localPrepare` / `localPrepareRecords`) with the
+    /// Applies the local config document held under `ticket` (`localPrepare`) with the
     /// compiled policy part of its change (JSON deltas of policies only), as one change, off the JS thread.
     #[napi]
     pub async fn apply_local(&self, ticket: u32, policy_chunks: Vec<Uint8Array>) -> Result<String> {
@@ -411,14 +411,14 @@ pub fn yaml_to_json(text: String) -> Result<String> {
     dataplane::yaml::yaml_to_json(&text).map_err(err)
 }
 
-/// The local config's fast path (mesh/src/state/local.rs), on the calling thread (the loader's worker): the
-/// YAML read into validated workloads and services, held for `Dataplane.applyLocal`. JSON
+/// The local config read (mesh/src/state/local.rs), on the calling thread (the loader's worker): the YAML read into
+/// validated workloads and services, held for `Dataplane.applyLocal`. JSON
 /// `{ "ticket": n, "workloads": n, "services": n, "policies": [...] }` (the policies as written, for the control side's
-/// schema), or `{ "declined": "why" }` when the control side's slow way must decide.
+/// schema), or `{ "problems": ["<path>: <problem>", ...], "total": n }` when the document is refused.
 #[napi]
 pub fn local_prepare(text: Uint8Array) -> Result<String> {
     let Ok(text) = std::str::from_utf8(&text) else {
-        return Ok(r#"{"declined":"not UTF-8"}"#.into());
+        return Ok(r#"{"problems":["the file is not UTF-8 text"],"total":1}"#.into());
     };
     Ok(match dataplane::state::local::LocalDocument::from_yaml(text) {
         Ok(mut doc) => {
@@ -427,16 +427,19 @@ pub fn local_prepare(text: Uint8Array) -> Result<String> {
             let ticket = dataplane::state::local::stash(doc);
             format!(r#"{{"ticket":{ticket},"workloads":{w},"services":{s},"policies":{policies}}}"#)
         }
-        Err(d) => serde_json::json!({ "declined": d.0 }).to_string(),
+        Err(r) => serde_json::json!({ "problems": r.problems, "total": r.total }).to_string(),
     })
 }
 
-/// The slow way's records (`{ workloads, services }` as the dataplane's JSON deltas carry them, after the control side's
-/// schema accepted the document), validated and held like `localPrepare`'s; returns the ticket.
+/// A held document's records, taken (it will not be applied): JSON `{ "workloads": [...], "services": [...] }` in the
+/// form a delta carries them (`parseLocalConfig`, for tools and tests).
 #[napi]
-pub fn local_prepare_records(json: Uint8Array) -> Result<u32> {
-    let doc = dataplane::state::local::LocalDocument::from_json(&json).map_err(err)?;
-    Ok(dataplane::state::local::stash(doc))
+pub fn local_records(ticket: u32) -> Result<String> {
+    let doc = dataplane::state::local::take(ticket).ok_or_else(|| err("no such local document"))?;
+    let workloads: Vec<_> = doc.workloads.iter().map(dataplane::state::dump::workload).collect();
+    let workloads = serde_json::to_string(&workloads).map_err(err)?;
+    let services = serde_json::to_string(&doc.services).map_err(err)?;
+    Ok(format!(r#"{{"workloads":{workloads},"services":{services}}}"#))
 }
 
 /// Drops a held document that will not be applied.

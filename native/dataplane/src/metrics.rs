@@ -173,8 +173,8 @@ impl TrafficLabels {
             l.destination_principal = id.to_string();
         }
         if let Some(s) = info.destination_service {
-            l.destination_service = s.key.hostname.to_string();
-            l.destination_service_namespace = s.key.namespace.to_string();
+            l.destination_service = s.hostname.to_string();
+            l.destination_service_namespace = s.namespace.to_string();
             l.destination_service_name = s.name.clone();
         }
         l

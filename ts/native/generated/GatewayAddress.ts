@@ -4,4 +4,8 @@
  * Where a waypoint or network gateway is, as TS sends it: `destination` is "<network>/<ip>" or
  * "<namespace>/<hostname>".
  */
-export type GatewayAddress = { destination: string, hboneMtlsPort: number, };
+export type GatewayAddress = { destination: string, 
+/**
+ * 0 or absent: Istio's default (`defaults::HBONE_MTLS_PORT`).
+ */
+hboneMtlsPort?: number, };

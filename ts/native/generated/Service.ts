@@ -5,24 +5,42 @@ import type { LoadBalancer } from "./LoadBalancer.js";
 import type { Visibility } from "./Visibility.js";
 import type { WeightedWaypoint } from "./WeightedWaypoint.js";
 
+/**
+ * A service: the one record type of the mesh's services, as `Workload` is of its workloads. Read from a JSON delta
+ * or a local document (its serde shape, strict: an unknown key is refused), built by the WDS decoder (wds.rs),
+ * checked and completed by `validate`, held by the state, and written out: as it is read (the hand-back and
+ * config_dump's `staticConfig`) and, with its endpoints from the state, as config_dump's service
+ * (`dump::ServiceDump`). Its keys are in ztunnel's config_dump order; a default value is left out as ztunnel does
+ * (`visibility` always, as ztunnel shows `Public`; `cidrVips`, `weightedWaypoints` and `canonical`, which ztunnel's
+ * dump lacks, only when set).
+ */
 export type Service = { name: string, namespace: string, hostname: string, 
 /**
  * "<network>/<ip>"
  */
-vips: Array<string>, 
+vips?: Array<string>, 
 /**
- * "<network>/<ip>/<prefix>"
+ * CIDR VIPs (a whole range addresses the service): (network, range); "<network>/<ip>/<prefix>", or a bare
+ * CIDR for network "".
  */
-cidrVips: Array<string>, 
+cidrVips?: Array<string>, 
 /**
- * "<service port>" → target port (0: not set, each endpoint's own port map must name the port).
+ * service port → target port (0: not set here; each endpoint's own port map must name the port).
  */
-ports: { [key in string]?: number }, subjectAltNames: Array<string>, waypoint: GatewayAddress | null, 
+ports?: { [key in string]?: number }, 
 /**
- * Traffic split across waypoints by weight (0: described, no traffic); all zero → `waypoint`.
+ * The SANs as istiod sent them (config_dump shows them all, as ztunnel does).
  */
-weightedWaypoints: Array<WeightedWaypoint>, loadBalancer: LoadBalancer | null, ipFamilies: IpFamilies | null, 
+subjectAltNames?: Array<string>, waypoint?: GatewayAddress | null, 
 /**
- * Wins a VIP shared with services of other namespaces.
+ * Waypoints sharing the traffic by weight (a weight of 0 is described but gets none); all zero → `waypoint`.
  */
-canonical: boolean, visibility: Visibility | null, };
+weightedWaypoints?: Array<WeightedWaypoint>, loadBalancer?: LoadBalancer | null, ipFamilies?: IpFamilies | null, 
+/**
+ * Wins a VIP or hostname shared with services of other namespaces.
+ */
+canonical?: boolean, 
+/**
+ * null (or absent) is `Public`.
+ */
+visibility?: Visibility | null, };

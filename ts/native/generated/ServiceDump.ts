@@ -7,12 +7,40 @@ import type { Visibility } from "./Visibility.js";
 import type { WeightedWaypoint } from "./WeightedWaypoint.js";
 
 /**
- * A service, keys in config_dump's order, with ztunnel's omissions (no waypoint, load balancer or IP families
- * when unset; also the fields ztunnel's dump lacks — CIDR VIPs, weighted waypoints, `canonical` — when unset;
- * `visibility` always, as ztunnel shows `Public`).
+ * A service as config_dump shows it: the record (its keys, order and omissions, `Service`) with its endpoints in the
+ * state, by workload uid, where ztunnel puts them: after `ports`.
  */
-export type ServiceDump = { name: string, namespace: string, hostname: string, vips: Array<string>, cidrVips?: Array<string>, ports: { [key in string]?: number }, 
+export type ServiceDump = { 
 /**
  * By workload uid.
  */
-endpoints: { [key in string]?: EndpointDump }, subjectAltNames: Array<string>, waypoint?: GatewayAddress, weightedWaypoints?: Array<WeightedWaypoint>, loadBalancer?: LoadBalancer, ipFamilies?: IpFamilies, canonical?: boolean, visibility: Visibility, };
+endpoints: { [key in string]?: EndpointDump }, name: string, namespace: string, hostname: string, 
+/**
+ * "<network>/<ip>"
+ */
+vips?: Array<string>, 
+/**
+ * CIDR VIPs (a whole range addresses the service): (network, range); "<network>/<ip>/<prefix>", or a bare
+ * CIDR for network "".
+ */
+cidrVips?: Array<string>, 
+/**
+ * service port → target port (0: not set here; each endpoint's own port map must name the port).
+ */
+ports?: { [key in string]?: number }, 
+/**
+ * The SANs as istiod sent them (config_dump shows them all, as ztunnel does).
+ */
+subjectAltNames?: Array<string>, waypoint?: GatewayAddress | null, 
+/**
+ * Waypoints sharing the traffic by weight (a weight of 0 is described but gets none); all zero → `waypoint`.
+ */
+weightedWaypoints?: Array<WeightedWaypoint>, loadBalancer?: LoadBalancer | null, ipFamilies?: IpFamilies | null, 
+/**
+ * Wins a VIP or hostname shared with services of other namespaces.
+ */
+canonical?: boolean, 
+/**
+ * null (or absent) is `Public`.
+ */
+visibility?: Visibility | null, };

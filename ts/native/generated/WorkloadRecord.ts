@@ -33,15 +33,15 @@ name: string, namespace: string,
 /**
  * Never empty once valid (Istio's default).
  */
-trustDomain: string, 
+trustDomain?: string, 
 /**
  * Never empty once valid (Istio's default).
  */
-serviceAccount: string, network?: string, workloadName?: string, 
+serviceAccount?: string, network?: string, workloadName?: string, 
 /**
  * "deployment", "cronjob", "pod" or "job"; never empty once valid (Istio's default).
  */
-workloadType: string, canonicalName?: string, canonicalRevision?: string, hostname?: string, node?: string, nativeTunnel?: boolean, applicationTunnel?: ApplicationTunnel | null, 
+workloadType?: string, canonicalName?: string, canonicalRevision?: string, hostname?: string, node?: string, nativeTunnel?: boolean, applicationTunnel?: ApplicationTunnel | null, 
 /**
  * "namespace/name" of each policy selecting this workload.
  */

@@ -162,7 +162,7 @@ impl Domains {
     }
 
     fn is_kubernetes_headless(&self, s: &Service) -> bool {
-        s.vips.is_empty() && s.key.hostname.to_ascii_lowercase().ends_with(&self.svc_suffix)
+        s.vips.is_empty() && s.hostname.to_ascii_lowercase().ends_with(&self.svc_suffix)
     }
 }
 
@@ -226,7 +226,7 @@ pub fn resolve(state: &State, d: &Domains, client: &Workload, qname: &Name, qtyp
         Target::Pods(_, pods) => pods.iter().flat_map(|w| w.ips.iter().copied().filter(of_family)).collect(),
         // Headless: each endpoint's first address of the family.
         Target::Service(s) if s.vips.is_empty() => {
-            state.endpoints(&s.key).filter_map(|(w, _)| w.ips.iter().copied().find(of_family)).collect()
+            state.endpoints(&s.key()).filter_map(|(w, _)| w.ips.iter().copied().find(of_family)).collect()
         }
         Target::Service(s) => {
             s.vips.iter().filter(|(net, ip)| *net == *client.network && of_family(ip)).map(|(_, ip)| *ip).collect()
@@ -256,10 +256,10 @@ pub fn resolve_srv(state: &State, d: &Domains, client: &Workload, qname: &Name) 
     let mut additional = Vec::new();
     if service.vips.is_empty() {
         // Kubernetes headless: each endpoint by its pod name under the service, at the port it listens on.
-        let mut endpoints: Vec<_> = state.endpoints(&service.key).collect();
+        let mut endpoints: Vec<_> = state.endpoints(&service.key()).collect();
         endpoints.sort_by(|a, b| a.0.name.cmp(&b.0.name));
         for (w, ep_ports) in endpoints {
-            let Some(target) = pod_name(w, &service.key.hostname) else { continue };
+            let Some(target) = pod_name(w, &service.hostname) else { continue };
             let ips: Vec<IpAddr> = w.ips.iter().copied().filter(usable).collect();
             if ips.is_empty() {
                 continue;
@@ -275,7 +275,7 @@ pub fn resolve_srv(state: &State, d: &Domains, client: &Workload, qname: &Name) 
             additional.extend(ips.into_iter().map(|ip| (target.clone(), ip)));
         }
     } else {
-        let target = fqdn(&service.key.hostname).ok()?;
+        let target = fqdn(&service.hostname).ok()?;
         records.extend(ports.iter().map(|(port, _)| (*port, target.clone())));
         additional.extend(
             service
@@ -329,23 +329,21 @@ fn best_service<'s>(state: &'s State, d: &Domains, client: &Workload, key: &str)
         }
     }
     let chosen = choose_service(state, d, client, key);
-    d.memo.0.lock().put(at, (generation, chosen.map(|s| s.key.clone())));
+    d.memo.0.lock().put(at, (generation, chosen.map(|s| s.key())));
     chosen
 }
 
 fn choose_service<'s>(state: &'s State, d: &Domains, client: &Workload, key: &str) -> Option<&'s Arc<Service>> {
     let found: Vec<&Arc<Service>> = state
         .services_by_host(key)
-        .filter(|s| s.visibility == Visibility::Public || *s.key.namespace == *client.namespace)
+        .filter(|s| s.visibility == Visibility::Public || *s.namespace == *client.namespace)
         .filter(|s| !s.vips.is_empty() || d.is_kubernetes_headless(s))
         .collect();
     found
         .iter()
-        .find(|s| *s.key.namespace == *client.namespace)
+        .find(|s| *s.namespace == *client.namespace)
         .or_else(|| found.iter().find(|s| s.canonical))
-        .or_else(|| {
-            found.iter().find(|s| !d.preferred_namespace.is_empty() && *s.key.namespace == *d.preferred_namespace)
-        })
+        .or_else(|| found.iter().find(|s| !d.preferred_namespace.is_empty() && *s.namespace == *d.preferred_namespace))
         .or_else(|| found.first())
         .copied()
 }
@@ -357,8 +355,11 @@ fn headless_pods<'s>(state: &'s State, d: &Domains, client: &Workload, name: &Na
     }
     let pod = name.iter().next()?;
     let service = best_service(state, d, client, &host_key(&name.base_name())).filter(|s| s.vips.is_empty())?;
-    let pods: Vec<&Arc<Workload>> =
-        state.endpoints(&service.key).map(|(w, _)| w).filter(|w| w.name.as_bytes().eq_ignore_ascii_case(pod)).collect();
+    let pods: Vec<&Arc<Workload>> = state
+        .endpoints(&service.key())
+        .map(|(w, _)| w)
+        .filter(|w| w.name.as_bytes().eq_ignore_ascii_case(pod))
+        .collect();
     (!pods.is_empty()).then_some(Target::Pods(service, pods))
 }
 

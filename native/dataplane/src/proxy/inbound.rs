@@ -167,7 +167,7 @@ pub fn service_for_port(st: &State, w: &Workload, port: u16) -> Option<Arc<Servi
     w.service_ports
         .iter()
         .filter_map(|(key, endpoint_ports)| st.service(key).filter(|svc| delivers(svc, endpoint_ports)))
-        .min_by(|a, b| a.key.cmp(&b.key))
+        .min_by_key(|s| s.key())
         .cloned()
 }
 
@@ -214,7 +214,7 @@ pub fn resolve_connect<B>(
             let svc = state
                 .service_by_hostname(host, &local.namespace)
                 .ok_or_else(|| InboundError::NoHostname(host.clone()))?;
-            let mapped = state.endpoint_ports(&svc.key, &local.uid).and_then(|m| m.get(port)).copied();
+            let mapped = state.endpoint_ports(&svc.key(), &local.uid).and_then(|m| m.get(port)).copied();
             let p = match mapped.filter(|p| *p != 0).or_else(|| svc.ports.get(port).copied().filter(|p| *p != 0)) {
                 Some(p) => p,
                 None => return Err(InboundError::NoPortForService(host.clone(), *port)),
@@ -249,12 +249,12 @@ fn is_waypoint_of(state: &State, local: &Workload, target: IpAddr) -> bool {
     let gw = match state.workload_by_addr(&local.network, target) {
         Some(w) => w.waypoint.as_deref(),
         None => match state.service_by_vip(&local.network, target, &local.namespace) {
-            Some(s) => s.waypoint.as_ref(),
+            Some(s) => s.waypoint.as_deref(),
             None => return false,
         },
     };
     let Some(gw) = gw else { return false };
-    let service_has = |s: &Service| state.endpoint_ports(&s.key, &local.uid).is_some();
+    let service_has = |s: &Service| state.endpoint_ports(&s.key(), &local.uid).is_some();
     match &gw.destination {
         GatewayDestination::Address((net, ip)) => match state.workload_by_addr(net, *ip) {
             Some(w) => w.uid == local.uid,

@@ -198,7 +198,7 @@ pub fn choose_request(
     let Some(us) = upstream else {
         if let Some(svc) = &service {
             if !svc.load_balancer.as_ref().is_some_and(|lb| lb.mode == LbMode::Passthrough) {
-                return Err(RouteError::NoHealthyUpstream(svc.key.to_string(), dst.port()));
+                return Err(RouteError::NoHealthyUpstream(svc.key().to_string(), dst.port()));
             }
         }
         return Ok(passthrough(dst));
@@ -277,7 +277,7 @@ pub fn choose_request(
 fn service_waypoint<'a>(s: &'a Service, pick: &mut dyn FnMut(u64) -> u64) -> Option<&'a GatewayAddress> {
     let total: u64 = s.weighted_waypoints.iter().map(|(_, w)| u64::from(*w)).sum();
     if total == 0 {
-        return s.waypoint.as_ref();
+        return s.waypoint.as_deref();
     }
     let mut n = pick(total) % total;
     s.weighted_waypoints.iter().find_map(|(gw, w)| {
@@ -362,7 +362,7 @@ fn through_gateway(
     if let Some(s) = &hop.service {
         finals.extend(s.subject_alt_names.iter().cloned());
         finals.extend(
-            state.endpoints(&s.key).filter(|(w, _)| w.network == hop.workload.network).map(|(w, _)| w.identity()),
+            state.endpoints(&s.key()).filter(|(w, _)| w.network == hop.workload.network).map(|(w, _)| w.identity()),
         );
     }
     finals.push(hop.workload.identity());
@@ -376,7 +376,7 @@ fn through_gateway(
         expected: gateway.expected(),
         destination: Some(gateway.workload),
         service: Some(svc.clone()),
-        authority: Some(format!("{}:{}", svc.key.hostname, dst.port())),
+        authority: Some(format!("{}:{}", svc.hostname, dst.port())),
         inner: Some(Inner { expected: ExpectedIdentities::new(finals), network: src.network.to_string() }),
         resolve: None,
     })
@@ -437,7 +437,7 @@ fn from_waypoint(state: &State, w: &Workload, src: &Workload, src_ip: IpAddr) ->
     let Some(gw) = &w.waypoint else { return false };
     let id = src.identity();
     let is_it = |x: &Workload| x.identity() == id && x.ips.contains(&src_ip);
-    let service_has_it = |s: &Service| state.endpoints(&s.key).any(|(x, _)| is_it(x));
+    let service_has_it = |s: &Service| state.endpoints(&s.key()).any(|(x, _)| is_it(x));
     match &gw.destination {
         GatewayDestination::Address((net, ip)) => match state.workload_by_addr(net, *ip) {
             Some(x) => is_it(x),
@@ -461,7 +461,7 @@ fn from_service(
 ) -> Result<Option<Hop>, RouteError> {
     let svc_target = svc.ports.get(&svc_port).copied();
     if mode == Resolution::Standard && svc_target.is_none() {
-        return Err(RouteError::NoPort(svc.key.to_string(), svc_port));
+        return Err(RouteError::NoPort(svc.key().to_string(), svc_port));
     }
     let Some((w, ep_ports)) = load_balance(state, src, svc, svc_port, svc_target, mode, pick) else {
         return Ok(None);
@@ -489,7 +489,7 @@ fn load_balance<'a>(
 ) -> Option<(&'a Arc<Workload>, &'a crate::state::PortMap)> {
     let lb = svc.load_balancer.as_ref();
     let allow_unhealthy = lb.is_some_and(|lb| lb.health_policy == HealthPolicy::AllowAll);
-    let endpoints = state.endpoints(&svc.key).filter(|(w, ports)| {
+    let endpoints = state.endpoints(&svc.key()).filter(|(w, ports)| {
         let has_address = !w.ips.is_empty() || !w.hostname.is_empty();
         // An address-less endpoint is reachable only through its network's gateway, from another network.
         if !has_address && (w.network == src.network || w.network_gateway.is_none()) {
@@ -586,7 +586,7 @@ fn passthrough(dst: SocketAddr) -> Request {
 /// `forwarded: for="<client>"[;host=<service hostname>]` (IPv6 clients as `[ip]:port`).
 pub fn forwarded(client: SocketAddr, service: Option<&Service>) -> String {
     match service {
-        Some(s) => format!("for=\"{client}\";host={}", s.key.hostname),
+        Some(s) => format!("for=\"{client}\";host={}", s.hostname),
         None => format!("for=\"{client}\""),
     }
 }
@@ -1081,7 +1081,7 @@ fn access_record<'a>(
         src_identity: Some(&r.source_identity),
         dst_addr: r.request.target,
         dst_hbone_addr: hbone.then_some(r.request.upstream),
-        dst_service: r.request.service.as_ref().map(|s| &*s.key.hostname),
+        dst_service: r.request.service.as_ref().map(|s| &*s.hostname),
         dst_workload: r.request.destination.as_deref(),
         dst_identity_of: r.request.destination.as_deref().filter(|_| hbone),
         dst_derived: derived,

@@ -7,16 +7,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::model::{
-    is_false, GatewayAddress, GatewayAddressJson, LoadBalancer, Service, ServiceKey, Visibility, Workload,
-    WorkloadStatus,
-};
+use super::model::{Service, ServiceKey, Workload, WorkloadStatus};
 use super::policy::Policy;
 use super::State;
-
-fn gateway(g: Option<&GatewayAddress>) -> Option<GatewayAddressJson> {
-    g.map(GatewayAddress::to_json)
-}
 
 /// A port map with ports as keys in ascending order (JSON object keys are strings).
 fn ports<'a>(m: impl IntoIterator<Item = (&'a u16, &'a u16)>) -> BTreeMap<String, u16> {
@@ -80,47 +73,30 @@ pub struct EndpointOut<'a> {
     status: WorkloadStatus,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct WeightedOut {
-    waypoint: GatewayAddressJson,
-    weight: u32,
+/// A service as config_dump shows it: the record (its keys, order and omissions, `Service`) with its endpoints in the
+/// state, by workload uid, where ztunnel puts them: after `ports`.
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
+pub struct ServiceDump<'a> {
+    #[cfg_attr(any(test, feature = "ts"), ts(flatten))]
+    service: &'a Service,
+    /// By workload uid.
+    #[cfg_attr(any(test, feature = "ts"), ts(rename = "endpoints"))]
+    endpoints: BTreeMap<&'a str, EndpointOut<'a>>,
 }
 
-/// A service, keys in config_dump's order, with ztunnel's omissions (no waypoint, load balancer or IP families
-/// when unset; also the fields ztunnel's dump lacks — CIDR VIPs, weighted waypoints, `canonical` — when unset;
-/// `visibility` always, as ztunnel shows `Public`).
-#[derive(Serialize)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "ServiceDump"))]
-#[serde(rename_all = "camelCase")]
-pub struct ServiceOut<'a> {
-    name: &'a str,
-    namespace: &'a str,
-    hostname: &'a str,
-    vips: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<String>>"))]
-    cidr_vips: Vec<String>,
-    ports: BTreeMap<String, u16>,
-    /// By workload uid.
-    endpoints: BTreeMap<&'a str, EndpointOut<'a>>,
-    subject_alt_names: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<super::model::GatewayAddressJson>"))]
-    waypoint: Option<GatewayAddressJson>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<Vec<super::model::WeightedWaypointJson>>"))]
-    weighted_waypoints: Vec<WeightedOut>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<LoadBalancer>"))]
-    load_balancer: &'a Option<LoadBalancer>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional))]
-    ip_families: Option<super::model::IpFamilies>,
-    #[serde(skip_serializing_if = "is_false")]
-    #[cfg_attr(any(test, feature = "ts"), ts(optional, as = "Option<bool>"))]
-    canonical: bool,
-    visibility: Visibility,
+impl Serialize for ServiceDump<'_> {
+    /// The record's own serialization with `"endpoints"` put in after `ports` (always written: the key after it,
+    /// `subjectAltNames`, is always written too). The record is written by serde_json, in which a `"` inside a string
+    /// is always escaped, so the first `,"subjectAltNames":` is the key.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error;
+        let record = serde_json::to_string(self.service).map_err(S::Error::custom)?;
+        let endpoints = serde_json::to_string(&self.endpoints).map_err(S::Error::custom)?;
+        const AFTER: &str = ",\"subjectAltNames\":";
+        let at = record.find(AFTER).ok_or_else(|| S::Error::custom("a service record without subjectAltNames"))?;
+        let text = format!("{},\"endpoints\":{endpoints}{}", &record[..at], &record[at..]);
+        serde_json::value::RawValue::from_string(text).map_err(S::Error::custom)?.serialize(s)
+    }
 }
 
 fn endpoints<'a>(st: &'a State, key: &ServiceKey) -> BTreeMap<&'a str, EndpointOut<'a>> {
@@ -129,28 +105,9 @@ fn endpoints<'a>(st: &'a State, key: &ServiceKey) -> BTreeMap<&'a str, EndpointO
         .collect()
 }
 
-/// A service with its endpoints in `st` (none without a state).
-pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceOut<'a> {
-    ServiceOut {
-        name: &s.name,
-        namespace: &s.key.namespace,
-        hostname: &s.key.hostname,
-        vips: s.vips.iter().map(|(net, ip)| format!("{net}/{ip}")).collect(),
-        cidr_vips: s.cidr_vips.iter().map(|(net, c)| format!("{net}/{}/{}", c.addr, c.prefix)).collect(),
-        ports: ports(&s.ports),
-        endpoints: st.map(|st| endpoints(st, &s.key)).unwrap_or_default(),
-        subject_alt_names: &s.subject_alt_names_given,
-        waypoint: gateway(s.waypoint.as_ref()),
-        weighted_waypoints: s
-            .weighted_waypoints
-            .iter()
-            .map(|(g, weight)| WeightedOut { waypoint: g.to_json(), weight: *weight })
-            .collect(),
-        load_balancer: &s.load_balancer,
-        ip_families: s.ip_families,
-        canonical: s.canonical,
-        visibility: s.visibility,
-    }
+/// A service with its endpoints in `st` (none without a state: `staticConfig`'s, as ztunnel shows a local service).
+pub fn service<'a>(st: Option<&'a State>, s: &'a Service) -> ServiceDump<'a> {
+    ServiceDump { service: s, endpoints: st.map(|st| endpoints(st, &s.key())).unwrap_or_default() }
 }
 
 /// Policies sorted by key ("namespace/name").
@@ -167,7 +124,7 @@ fn policies<'a>(all: impl Iterator<Item = &'a Policy>) -> Vec<&'a Policy> {
 #[serde(rename_all = "camelCase")]
 pub struct MeshDump<'a> {
     workloads: Vec<WorkloadDumpOut<'a>>,
-    services: Vec<ServiceOut<'a>>,
+    services: Vec<ServiceDump<'a>>,
     /// Sorted by "namespace/name".
     policies: Vec<&'a Policy>,
     /// "namespace/hostname" → endpoints by workload uid.
@@ -178,7 +135,7 @@ pub fn mesh(st: &State) -> MeshDump<'_> {
     let mut ws: Vec<&Workload> = st.workloads.values().map(|w| w.as_ref()).collect();
     ws.sort_by(|a, b| a.uid.cmp(&b.uid));
     let mut ss: Vec<&Service> = st.services.values().map(|s| s.as_ref()).collect();
-    ss.sort_by(|a, b| a.key.hostname.cmp(&b.key.hostname).then_with(|| a.key.namespace.cmp(&b.key.namespace)));
+    ss.sort_by(|a, b| a.hostname.cmp(&b.hostname).then_with(|| a.namespace.cmp(&b.namespace)));
     let staged = st
         .endpoints
         .keys()
@@ -202,7 +159,7 @@ pub fn mesh(st: &State) -> MeshDump<'_> {
 pub struct LocalDump<'a> {
     workloads: Vec<WorkloadFull<'a>>,
     policies: Vec<&'a Policy>,
-    services: Vec<ServiceOut<'a>>,
+    services: Vec<ServiceDump<'a>>,
 }
 
 pub fn local(st: &State) -> LocalDump<'_> {
@@ -211,7 +168,7 @@ pub fn local(st: &State) -> LocalDump<'_> {
         keys.workloads.iter().filter_map(|u| st.workloads.get(u)).map(|w| w.as_ref()).collect();
     ws.sort_by(|a, b| a.uid.cmp(&b.uid));
     let mut ss: Vec<&Service> = keys.services.iter().filter_map(|k| st.services.get(k)).map(|s| s.as_ref()).collect();
-    ss.sort_by(|a, b| a.key.hostname.cmp(&b.key.hostname).then_with(|| a.key.namespace.cmp(&b.key.namespace)));
+    ss.sort_by(|a, b| a.hostname.cmp(&b.hostname).then_with(|| a.namespace.cmp(&b.namespace)));
     LocalDump {
         workloads: ws.into_iter().map(workload).collect(),
         policies: policies(keys.policies.iter().filter_map(|k| st.policies.get(k)).map(|p| p.as_ref())),
@@ -387,13 +344,17 @@ mod tests {
                 .map_err(|e| e.to_string())
                 .and_then(|w| w.validate().map(|_| ()).map_err(|e| e.to_string()))
         };
-        assert!(bad(json!({"workloadIps": ["10.0.0.300"]})).unwrap_err().contains("invalid IP address"));
+        assert!(bad(json!({"workloadIps": ["10.0.0.300"]}))
+            .unwrap_err()
+            .contains("\"10.0.0.300\" is not an IP address"));
         let e = bad(json!({"waypoint": {"destination": "nowhere", "hboneMtlsPort": 0}})).unwrap_err();
         assert!(e.contains("\"nowhere\" is not <network>/<ip> or <namespace>/<hostname>"), "{e}");
         let e = bad(json!({"services": {"nohost": {"80": 8080}}})).unwrap_err();
-        assert!(e.contains("service key \"nohost\" is not namespace/hostname"), "{e}");
+        assert!(e.contains("\"nohost\" is not <namespace>/<hostname>"), "{e}");
         let e = bad(json!({"services": {"ns/h": {"80": 70000}}})).unwrap_err();
-        assert!(e.contains("port 70000 is out of range"), "{e}");
+        assert!(e.contains("70000 is not a port (0-65535)"), "{e}");
+        let e = bad(json!({"bogus": 1})).unwrap_err();
+        assert!(e.contains("unknown field `bogus`"), "a record's keys are its own: {e}");
         let e = bad(json!({"clusterId": "a,b"})).unwrap_err();
         assert!(e.contains("c1//Pod/ns1/a") && e.contains("clusterId"), "{e}");
         assert_eq!(bad(json!({"waypoint": null, "capacity": null})), Ok(()));

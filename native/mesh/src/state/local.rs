@@ -1,901 +1,336 @@
-//! The local config file (LOCAL_XDS_PATH / LOCAL_XDS) read straight into the state model: the fast path of a load.
+//! The local config file (LOCAL_XDS_PATH / LOCAL_XDS) read straight into the state model, judged by the records'
+//! own serde shapes: `Workload` and `Service` (state/model.rs) are the schema of its `workloads` and `services`, as
+//! they are of a JSON delta; nothing else lists their fields. The YAML is read by `yaml::de` (a serde Deserializer
+//! over saphyr-parser's events: no tree, no JSON in between; a 100k-workload file of 51 MiB used to take about 20 s
+//! through YAML → JSON → JavaScript objects → zod → JSON deltas). Only the `policies` part is handed back, as JSON, for
+//! the control side's schema and policy compiler (ts/config/local.ts, ts/policy/compile.ts: policies are compiled
+//! there), about 1% of a file.
 //!
-//! A large file (100k workloads, 51 MiB) used to go YAML → JSON text → JavaScript objects → zod → JSON deltas →
-//! serde: about 20 s. Here the YAML parser's event stream (saphyr-parser, a maintained pure-Rust YAML 1.2 parser;
-//! measured at twice the speed of libyaml-to-a-tree on this file) is read once into the workload and service
-//! records, checked by the rules of the control side's schema (ts/config/local.ts), and validated as every other
-//! source is. Only the `policies` part is handed back, as JSON, for the control side's schema and policy compiler
-//! (about 1% of a file).
+//! A document with problems is refused whole, with every record's first problem (at most `MAX_PROBLEMS` listed),
+//! each named by its path in the document: `workloads[1].workloadIps[0]: "300.1.1.1" is not an IP address`. A
+//! syntax error ends the reading (`line L, column C: invalid YAML: ...`). Rules a record type does not hold for
+//! every source are the local file's own (`local_rules`): a workload names itself and its namespace, a uid or a
+//! service key is given once in a document.
 //!
-//! **The control side's schema stays the judge.** This reader accepts a document only when it is certain the schema
-//! would accept it with the same values; anything else — a syntax error, a type or value the schema refuses, and also
-//! what the schema might accept but this reader does not model (anchors and aliases, tags, a float where an
-//! integer goes, a number written where a string goes) — is *declined* with a short reason, and the control side
-//! then loads the document the slow way, which either refuses it with its path-and-field message or accepts it (its
-//! records then reach the dataplane as JSON, `LocalDocument::from_json`). Declining costs time, never a different
-//! result. The rule for a plain scalar is yaml_serde's (what the slow way parses with): empty and `~`/`null` are null,
-//! `true`/`false` (three spellings) are booleans, decimal/hex/octal/binary integers and floats are numbers,
-//! everything else is a string; here a plain scalar that any of those rules could read as a number is declined
-//! unless it is a plain decimal integer where an integer goes.
-//!
-//! A document read here (either way) is held in a process-wide slot (`stash`) until the dataplane applies it
+//! A document read here is held in a process-wide slot (`stash`) until the dataplane applies it
 //! (`Dataplane::apply_local`): the reading happens on the loader's worker thread, which has no dataplane handle.
 
 use parking_lot::Mutex;
-use std::borrow::Cow;
-use std::collections::HashSet;
-use std::net::IpAddr;
+use std::collections::{HashMap, HashSet};
 
-use saphyr_parser::{Event, Parser, ScalarStyle, StrInput};
 use serde::Deserialize;
 
-use super::intern::{intern, Str};
-use super::model::PortMap;
-use super::model::{
-    defaults, header_safe, segment_safe, AppTunnelProtocol, ApplicationTunnel, GatewayAddressJson, HealthPolicy,
-    IpFamilies, LbMode, LbScope, LoadBalancer, Locality, NetworkMode, Protocol, ServiceJson, Visibility,
-    WeightedWaypointJson, WorkloadStatus,
-};
 use super::{Service, ServiceKey, StateError, Workload};
+use crate::yaml::de::{self, path_key, Deserializer};
 
 /// A local document's workloads and services, validated, and its policies as written (JSON, for the control side).
 #[derive(Debug, Default)]
 pub struct LocalDocument {
     pub workloads: Vec<Workload>,
     pub services: Vec<Service>,
-    /// The `policies` list as JSON text (`[]` when absent), in the slow way's JSON form.
+    /// The `policies` list as JSON text (`[]` when absent), for the control side's schema.
     pub policies_json: String,
 }
 
-/// Why the fast path declined a document (the slow way then decides; the reason is for logs and tests).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Declined(pub String);
+/// At most this many problems are listed, the rest counted: a file with 100k errors is refused in a screenful, not
+/// in 100k lines (issue 29).
+pub const MAX_PROBLEMS: usize = 100;
 
-type R<T> = Result<T, Declined>;
+/// A refused document: its problems (`path: problem`, at most `MAX_PROBLEMS`), and how many there are in all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refused {
+    pub problems: Vec<String>,
+    pub total: usize,
+}
 
-fn decline<T>(why: impl Into<String>) -> R<T> {
-    Err(Declined(why.into()))
+impl Refused {
+    fn add(&mut self, problem: String) {
+        self.total += 1;
+        if self.problems.len() < MAX_PROBLEMS {
+            self.problems.push(problem);
+        }
+    }
+
+    fn absorb(&mut self, other: Refused) {
+        let room = MAX_PROBLEMS - self.problems.len();
+        self.problems.extend(other.problems.into_iter().take(room));
+        self.total += other.total;
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.problems.join("\n"))?;
+        match self.total - self.problems.len() {
+            0 => Ok(()),
+            more => write!(f, "\nand {more} more problem{}", if more == 1 { "" } else { "s" }),
+        }
+    }
+}
+
+/// The records read from a list, in order, and the index of each in the list (a refused record leaves a gap).
+struct Indexed<T> {
+    records: Vec<T>,
+    at: Vec<usize>,
+}
+
+impl<T> Default for Indexed<T> {
+    fn default() -> Self {
+        Indexed { records: Vec::new(), at: Vec::new() }
+    }
+}
+
+impl<T> Indexed<T> {
+    fn push(&mut self, i: usize, record: T) {
+        self.records.push(record);
+        self.at.push(i);
+    }
+
+    /// The records of the next piece of the list.
+    fn extend(&mut self, next: Indexed<T>) {
+        self.records.extend(next.records);
+        self.at.extend(next.at);
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (usize, &T)> {
+        self.at.iter().copied().zip(&self.records)
+    }
+}
+
+/// What the reading collected: the records read (each validated), the policies, the problems.
+#[derive(Default)]
+struct Parsed {
+    workloads: Indexed<Workload>,
+    services: Indexed<Service>,
+    policies: Option<serde_json::Value>,
+    refused: Refused,
 }
 
 impl LocalDocument {
-    /// The fast path: YAML text → validated records, or declined.
-    pub fn from_yaml(text: &str) -> R<LocalDocument> {
+    /// YAML text → validated records, or the document's problems.
+    pub fn from_yaml(text: &str) -> Result<LocalDocument, Refused> {
         Self::from_yaml_split(text, SPLIT_AT)
     }
 
     /// `from_yaml`, reading a document of at least `split_at` bytes in parallel pieces when its layout allows it
     /// (`sections`).
-    pub fn from_yaml_split(text: &str, split_at: usize) -> R<LocalDocument> {
-        crate::yaml::check_nesting(text).map_err(Declined)?;
-        if text.len() >= split_at {
-            if let Some(sections) = sections(text) {
-                return Self::from_sections(text, sections);
-            }
+    pub fn from_yaml_split(text: &str, split_at: usize) -> Result<LocalDocument, Refused> {
+        if let Err(e) = crate::yaml::check_nesting(text) {
+            return Err(Refused { problems: vec![e], total: 1 });
         }
-        let mut r = Reader::new(text);
-        let doc = r.whole(|r| r.document())?;
-        doc.validate()
-    }
-
-    fn from_sections(text: &str, s: Sections<'_>) -> R<LocalDocument> {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
-        let workloads = pieces(text, &s.workloads, threads);
-        let services = pieces(text, &s.services, threads);
-        let (workloads, services, policies) = std::thread::scope(|scope| {
-            let w: Vec<_> = workloads
-                .into_iter()
-                .map(|t| scope.spawn(move || Reader::new(t).whole(|r| r.items(Reader::valid_workload))))
-                .collect();
-            let sv: Vec<_> = services
-                .into_iter()
-                .map(|t| scope.spawn(move || Reader::new(t).whole(|r| r.items(Reader::valid_service))))
-                .collect();
-            let policies = match s.policies {
-                Some(t) => Reader::new(t).whole(|r| r.document()).map(|d| d.policies),
-                None => Ok(None),
-            };
-            fn join<T>(h: std::thread::ScopedJoinHandle<'_, R<Vec<T>>>) -> R<Vec<T>> {
-                h.join().unwrap_or_else(|_| decline("a reader panicked"))
-            }
-            let mut workloads = Vec::new();
-            for h in w {
-                workloads.extend(join(h)?);
-            }
-            let mut services = Vec::new();
-            for h in sv {
-                services.extend(join(h)?);
-            }
-            R::Ok((workloads, services, policies?))
-        })?;
-        LocalDocument::checked(workloads, services, policies)
-    }
-
-    /// The slow way's records: `{ workloads, services }` as the dataplane's JSON deltas carry them, after the
-    /// control side's schema accepted the document (its policies travel separately).
-    pub fn from_json(json: &[u8]) -> Result<LocalDocument, StateError> {
-        #[derive(Deserialize, Default)]
-        #[serde(default)]
-        struct Doc {
-            workloads: Vec<Workload>,
-            services: Vec<ServiceJson>,
-        }
-        let doc: Doc = super::model::from_json(json)?;
-        Ok(LocalDocument {
-            workloads: doc.workloads.into_iter().map(Workload::validate).collect::<Result<_, _>>()?,
-            services: doc.services.iter().map(ServiceJson::validate).collect::<Result<_, _>>()?,
-            policies_json: "[]".into(),
-        })
+        let parsed = match text.len() >= split_at {
+            true => match sections(text) {
+                Some(sections) => from_sections(text, sections),
+                None => whole(text),
+            },
+            false => whole(text),
+        };
+        parsed.checked()
     }
 }
 
-/// What the reader collected, before the dataplane's own validation.
-/// What the reader collected: each record validated as soon as it is read (the record as read is dropped then, so a
-/// large document is never held twice).
-struct Parsed {
-    workloads: Vec<Workload>,
-    services: Vec<Service>,
-    policies: Option<serde_json::Value>,
+/// The document read in one piece.
+fn whole(text: &str) -> Parsed {
+    let mut doc = Parsed::default();
+    let mut de = Deserializer::new(text);
+    let read = de.document(|de| {
+        de.map(|de, key| {
+            let at = de.mark();
+            let read = match &*key {
+                "workloads" => items(de, "workloads", 0, &mut doc.workloads, &mut doc.refused, workload),
+                "services" => items(de, "services", 0, &mut doc.services, &mut doc.refused, service),
+                "policies" => policies(de, &mut doc.refused).map(|p| doc.policies = p),
+                other => {
+                    doc.refused.add(format!("{other}: unknown field {other:?}"));
+                    serde::de::IgnoredAny::deserialize(&mut *de).map(|_| ())
+                }
+            };
+            match read {
+                Err(e) if !e.fatal() => {
+                    doc.refused.add(format!("{key}: {e}"));
+                    de.recover(at)
+                }
+                other => other,
+            }
+        })
+    });
+    match read {
+        // A syntax error makes what was read before it moot (a record cut short reads as a type error).
+        Err(e) if e.fatal() => doc.refused = Refused { problems: vec![e.to_string()], total: 1 },
+        Err(e) => doc.refused.add(format!("(document): {e}")),
+        Ok(()) => {}
+    }
+    doc
+}
+
+/// The pieces of a large document, read in parallel (`sections`).
+fn from_sections(text: &str, s: Sections<'_>) -> Parsed {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
+    let workloads = pieces(text, &s.workloads, threads);
+    let services = pieces(text, &s.services, threads);
+    std::thread::scope(|scope| {
+        let w: Vec<_> =
+            workloads.into_iter().map(|(t, base)| scope.spawn(move || piece(t, "workloads", base, workload))).collect();
+        let sv: Vec<_> =
+            services.into_iter().map(|(t, base)| scope.spawn(move || piece(t, "services", base, service))).collect();
+        let mut doc = match s.policies {
+            Some(t) => whole(t),
+            None => Parsed::default(),
+        };
+        for h in w {
+            let (records, refused) = h.join().unwrap_or_else(|_| (Indexed::default(), panicked()));
+            doc.workloads.extend(records);
+            doc.refused.absorb(refused);
+        }
+        for h in sv {
+            let (records, refused) = h.join().unwrap_or_else(|_| (Indexed::default(), panicked()));
+            doc.services.extend(records);
+            doc.refused.absorb(refused);
+        }
+        doc
+    })
+}
+
+fn panicked() -> Refused {
+    Refused { problems: vec!["a reader of the document panicked".into()], total: 1 }
+}
+
+/// One piece: consecutive items of one list, the first of them item `base`.
+fn piece<T>(text: &str, list: &str, base: usize, read: Read<T>) -> (Indexed<T>, Refused) {
+    let mut out = Indexed::default();
+    let mut refused = Refused::default();
+    let mut de = Deserializer::new(text);
+    if let Err(e) = de.document(|de| items(de, list, base, &mut out, &mut refused, read)) {
+        refused = Refused { problems: vec![e.to_string()], total: 1 };
+    }
+    (out, refused)
+}
+
+/// A record read from the deserializer, or its problem: (path inside the record, problem, whether the reading must
+/// stop: a syntax error).
+type Read<T> = for<'a> fn(&mut Deserializer<'a>) -> Result<T, (String, String, bool)>;
+
+/// The items of a list (`list[base]` onwards), each read by `read`; a bad item is reported and skipped.
+fn items<T>(
+    de: &mut Deserializer<'_>,
+    list: &str,
+    base: usize,
+    out: &mut Indexed<T>,
+    refused: &mut Refused,
+    read: Read<T>,
+) -> Result<(), de::Error> {
+    let mut i = base;
+    de.seq(|de| {
+        let at = de.mark();
+        match read(de) {
+            Ok(record) => out.push(i, record),
+            Err((_, problem, true)) => return Err(de::Error::stop(problem)),
+            Err((path, problem, false)) => {
+                refused.add(format!("{list}[{i}]{path}: {problem}"));
+                de.recover(at)?;
+            }
+        }
+        i += 1;
+        Ok(())
+    })
+}
+
+/// A record by its serde shape, its problem named by its path inside the record.
+fn record<'a, T: Deserialize<'a>>(de: &mut Deserializer<'a>) -> Result<T, (String, String, bool)> {
+    T::deserialize(&mut *de).map_err(|e| {
+        let (path, fatal, message) = (e.path().to_string(), e.fatal(), e.to_string());
+        // serde's wording for the two commonest slips, in the words the rest of the messages use.
+        if let Some(field) = message.strip_prefix("missing field `").and_then(|m| m.strip_suffix('`')) {
+            return (path_key(&path, field), "missing required field".into(), fatal);
+        }
+        if let Some(rest) = message.strip_prefix("unknown field `") {
+            let field = rest.split('`').next().unwrap_or_default();
+            return (path, format!("unknown field {field:?}"), fatal);
+        }
+        (path, message, fatal)
+    })
+}
+
+/// A record's validation problem; one that names its field first (`canonicalName: ...`) is put at that field's path.
+fn invalid(e: StateError) -> (String, String, bool) {
+    let problem = match e {
+        StateError::Invalid { problem, .. } => problem,
+        other => other.to_string(),
+    };
+    match problem.split_once(": ") {
+        Some((field, rest)) if !field.is_empty() && field.split('.').all(|f| path_key("", f).starts_with('.')) => {
+            (format!(".{field}"), rest.to_string(), false)
+        }
+        _ => (String::new(), problem, false),
+    }
+}
+
+/// The local file's rule beyond the record's: a record names itself (WDS's records are istiod's, which always do).
+fn named(fields: [(&str, &str); 3]) -> Result<(), (String, String, bool)> {
+    match fields.iter().find(|(_, v)| v.is_empty()) {
+        Some((field, _)) => Err((format!(".{field}"), "must not be empty".into(), false)),
+        None => Ok(()),
+    }
+}
+
+fn workload(de: &mut Deserializer<'_>) -> Result<Workload, (String, String, bool)> {
+    let w: Workload = record(de)?;
+    named([("uid", &w.uid), ("name", &w.name), ("namespace", &w.namespace)])?;
+    w.validate().map_err(invalid)
+}
+
+fn service(de: &mut Deserializer<'_>) -> Result<Service, (String, String, bool)> {
+    let s: Service = record(de)?;
+    named([("name", &s.name), ("namespace", &s.namespace), ("hostname", &s.hostname)])?;
+    s.validate().map_err(invalid)
+}
+
+/// `policies`: a list (or null), as JSON for the control side.
+fn policies(de: &mut Deserializer<'_>, refused: &mut Refused) -> Result<Option<serde_json::Value>, de::Error> {
+    let at = de.mark();
+    let value: serde_json::Value = match serde_json::Value::deserialize(&mut *de) {
+        Ok(v) => v,
+        Err(e) if e.fatal() => return Err(e),
+        Err(e) => {
+            refused.add(format!("policies{}: {e}", e.path()));
+            de.recover(at)?;
+            return Ok(None);
+        }
+    };
+    match value {
+        serde_json::Value::Null => Ok(None),
+        v @ serde_json::Value::Array(_) => Ok(Some(v)),
+        _ => {
+            refused.add("policies: expected a list".into());
+            Ok(None)
+        }
+    }
 }
 
 impl Parsed {
-    fn validate(self) -> R<LocalDocument> {
-        LocalDocument::checked(self.workloads, self.services, self.policies)
-    }
-}
-
-/// The dataplane's own validation of a record the reader accepted (a refusal declines: the slow way then reports it).
-/// A gateway as written, as the record holds it (a destination that is neither form is declined).
-fn gateway_address(g: GatewayAddressJson) -> R<Box<super::model::GatewayAddress>> {
-    g.parse().map(Box::new).or_else(decline)
-}
-
-fn valid<T>(r: Result<T, StateError>) -> R<T> {
-    r.or_else(|e| decline(e.to_string()))
-}
-
-impl LocalDocument {
-    /// The whole document's rules over validated records: a uid or a service key given twice is declined.
-    fn checked(
-        workloads: Vec<Workload>,
-        services: Vec<Service>,
-        policies: Option<serde_json::Value>,
-    ) -> R<LocalDocument> {
-        let mut uids = HashSet::with_capacity(workloads.len());
-        if let Some(w) = workloads.iter().find(|w| !uids.insert(w.uid.as_str())) {
-            return decline(format!("duplicate workload uid {:?}", w.uid.as_str()));
-        }
-        let mut keys = HashSet::with_capacity(services.len());
-        if let Some(s) = services.iter().find(|s| !keys.insert(&s.key)) {
-            return decline(format!("duplicate service {}", s.key));
-        }
-        let policies_json = match policies {
-            None => "[]".into(),
-            Some(v) => v.to_string(),
-        };
-        Ok(LocalDocument { workloads, services, policies_json })
-    }
-}
-
-/// A scalar as yaml_serde resolves it, as far as this reader needs to know.
-enum Scalar<'a> {
-    Null,
-    Bool(bool),
-    /// A plain decimal integer (no sign but `-`, no leading zero).
-    Int(i64),
-    Str(Cow<'a, str>),
-    /// A plain scalar some rule could read as a number (a float, hex, a leading zero, a `+`): not modelled here.
-    Number,
-}
-
-fn resolve(v: Cow<'_, str>, style: ScalarStyle) -> Scalar<'_> {
-    if style != ScalarStyle::Plain {
-        return Scalar::Str(v);
-    }
-    match &*v {
-        "" | "~" | "null" | "Null" | "NULL" => return Scalar::Null,
-        "true" | "True" | "TRUE" => return Scalar::Bool(true),
-        "false" | "False" | "FALSE" => return Scalar::Bool(false),
-        _ => {}
-    }
-    let first = v.as_bytes()[0];
-    if !(first.is_ascii_digit() || matches!(first, b'+' | b'-' | b'.')) {
-        return Scalar::Str(v);
-    }
-    let digits = v.strip_prefix('-').unwrap_or(&v);
-    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && (digits == "0" || !digits.starts_with('0')) {
-        return match v.parse::<i64>() {
-            Ok(i) => Scalar::Int(i),
-            Err(_) => Scalar::Number,
-        };
-    }
-    let unsigned = v.trim_start_matches(['+', '-']);
-    let lower = unsigned.to_ascii_lowercase();
-    if v.parse::<f64>().is_ok()
-        || unsigned.parse::<f64>().is_ok()
-        || lower.starts_with("0x")
-        || lower.starts_with("0o")
-        || lower.starts_with("0b")
-        || lower == ".inf"
-        || lower == ".nan"
-    {
-        return Scalar::Number;
-    }
-    Scalar::Str(v)
-}
-
-struct Reader<'a> {
-    p: Parser<'a, StrInput<'a>>,
-    peeked: Option<Event<'a>>,
-}
-
-/// Field sets of a mapping, so that a key given twice is noticed (the slow way refuses it).
-struct Seen(u64);
-
-impl Seen {
-    fn first(&mut self, i: usize) -> R<()> {
-        let bit = 1u64 << i;
-        if self.0 & bit != 0 {
-            return decline("a key is given twice");
-        }
-        self.0 |= bit;
-        Ok(())
-    }
-}
-
-impl<'a> Reader<'a> {
-    fn new(text: &'a str) -> Reader<'a> {
-        Reader { p: Parser::new_from_str(text), peeked: None }
-    }
-
-    /// The stream of one document (or none: `body` then sees a null), read by `body`.
-    fn whole<T>(&mut self, body: impl FnOnce(&mut Self) -> R<T>) -> R<T> {
-        match self.next()? {
-            Event::StreamStart => {}
-            _ => return decline("no stream start"),
-        }
-        let out = match self.next()? {
-            Event::StreamEnd => {
-                self.peeked = Some(Event::Scalar(Cow::Borrowed(""), ScalarStyle::Plain, 0, None));
-                return body(self);
-            }
-            Event::DocumentStart(_) => body(self)?,
-            _ => return decline("no document start"),
-        };
-        match self.next()? {
-            Event::DocumentEnd => {}
-            _ => return decline("the document does not end"),
-        }
-        match self.next()? {
-            Event::StreamEnd => Ok(out),
-            _ => decline("more than one document"),
-        }
-    }
-
-    /// A list of records read by `item`.
-    fn items<T>(&mut self, item: fn(&mut Self) -> R<T>) -> R<Vec<T>> {
-        let mut out = Vec::new();
-        self.seq(|r| {
-            out.push(item(r)?);
-            Ok(())
-        })?;
-        Ok(out)
-    }
-
-    fn next(&mut self) -> R<Event<'a>> {
-        if let Some(e) = self.peeked.take() {
-            return Ok(e);
-        }
-        match self.p.next_event() {
-            Some(Ok((e, _))) => Ok(e),
-            Some(Err(e)) => decline(format!("invalid YAML: {e}")),
-            None => decline("the stream ended early"),
-        }
-    }
-
-    fn peek(&mut self) -> R<&Event<'a>> {
-        if self.peeked.is_none() {
-            let e = self.next()?;
-            self.peeked = Some(e);
-        }
-        Ok(self.peeked.as_ref().expect("just peeked"))
-    }
-
-    /// The next scalar; anchors, aliases, tags and collections are declined.
-    fn scalar(&mut self) -> R<Scalar<'a>> {
-        match self.next()? {
-            Event::Scalar(v, style, 0, None) => Ok(resolve(v, style)),
-            Event::Scalar(..) => decline("an anchor or a tag"),
-            Event::Alias(_) => decline("an alias"),
-            _ => decline("a list or mapping where a value goes"),
-        }
-    }
-
-    fn string(&mut self) -> R<String> {
-        match self.scalar()? {
-            Scalar::Str(s) => Ok(s.into_owned()),
-            _ => decline("not a string"),
-        }
-    }
-
-    /// A string of at least one character.
-    fn non_empty(&mut self) -> R<String> {
-        let s = self.string()?;
-        if s.is_empty() {
-            return decline("an empty string where one is required");
-        }
-        Ok(s)
-    }
-
-    /// A value that goes into a header or an identity (the schema's headerText / segmentText).
-    fn header_text(&mut self, segment: bool) -> R<String> {
-        let s = self.string()?;
-        if header_safe("", &s).is_err() || (segment && segment_safe("", &s).is_err()) {
-            return decline("a character that cannot go into a header");
-        }
-        Ok(s)
-    }
-
-    fn int(&mut self, min: i64, max: i64) -> R<i64> {
-        match self.scalar()? {
-            Scalar::Int(i) if (min..=max).contains(&i) => Ok(i),
-            _ => decline("not an integer in range"),
-        }
-    }
-
-    fn port(&mut self) -> R<u32> {
-        Ok(self.int(1, 65535)? as u32)
-    }
-
-    fn bool(&mut self) -> R<bool> {
-        match self.scalar()? {
-            Scalar::Bool(b) => Ok(b),
-            _ => decline("not a boolean"),
-        }
-    }
-
-    /// One of `values`, exactly as written.
-    fn one_of<T: Copy>(&mut self, values: &[(&str, T)]) -> R<T> {
-        let s = self.string()?;
-        match values.iter().find(|(name, _)| *name == s) {
-            Some((_, v)) => Ok(*v),
-            None => decline("not one of the allowed values"),
-        }
-    }
-
-    /// True (and consumes it) when the next value is a plain null.
-    fn null(&mut self) -> R<bool> {
-        if let Event::Scalar(v, ScalarStyle::Plain, 0, None) = self.peek()? {
-            if matches!(&**v, "" | "~" | "null" | "Null" | "NULL") {
-                self.next()?;
-                return Ok(true);
+    /// The whole document's rules: a uid or a service key given twice is refused (naming both places).
+    fn checked(mut self) -> Result<LocalDocument, Refused> {
+        let mut uids: HashMap<&str, usize> = HashMap::with_capacity(self.workloads.records.len());
+        for (i, w) in self.workloads.iter() {
+            if let Some(first) = uids.insert(&w.uid, i) {
+                self.refused.add(format!("workloads[{i}].uid: duplicate uid {:?} (also workloads[{first}])", &*w.uid));
             }
         }
-        Ok(false)
-    }
-
-    fn seq(&mut self, mut item: impl FnMut(&mut Self) -> R<()>) -> R<()> {
-        match self.next()? {
-            Event::SequenceStart(0, None) => {}
-            Event::SequenceStart(..) => return decline("an anchor or a tag"),
-            _ => return decline("not a list"),
-        }
-        loop {
-            if let Event::SequenceEnd = self.peek()? {
-                self.next()?;
-                return Ok(());
-            }
-            item(self)?;
-        }
-    }
-
-    fn strings(&mut self) -> R<Vec<String>> {
-        let mut out = Vec::new();
-        self.seq(|r| {
-            out.push(r.string()?);
-            Ok(())
-        })?;
-        Ok(out)
-    }
-
-    /// A mapping whose keys are strings: `field` is called with each key (the value is next).
-    fn map(&mut self, mut field: impl FnMut(&mut Self, Cow<'a, str>) -> R<()>) -> R<()> {
-        match self.next()? {
-            Event::MappingStart(0, None) => {}
-            Event::MappingStart(..) => return decline("an anchor or a tag"),
-            _ => return decline("not a mapping"),
-        }
-        loop {
-            if let Event::MappingEnd = self.peek()? {
-                self.next()?;
-                return Ok(());
-            }
-            match self.scalar()? {
-                Scalar::Str(k) => field(self, k)?,
-                _ => return decline("a key that is not a string"),
+        let mut keys: HashMap<ServiceKey, usize> = HashMap::with_capacity(self.services.records.len());
+        for (i, s) in self.services.iter() {
+            if let Some(first) = keys.insert(s.key(), i) {
+                self.refused.add(format!("services[{i}]: duplicate service \"{}\" (also services[{first}])", s.key()));
             }
         }
-    }
-
-    /// A mapping with the given fields, each at most once; an unknown field is declined (the schema is strict).
-    fn fields(&mut self, names: &[&str], mut field: impl FnMut(&mut Self, usize) -> R<()>) -> R<()> {
-        let mut seen = Seen(0);
-        self.map(|r, k| match names.iter().position(|n| *n == k) {
-            Some(i) => {
-                seen.first(i)?;
-                field(r, i)
-            }
-            None => decline(format!("unknown field {k:?}")),
+        drop((uids, keys));
+        if self.refused.total > 0 {
+            return Err(self.refused);
+        }
+        Ok(LocalDocument {
+            workloads: self.workloads.records,
+            services: self.services.records,
+            policies_json: self.policies.map_or_else(|| "[]".into(), |v| v.to_string()),
         })
-    }
-
-    fn document(&mut self) -> R<Parsed> {
-        let mut doc = Parsed { workloads: Vec::new(), services: Vec::new(), policies: None };
-        if self.null()? {
-            return Ok(doc); // an empty document is an empty config
-        }
-        self.fields(&["workloads", "services", "policies"], |r, i| match i {
-            0 => r.seq(|r| {
-                doc.workloads.push(r.valid_workload()?);
-                Ok(())
-            }),
-            1 => r.seq(|r| {
-                doc.services.push(r.valid_service()?);
-                Ok(())
-            }),
-            _ => {
-                let v = r.json()?;
-                if !v.is_array() {
-                    return decline("policies is not a list");
-                }
-                doc.policies = Some(v);
-                Ok(())
-            }
-        })?;
-        Ok(doc)
-    }
-
-    fn valid_workload(&mut self) -> R<Workload> {
-        valid(self.workload()?.validate())
-    }
-
-    fn valid_service(&mut self) -> R<Service> {
-        valid(self.service()?.validate())
-    }
-
-    fn workload(&mut self) -> R<Workload> {
-        const F: &[&str] = &[
-            "uid",
-            "name",
-            "namespace",
-            "serviceAccount",
-            "trustDomain",
-            "workloadIps",
-            "network",
-            "protocol",
-            "networkMode",
-            "node",
-            "hostname",
-            "status",
-            "capacity",
-            "canonicalName",
-            "canonicalRevision",
-            "workloadName",
-            "workloadType",
-            "clusterId",
-            "locality",
-            "services",
-            "authorizationPolicies",
-            "waypoint",
-            "networkGateway",
-            "applicationTunnel",
-            "nativeTunnel",
-        ];
-        // Istio's defaults for what is left out are `Workload::validate`'s.
-        let mut w = Workload::default();
-        let mut required = Seen(0);
-        self.fields(F, |r, i| {
-            match i {
-                0 => w.uid = Str::from(r.non_empty()?.as_str()),
-                1 => w.name = Str::from(r.non_empty()?.as_str()),
-                2 => {
-                    w.namespace = intern(&r.header_text(true)?);
-                    if w.namespace.is_empty() {
-                        return decline("namespace is empty");
-                    }
-                }
-                3 => w.service_account = intern(&r.header_text(true)?),
-                4 => w.trust_domain = intern(&r.header_text(true)?),
-                5 => {
-                    let mut ips = Vec::new();
-                    r.seq(|r| match r.string()?.parse::<IpAddr>() {
-                        Ok(ip) => {
-                            ips.push(ip);
-                            Ok(())
-                        }
-                        Err(_) => decline("not an IP address"),
-                    })?;
-                    w.ips = ips;
-                }
-                6 => w.network = intern(&r.header_text(false)?),
-                7 => w.protocol = r.one_of(&[("HBONE", Protocol::Hbone), ("TCP", Protocol::Tcp)])?,
-                8 => {
-                    w.network_mode =
-                        r.one_of(&[("Standard", NetworkMode::Standard), ("HostNetwork", NetworkMode::HostNetwork)])?
-                }
-                9 => w.node = intern(&r.string()?),
-                10 => w.hostname = intern(&r.string()?),
-                11 => {
-                    w.status =
-                        r.one_of(&[("Healthy", WorkloadStatus::Healthy), ("Unhealthy", WorkloadStatus::Unhealthy)])?
-                }
-                12 => w.capacity = r.int(0, u32::MAX as i64)? as u32,
-                13 => w.canonical_name = intern(&r.header_text(false)?),
-                14 => w.canonical_revision = intern(&r.header_text(false)?),
-                15 => w.workload_name = intern(&r.header_text(false)?),
-                16 => {
-                    let s = r.string()?;
-                    let lower = s.to_ascii_lowercase();
-                    if !s.is_ascii() || !defaults::WORKLOAD_TYPES.contains(&lower.as_str()) {
-                        return decline("not a workload type");
-                    }
-                    w.workload_type = intern(&lower);
-                }
-                17 => w.cluster_id = intern(&r.header_text(false)?),
-                18 => w.locality = r.locality()?,
-                19 => {
-                    let mut services = Vec::new();
-                    let mut keys = HashSet::new();
-                    r.map(|r, k| {
-                        let namespaced = k
-                            .split_once('/')
-                            .is_some_and(|(ns, host)| !ns.is_empty() && !host.is_empty() && !host.contains('/'));
-                        let Some(key) = ServiceKey::parse(&k).filter(|_| namespaced) else {
-                            return decline("a service key that is not namespace/hostname");
-                        };
-                        let ports = PortMap::new(r.port_map()?);
-                        if !keys.insert(key.clone()) {
-                            return decline("a service key given twice");
-                        }
-                        services.push((key, ports));
-                        Ok(())
-                    })?;
-                    w.service_ports = services;
-                }
-                20 => w.authorization_policies = r.strings()?.iter().map(|k| intern(k)).collect(),
-                21 => w.waypoint = r.gateway(true)?.map(gateway_address).transpose()?,
-                22 => w.network_gateway = r.gateway(true)?.map(gateway_address).transpose()?,
-                23 => {
-                    if !r.null()? {
-                        let mut t = ApplicationTunnel::default();
-                        r.fields(&["protocol", "port"], |r, i| {
-                            match i {
-                                0 => {
-                                    t.protocol = r.one_of(&[
-                                        ("NONE", AppTunnelProtocol::None),
-                                        ("PROXY", AppTunnelProtocol::Proxy),
-                                    ])?
-                                }
-                                _ => t.port = if r.null()? { None } else { Some(r.port()? as u16) },
-                            }
-                            Ok(())
-                        })?;
-                        w.application_tunnel = Some(t);
-                    }
-                }
-                _ => w.native_tunnel = r.bool()?,
-            }
-            if i < 3 {
-                required.first(i)?;
-            }
-            Ok(())
-        })?;
-        if required.0 != 0b111 {
-            return decline("a required workload field is missing");
-        }
-        Ok(w)
-    }
-
-    fn locality(&mut self) -> R<Locality> {
-        let mut l = Locality::default();
-        self.fields(&["region", "zone", "subzone"], |r, i| {
-            let v = super::intern::intern(&r.header_text(false)?);
-            match i {
-                0 => l.region = v,
-                1 => l.zone = v,
-                _ => l.subzone = v,
-            }
-            Ok(())
-        })?;
-        Ok(l)
-    }
-
-    /// servicePort → targetPort: a key 1-65535 (written as a number, or a string of up to five digits), a target 0-65535.
-    fn port_map(&mut self) -> R<Vec<(u16, u16)>> {
-        match self.next()? {
-            Event::MappingStart(0, None) => {}
-            _ => return decline("a port map that is not a plain mapping"),
-        }
-        let mut out = Vec::new();
-        let mut keys = HashSet::new();
-        loop {
-            if let Event::MappingEnd = self.peek()? {
-                self.next()?;
-                return Ok(out);
-            }
-            let key = match self.scalar()? {
-                Scalar::Int(i) if (1..=65535).contains(&i) => i as u16,
-                Scalar::Str(s) if (1..=5).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit()) => {
-                    match s.parse::<u16>() {
-                        Ok(p) if p >= 1 => p,
-                        _ => return decline("not a port"),
-                    }
-                }
-                _ => return decline("not a port"),
-            };
-            if !keys.insert(key) {
-                return decline("a port given twice");
-            }
-            let target = self.int(0, 65535)? as u16;
-            out.push((key, target));
-        }
-    }
-
-    /// A waypoint or network gateway: `{ destination, hboneMtlsPort }`, or null when `nullable`.
-    fn gateway(&mut self, nullable: bool) -> R<Option<GatewayAddressJson>> {
-        if nullable && self.null()? {
-            return Ok(None);
-        }
-        let mut g = GatewayAddressJson { destination: String::new(), hbone_mtls_port: 15008 };
-        let mut has_destination = false;
-        self.fields(&["destination", "hboneMtlsPort"], |r, i| {
-            match i {
-                0 => {
-                    let d = r.string()?;
-                    if d.split_once('/').is_none_or(|(_, rest)| rest.is_empty()) {
-                        return decline("a gateway destination that is not network/ip or namespace/hostname");
-                    }
-                    g.destination = d;
-                    has_destination = true;
-                }
-                _ => g.hbone_mtls_port = r.port()?,
-            }
-            Ok(())
-        })?;
-        if !has_destination {
-            return decline("a gateway without a destination");
-        }
-        Ok(Some(g))
-    }
-
-    fn service(&mut self) -> R<ServiceJson> {
-        const F: &[&str] = &[
-            "name",
-            "namespace",
-            "hostname",
-            "vips",
-            "cidrVips",
-            "ports",
-            "subjectAltNames",
-            "canonical",
-            "waypoint",
-            "weightedWaypoints",
-            "loadBalancer",
-            "ipFamilies",
-            "visibility",
-        ];
-        let mut s = ServiceJson::default();
-        let mut required = Seen(0);
-        self.fields(F, |r, i| {
-            match i {
-                0 => s.name = r.non_empty()?,
-                1 => {
-                    s.namespace = r.header_text(true)?;
-                    if s.namespace.is_empty() {
-                        return decline("namespace is empty");
-                    }
-                }
-                2 => {
-                    s.hostname = r.header_text(false)?;
-                    if s.hostname.is_empty() {
-                        return decline("hostname is empty");
-                    }
-                }
-                3 => {
-                    let mut vips = Vec::new();
-                    r.seq(|r| {
-                        let v = r.string()?;
-                        // The schema splits at the first '/': the rest must be an IP.
-                        if v.split_once('/').is_none_or(|(_, ip)| ip.parse::<IpAddr>().is_err()) {
-                            return decline("a VIP that is not network/ip");
-                        }
-                        {
-                            vips.push(v);
-                            Ok(())
-                        }
-                    })?;
-                    s.vips = vips;
-                }
-                4 => {
-                    let mut cidrs = Vec::new();
-                    r.seq(|r| {
-                        cidrs.push(network_cidr(&r.string()?)?);
-                        Ok(())
-                    })?;
-                    s.cidr_vips = cidrs;
-                }
-                5 => s.ports = r.port_map()?.into_iter().map(|(k, v)| (k.to_string(), u32::from(v))).collect(),
-                6 => s.subject_alt_names = r.strings()?,
-                7 => s.canonical = r.bool()?,
-                8 => s.waypoint = r.gateway(true)?,
-                9 => {
-                    let mut out = Vec::new();
-                    r.seq(|r| {
-                        let mut waypoint = None;
-                        let mut weight = None;
-                        r.fields(&["waypoint", "weight"], |r, i| {
-                            match i {
-                                0 => waypoint = r.gateway(false)?,
-                                _ => weight = Some(r.int(0, u32::MAX as i64)? as u32),
-                            }
-                            Ok(())
-                        })?;
-                        match (waypoint, weight) {
-                            (Some(waypoint), Some(weight)) => {
-                                out.push(WeightedWaypointJson { waypoint, weight });
-                                Ok(())
-                            }
-                            _ => decline("a weighted waypoint without its waypoint or weight"),
-                        }
-                    })?;
-                    s.weighted_waypoints = out;
-                }
-                10 => {
-                    if !r.null()? {
-                        let mut lb = LoadBalancer::default();
-                        r.fields(&["routingPreferences", "mode", "healthPolicy"], |r, i| {
-                            match i {
-                                0 => {
-                                    let mut prefs = Vec::new();
-                                    r.seq(|r| {
-                                        prefs.push(r.one_of(&[
-                                            ("Region", LbScope::Region),
-                                            ("Zone", LbScope::Zone),
-                                            ("Subzone", LbScope::Subzone),
-                                            ("Node", LbScope::Node),
-                                            ("Cluster", LbScope::Cluster),
-                                            ("Network", LbScope::Network),
-                                        ])?);
-                                        Ok(())
-                                    })?;
-                                    lb.routing_preferences = prefs;
-                                }
-                                1 => {
-                                    lb.mode = r.one_of(&[
-                                        ("Standard", LbMode::Standard),
-                                        ("Strict", LbMode::Strict),
-                                        ("Failover", LbMode::Failover),
-                                        ("Passthrough", LbMode::Passthrough),
-                                    ])?
-                                }
-                                _ => {
-                                    lb.health_policy = r.one_of(&[
-                                        ("OnlyHealthy", HealthPolicy::OnlyHealthy),
-                                        ("AllowAll", HealthPolicy::AllowAll),
-                                    ])?
-                                }
-                            }
-                            Ok(())
-                        })?;
-                        s.load_balancer = Some(lb);
-                    }
-                }
-                11 => {
-                    if !r.null()? {
-                        s.ip_families = Some(r.one_of(&[
-                            ("Dual", IpFamilies::Dual),
-                            ("IPv4", IpFamilies::IPv4),
-                            ("IPv6", IpFamilies::IPv6),
-                        ])?);
-                    }
-                }
-                _ => {
-                    if !r.null()? {
-                        s.visibility =
-                            Some(r.one_of(&[("Public", Visibility::Public), ("Namespace", Visibility::Namespace)])?);
-                    }
-                }
-            }
-            if i < 3 {
-                required.first(i)?;
-            }
-            Ok(())
-        })?;
-        if required.0 != 0b111 {
-            return decline("a required service field is missing");
-        }
-        Ok(s)
-    }
-
-    /// Any value, as the slow way's JSON has it (`policies`: validated and compiled by the control side). A local
-    /// tag is the external enum tagging of ztunnel's YAML (`!Exact "a"` is `{"Exact": "a"}`).
-    fn json(&mut self) -> R<serde_json::Value> {
-        use serde_json::Value;
-        let (tag, value) = match self.next()? {
-            Event::Scalar(v, style, 0, tag) => {
-                let value = match resolve(v, style) {
-                    Scalar::Null => Value::Null,
-                    Scalar::Bool(b) => Value::Bool(b),
-                    Scalar::Int(i) => Value::from(i),
-                    Scalar::Str(s) => Value::String(s.into_owned()),
-                    Scalar::Number => return decline("a number that is not a plain decimal integer"),
-                };
-                (tag, value)
-            }
-            Event::SequenceStart(0, tag) => {
-                let mut items = Vec::new();
-                loop {
-                    if let Event::SequenceEnd = self.peek()? {
-                        self.next()?;
-                        break;
-                    }
-                    items.push(self.json()?);
-                }
-                (tag, Value::Array(items))
-            }
-            Event::MappingStart(0, tag) => {
-                let mut m = serde_json::Map::new();
-                loop {
-                    if let Event::MappingEnd = self.peek()? {
-                        self.next()?;
-                        break;
-                    }
-                    let key = match self.scalar()? {
-                        Scalar::Str(s) => s.into_owned(),
-                        Scalar::Int(i) => i.to_string(),
-                        Scalar::Bool(b) => b.to_string(),
-                        Scalar::Null => String::new(),
-                        Scalar::Number => return decline("a key that is a number"),
-                    };
-                    let v = self.json()?;
-                    if m.insert(key, v).is_some() {
-                        return decline("a key given twice");
-                    }
-                }
-                (tag, Value::Object(m))
-            }
-            Event::Alias(_) => return decline("an alias"),
-            _ => return decline("an anchor, or an unexpected event"),
-        };
-        match tag {
-            None => Ok(value),
-            Some(t) if t.handle == "!" && !t.suffix.is_empty() => {
-                let mut m = serde_json::Map::new();
-                m.insert(t.suffix.clone(), value);
-                Ok(Value::Object(m))
-            }
-            Some(_) => decline("a standard or global tag"),
-        }
-    }
-}
-
-/// The schema's `<network>/<cidr>` or bare CIDR (network ""), normalized to `<network>/<cidr>`.
-fn network_cidr(s: &str) -> R<String> {
-    fn is_cidr(s: &str) -> bool {
-        let Some((ip, len)) = s.rsplit_once('/') else { return false };
-        let Ok(ip) = ip.parse::<IpAddr>() else { return false };
-        if !(1..=3).contains(&len.len()) || !len.bytes().all(|b| b.is_ascii_digit()) {
-            return false;
-        }
-        let len: u32 = len.parse().unwrap_or(u32::MAX);
-        len <= if ip.is_ipv4() { 32 } else { 128 }
-    }
-    let first = s.find('/');
-    if is_cidr(s) && first == s.rfind('/') {
-        return Ok(format!("/{s}"));
-    }
-    match first {
-        Some(i) if is_cidr(&s[i + 1..]) => Ok(s.to_string()),
-        _ => decline("not a CIDR"),
     }
 }
 
@@ -999,16 +434,16 @@ fn sections(text: &str) -> Option<Sections<'_>> {
 }
 
 /// Groups consecutive items (byte ranges of `text`, each starting where the one before ended) into at most `n`
-/// pieces of about equal size.
-fn pieces<'a>(text: &'a str, items: &[(usize, usize)], n: usize) -> Vec<&'a str> {
+/// pieces of about equal size, each with the index of its first item.
+fn pieces<'a>(text: &'a str, items: &[(usize, usize)], n: usize) -> Vec<(&'a str, usize)> {
     let (Some(first), Some(last)) = (items.first(), items.last()) else { return Vec::new() };
     let per = (last.1 - first.0).div_ceil(n).max(1);
     let mut out = Vec::new();
-    let mut from = first.0;
+    let (mut from, mut base) = (first.0, 0);
     for (k, &(_, end)) in items.iter().enumerate() {
         if end - from >= per || k + 1 == items.len() {
-            out.push(&text[from..end]);
-            from = end;
+            out.push((&text[from..end], base));
+            (from, base) = (end, k + 1);
         }
     }
     out
@@ -1069,7 +504,7 @@ impl LocalKeys {
     pub fn of(doc: &LocalDocument, policies: &[super::policy::Policy]) -> LocalKeys {
         LocalKeys {
             workloads: doc.workloads.iter().map(|w| w.uid.clone()).collect(),
-            services: doc.services.iter().map(|s| s.key.clone()).collect(),
+            services: doc.services.iter().map(|s| s.key()).collect(),
             policies: policies.iter().map(|p| p.key()).collect(),
         }
     }
@@ -1086,15 +521,27 @@ impl LocalKeys {
 
 #[cfg(test)]
 mod tests {
+    use super::super::model::LbMode;
     use super::*;
 
-    fn fast(yaml: &str) -> R<LocalDocument> {
+    fn read(yaml: &str) -> Result<LocalDocument, Refused> {
         LocalDocument::from_yaml(yaml)
+    }
+
+    /// The one problem of `yaml`.
+    fn problem(yaml: &str) -> String {
+        match read(yaml) {
+            Ok(_) => panic!("accepted: {yaml}"),
+            Err(r) => {
+                assert_eq!(r.total, 1, "{r:?}");
+                r.problems[0].clone()
+            }
+        }
     }
 
     #[test]
     fn reads_every_field_and_applies_the_schema_defaults() {
-        let doc = fast(
+        let doc = read(
             r#"
 workloads:
 - uid: Kubernetes//Pod/ns/a
@@ -1117,6 +564,7 @@ services:
   vips: [/11.0.0.1]
   cidrVips: [10.1.0.0/16, net/10.2.0.0/16]
   ports: {80: 0}
+  subjectAltNames: [spiffe://cluster.local/ns/ns/sa/a, not-an-identity]
   loadBalancer: {mode: Failover, routingPreferences: [Zone, Node]}
   visibility: ~
 policies:
@@ -1140,103 +588,120 @@ policies:
         assert_eq!(s.cidr_vips[1].0, "net");
         assert_eq!(s.load_balancer.as_ref().unwrap().mode, LbMode::Failover);
         assert_eq!(s.ports.get(&80), Some(&0));
+        assert_eq!(s.subject_alt_names.len(), 1, "the SPIFFE identities among the SANs");
+        assert_eq!(s.subject_alt_names_given.len(), 2, "all of them, for config_dump");
         let p: serde_json::Value = serde_json::from_str(&doc.policies_json).unwrap();
         assert_eq!(p[0]["rules"][0][0][0]["principals"], serde_json::json!([{"Exact": "a"}, {"Prefix": "b"}]));
+        // Anchors and aliases are YAML: a shared block reads as written out.
+        let shared = read(
+            "x: &loc {region: r}
+",
+        )
+        .unwrap_err();
+        assert_eq!(shared.problems, ["x: unknown field \"x\""]);
+        let doc = read("workloads:\n- {uid: a, name: a, namespace: ns, locality: &l {region: r}}\n- {uid: b, name: b, namespace: ns, locality: *l}\n")
+            .expect("aliases");
+        assert_eq!(doc.workloads[1].locality.region, "r");
     }
 
     #[test]
     fn empty_documents_are_empty_configs() {
-        for text in ["", "~", "---\n", "# nothing\n", "{}"] {
-            let doc = fast(text).unwrap_or_else(|e| panic!("{text:?}: {e:?}"));
+        for text in ["", "~", "---\n", "# nothing\n", "{}", "workloads: ~\n"] {
+            let doc = read(text).unwrap_or_else(|e| panic!("{text:?}: {e:?}"));
             assert!(doc.workloads.is_empty() && doc.services.is_empty(), "{text:?}");
             assert_eq!(doc.policies_json, "[]");
         }
     }
 
-    /// Each of these is either refused by the schema or outside what this reader models: the slow way decides.
+    /// The record types are the schema: each problem is named by its path in the document.
     #[test]
-    fn declines_what_the_schema_refuses_or_this_reader_does_not_model() {
-        let base = "workloads:\n- {uid: a, name: a, namespace: ns";
-        for (extra, why) in [
-            (", bogus: 1", "unknown field"),
-            (", workloadIps: [10.0.0.300]", "bad IP"),
-            (", workloadIps: [\"fe80::1%eth0\"]", "zone id"),
-            (", capacity: 1.0", "a float"),
-            (", capacity: -1", "negative"),
-            (", capacity: \"2\"", "a quoted number"),
-            (", capacity: 0x10", "hex"),
-            (", node: 1.5", "a number where a string goes"),
-            (", node: 0123", "a leading zero"),
-            (", node: !!str 12", "a standard tag"),
-            (", name: b", "a key twice"),
-            (", namespace: \"a,b\"", "a header separator"),
-            (", serviceAccount: a/b", "a slash in a segment"),
-            (", workloadType: Pod2", "not a type"),
-            (", protocol: hbone", "enum case"),
-            (", services: {svc: {80: 80}}", "not namespace/hostname"),
-            (", services: {ns/svc: {80: 80, \"80\": 81}}", "a port twice"),
-            (", services: {ns/svc: {0: 80}}", "port 0"),
-            (", services: {ns/svc: {80: 70000}}", "target out of range"),
-            (", waypoint: {hboneMtlsPort: 15008}", "no destination"),
-            (", waypoint: {destination: nohost}", "no slash"),
-            (", applicationTunnel: {port: 0}", "port 0"),
-            (", locality: {area: x}", "unknown locality field"),
+    fn refuses_what_the_records_refuse_naming_the_path() {
+        let w = |extra: &str| {
+            problem(&format!(
+                "workloads:\n- {{uid: a, name: a, namespace: ns}}\n- {{uid: b, name: b, namespace: ns{extra}}}\n"
+            ))
+        };
+        for (extra, expected) in [
+            (", bogus: 1", "workloads[1].bogus: unknown field \"bogus\""),
+            (", workloadIps: [10.0.0.300]", "workloads[1].workloadIps[0]: \"10.0.0.300\" is not an IP address"),
+            (", capacity: 1.0", "workloads[1].capacity: invalid type: floating point `1.0`, expected u32"),
+            (", capacity: -1", "workloads[1].capacity: invalid value: integer `-1`, expected u32"),
+            (", capacity: \"2\"", "workloads[1].capacity: invalid type: string \"2\", expected u32"),
+            (", node: 1.5", "workloads[1].node: invalid type: floating point `1.5`, expected a string"),
+            (", name: b", "workloads[1]: the key \"name\" is given twice"),
+            (", namespace: \"a,b\"", "workloads[1]: the key \"namespace\" is given twice"),
+            (", serviceAccount: a/b", "workloads[1].serviceAccount: \"a/b\" has the character \"/\", which cannot go into an identity or a namespace/hostname key"),
+            (", canonicalName: \"app,k8s.namespace.name=x\"", "workloads[1].canonicalName: \"app,k8s.namespace.name=x\" has the character \",\", which cannot go into a header"),
+            (", workloadType: Pod2", "workloads[1].workloadType: \"Pod2\" is not one of deployment|cronjob|pod|job (any case)"),
+            (", protocol: hbone", "workloads[1].protocol: unknown variant `hbone`, expected `HBONE` or `TCP`"),
+            (", services: {svc: {80: 80}}", "workloads[1].services: \"svc\" is not <namespace>/<hostname>"),
+            (", services: {ns/svc: {80: 80, \"80\": 81}}", "workloads[1].services[\"ns/svc\"]: the key \"80\" is given twice"),
+            (", services: {ns/svc: {0: 80}}", "workloads[1].services[\"ns/svc\"]: \"0\" is not a port (1-65535)"),
+            (", services: {ns/svc: {80: 70000}}", "workloads[1].services[\"ns/svc\"]: 70000 is not a port (0-65535)"),
+            (", waypoint: {hboneMtlsPort: 15008}", "workloads[1].waypoint.destination: missing required field"),
+            (", waypoint: {destination: nohost}", "workloads[1].waypoint: \"nohost\" is not <network>/<ip> or <namespace>/<hostname>"),
+            (", locality: {area: x}", "workloads[1].locality.area: unknown field \"area\""),
+            (", uid: \"\"", "workloads[1]: the key \"uid\" is given twice"),
         ] {
-            let text = format!("{base}{extra}}}\n");
-            assert!(fast(&text).is_err(), "{why}: {text}");
+            assert_eq!(w(extra), expected, "{extra}");
         }
-        for (text, why) in [
-            ("workloads:\n- &a {uid: a, name: a, namespace: ns}\n", "an anchor"),
-            ("x: &a 1\nworkloads: *a\n", "an alias"),
-            ("workloads: ~\n", "null for a list"),
-            ("workloads: []\nworkloads: []\n", "a key twice"),
-            ("other: []\n", "an unknown top-level key"),
-            ("- a\n", "a list document"),
-            ("a: [\n", "a syntax error"),
-            ("--- {}\n--- {}\n", "two documents"),
-            ("workloads:\n- {uid: a, name: a}\n", "a required field missing"),
-            ("workloads:\n- {uid: a, name: a, namespace: ns}\n- {uid: a, name: b, namespace: ns}\n", "a duplicate uid"),
+        assert_eq!(problem("workloads:\n- {uid: a, name: a}\n"), "workloads[0].namespace: missing required field");
+        assert_eq!(
+            problem("workloads:\n- {uid: \"\", name: a, namespace: n}\n"),
+            "workloads[0].uid: must not be empty"
+        );
+        assert_eq!(
+            problem("workloads:\n- {uid: a, name: a, namespace: ns}\n- {uid: a, name: b, namespace: ns}\n"),
+            "workloads[1].uid: duplicate uid \"a\" (also workloads[0])"
+        );
+        for (text, expected) in [
             (
-                "services:\n- {name: s, namespace: ns, hostname: h, vips: [a/b/10.0.0.1]}\n",
-                "a VIP split at the first slash",
+                "services:\n- {name: s, namespace: ns, hostname: h, vips: [10.0.0.1]}\n",
+                "services[0].vips[0]: \"10.0.0.1\" is not <network>/<ip> (e.g. \"/10.0.0.1\")",
             ),
-            ("services:\n- {name: s, namespace: ns, hostname: h, cidrVips: [10.0.0.0/33]}\n", "a prefix too long"),
+            (
+                "services:\n- {name: s, namespace: ns, hostname: h, cidrVips: [10.0.0.0/33]}\n",
+                "services[0].cidrVips[0]: \"10.0.0.0/33\" is not a CIDR (e.g. 10.0.0.0/24 or net/10.0.0.0/24)",
+            ),
             (
                 "services:\n- {name: s, namespace: ns, hostname: h, weightedWaypoints: [{weight: 1}]}\n",
-                "a weighted waypoint",
+                "services[0].weightedWaypoints[0].waypoint: missing required field",
             ),
-            ("policies: {}\n", "policies not a list"),
-            ("policies: [{rules: 1.5}]\n", "a float in a policy"),
-            ("policies: [!!map {}]\n", "a standard tag in a policy"),
+            (
+                "services:\n- {name: s, namespace: ns, hostname: \"s n\"}\n",
+                "services[0].hostname: \"s n\" has the character \" \", which cannot go into a header",
+            ),
+            (
+                "services:\n- {name: s, namespace: ns, hostname: h}\n- {name: t, namespace: ns, hostname: h}\n",
+                "services[1]: duplicate service \"ns/h\" (also services[0])",
+            ),
+            ("workloads: []\nworkloads: []\n", "(document): the key \"workloads\" is given twice"),
+            ("other: []\n", "other: unknown field \"other\""),
+            ("- a\n", "(document): expected a mapping"),
+            ("workloads: 3\n", "workloads: expected a list"),
+            ("policies: {}\n", "policies: expected a list"),
+            ("--- {}\n--- {}\n", "invalid YAML: more than one document"),
         ] {
-            assert!(fast(text).is_err(), "{why}: {text}");
+            assert_eq!(problem(text), expected, "{text}");
         }
+        assert!(problem("workloads: [\n").starts_with("line 2, column 1: invalid YAML: "));
     }
 
     #[test]
-    fn plain_scalars_resolve_as_yaml_serde_does() {
-        let s = |v: &str| match resolve(Cow::Borrowed(v), ScalarStyle::Plain) {
-            Scalar::Null => "null".to_string(),
-            Scalar::Bool(b) => format!("bool {b}"),
-            Scalar::Int(i) => format!("int {i}"),
-            Scalar::Str(s) => format!("str {s}"),
-            Scalar::Number => "number".to_string(),
-        };
-        assert_eq!(s("~"), "null");
-        assert_eq!(s("NULL"), "null");
-        assert_eq!(s("True"), "bool true");
-        assert_eq!(s("yes"), "str yes", "YAML 1.2");
-        assert_eq!(s("8080"), "int 8080");
-        assert_eq!(s("-3"), "int -3");
-        assert_eq!(s("0"), "int 0");
-        assert_eq!(s("10.0.0.1"), "str 10.0.0.1");
-        assert_eq!(s("8_080"), "str 8_080");
-        assert_eq!(s("-"), "str -");
-        assert_eq!(s("inf"), "str inf", "not finite: yaml_serde keeps it a string");
-        for n in ["1.5", "1e3", "+5", "0x1f", "0o17", "0b1", "012", ".inf", "-.Inf", ".NaN", "99999999999999999999"] {
-            assert_eq!(s(n), "number", "{n}");
+    fn every_bad_record_is_reported_up_to_a_screenful() {
+        let mut text = String::from("workloads:\n");
+        for i in 0..250 {
+            text += &format!("- {{uid: w{i}, name: w{i}, namespace: ns, workloadIps: [x{i}]}}\n");
         }
-        assert!(matches!(resolve(Cow::Borrowed("80"), ScalarStyle::DoubleQuoted), Scalar::Str(_)));
+        text += "- {uid: ok, name: ok, namespace: ns}\n";
+        for split_at in [0, usize::MAX] {
+            let r = LocalDocument::from_yaml_split(&text, split_at).unwrap_err();
+            assert_eq!(r.total, 250);
+            assert_eq!(r.problems.len(), MAX_PROBLEMS);
+            assert_eq!(r.problems[0], "workloads[0].workloadIps[0]: \"x0\" is not an IP address");
+            assert_eq!(r.problems[99], "workloads[99].workloadIps[0]: \"x99\" is not an IP address");
+            assert!(r.to_string().ends_with("\nand 150 more problems"));
+        }
     }
 
     #[test]
@@ -1251,7 +716,9 @@ policies:
         for (pieces_of, n) in [(1, 1), (2, 2), (8, 3)] {
             let p = pieces(text, &s.workloads, pieces_of);
             assert_eq!(p.len(), n, "{pieces_of} pieces");
-            assert_eq!(p.concat(), text[s.workloads[0].0..s.workloads[2].1], "the pieces are the items, in order");
+            let texts: Vec<&str> = p.iter().map(|(t, _)| *t).collect();
+            assert_eq!(texts.concat(), text[s.workloads[0].0..s.workloads[2].1], "the pieces are the items, in order");
+            assert_eq!(p[0].1, 0, "the first piece starts at item 0");
         }
         // Split and whole give the same document.
         let split = LocalDocument::from_yaml_split(text, 0).expect("split");
@@ -1263,7 +730,7 @@ policies:
         let crlf = text.replace('\n', "\r\n");
         assert_eq!(sections(&crlf).expect("crlf").workloads.len(), 3);
         // A line that looks like a section key inside a value spanning lines cuts that value in two: the piece before
-        // it no longer parses, so the document is declined (never read differently).
+        // it no longer parses, so the document is refused (never read differently).
         for tricky in [
             "workloads:\n- {uid: \"a\nservices:\", name: a, namespace: ns}\n",
             "workloads:\n- {uid: a, name: a, namespace: ns, authorizationPolicies: [x,\nservices:\n]}\n",

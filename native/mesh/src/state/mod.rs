@@ -142,7 +142,7 @@ impl State {
             let up_w: std::collections::HashSet<&str> = delta.workloads.iter().map(|w| w.uid.as_str()).collect();
             let gone_w: Vec<String> =
                 self.workloads.keys().filter(|k| !up_w.contains(k.as_str())).map(|k| k.to_string()).collect();
-            let up_s: std::collections::HashSet<&ServiceKey> = delta.services.iter().map(|s| &s.key).collect();
+            let up_s: std::collections::HashSet<ServiceKey> = delta.services.iter().map(|s| s.key()).collect();
             let gone_s: Vec<String> =
                 self.services.keys().filter(|k| !up_s.contains(k)).map(|k| k.to_string()).collect();
             let up_p: std::collections::HashSet<String> = delta.policies.iter().map(|p| p.key()).collect();
@@ -163,8 +163,8 @@ impl State {
             .services
             .iter()
             .map(|s| {
-                removed_s.contains(s.key.to_string().as_str())
-                    || self.services.get(&s.key).is_none_or(|old| **old != *s)
+                removed_s.contains(s.key().to_string().as_str())
+                    || self.services.get(&s.key()).is_none_or(|old| **old != *s)
             })
             .collect();
         let removed_p: std::collections::HashSet<&str> = delta.removed_policies.iter().map(String::as_str).collect();
@@ -424,17 +424,17 @@ impl State {
     }
 
     fn insert_service(&mut self, s: Service) {
-        self.remove_service(&s.key);
+        self.remove_service(&s.key());
         self.services_generation += 1;
         let s = Arc::new(s);
         for vip in &s.vips {
-            self.services_by_vip.entry(vip.clone()).or_default().push(s.key.clone());
+            self.services_by_vip.entry(vip.clone()).or_default().push(s.key());
         }
-        self.services_by_hostname.entry(s.key.hostname.clone()).or_default().push(s.key.clone());
+        self.services_by_hostname.entry(s.hostname.clone()).or_default().push(s.key());
         for (net, cidr) in &s.cidr_vips {
-            self.services_by_cidr.insert(net, *cidr, s.key.clone());
+            self.services_by_cidr.insert(net, *cidr, s.key());
         }
-        self.services.insert(s.key.clone(), s);
+        self.services.insert(s.key(), s);
     }
 
     fn remove_service(&mut self, key: &ServiceKey) -> bool {
@@ -566,7 +566,7 @@ impl State {
             let found: Vec<&Arc<Service>> = keys.filter_map(visible).collect();
             found
                 .iter()
-                .find(|s| s.key.namespace == client_ns)
+                .find(|s| s.namespace == client_ns)
                 .or_else(|| found.iter().find(|s| s.canonical))
                 .or_else(|| found.first())
                 .copied()
@@ -659,12 +659,12 @@ mod tests {
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         assert_eq!(st.workload_by_addr("", ip).unwrap().uid, "w1");
         let svc = st.service_by_vip("", "10.96.0.1".parse().unwrap(), "ns").unwrap().clone();
-        assert_eq!(st.endpoints(&svc.key).count(), 1);
+        assert_eq!(st.endpoints(&svc.key()).count(), 1);
         // Move the workload to another IP: the old address is forgotten.
         st.apply(delta(r#"{"workloads":[{"uid":"w1","name":"a","namespace":"ns","workloadIps":["10.0.0.2"]}]}"#))
             .unwrap();
         assert!(st.workload_by_addr("", ip).is_none());
-        assert_eq!(st.endpoints(&svc.key).count(), 0);
+        assert_eq!(st.endpoints(&svc.key()).count(), 0);
         st.apply(delta(r#"{"removedWorkloads":["w1"],"removedServices":["ns/svc.example"]}"#)).unwrap();
         assert_eq!(st.workload_count(), 0);
         assert_eq!(st.service_count(), 0);
@@ -701,7 +701,7 @@ mod tests {
         st.apply(delta(r#"{"workloads":[{"uid":"w1","name":"a","namespace":"ns","workloadIps":["10.0.0.1"],"services":{"ns/svc.example":{"80":8080}}}]}"#)).unwrap();
         st.apply(delta(r#"{"services":[{"name":"svc","namespace":"ns","hostname":"svc.example","vips":["/10.96.0.1"],"ports":{"80":8080}}]}"#)).unwrap();
         let svc = st.service_by_vip("", "10.96.0.1".parse().unwrap(), "x").unwrap();
-        assert_eq!(st.endpoints(&svc.key).count(), 1);
+        assert_eq!(st.endpoints(&svc.key()).count(), 1);
     }
 
     #[test]
@@ -721,7 +721,10 @@ mod tests {
         let bad =
             r#"{"workloads":[{"uid":"w1","name":"a","namespace":"ns"},{"uid":"w2","workloadIps":["10.0.0.300"]}]}"#;
         let err = StateDelta::from_json(bad.as_bytes()).unwrap_err().to_string();
-        assert!(err.starts_with("INVALID_STATE: workloads[1].workloadIps[0]: invalid IP address"), "{err}");
+        assert!(
+            err.starts_with("INVALID_STATE: workloads[1].workloadIps[0]: \"10.0.0.300\" is not an IP address"),
+            "{err}"
+        );
         assert!(StateDelta::from_json(b"{} x").is_err(), "trailing characters");
     }
 }

@@ -30,7 +30,7 @@ pub enum WorkloadStatus {
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct Locality {
     /// Shared: a few values across the whole mesh.
     #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
@@ -108,6 +108,9 @@ impl std::fmt::Display for ServiceKey {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayAddressJson {
     pub destination: String,
+    /// 0 or absent: Istio's default (`defaults::HBONE_MTLS_PORT`).
+    #[serde(default)]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<u32>", optional))]
     pub hbone_mtls_port: u32,
 }
 
@@ -125,14 +128,6 @@ pub struct GatewayAddress {
 }
 
 impl GatewayAddressJson {
-    fn validate(&self, what: &'static str, name: &str, field: &str) -> Result<GatewayAddress, StateError> {
-        self.parse().map_err(|problem| StateError::Invalid {
-            what,
-            name: name.into(),
-            problem: format!("{field}: {problem}"),
-        })
-    }
-
     /// The address this names; a port of 0 is Istio's default (`defaults::HBONE_MTLS_PORT`).
     pub fn parse(&self) -> Result<GatewayAddress, String> {
         let bad = || format!("{:?} is not <network>/<ip> or <namespace>/<hostname>", self.destination);
@@ -163,8 +158,7 @@ impl GatewayAddress {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Default)]
-#[cfg_attr(test, derive(Serialize))]
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
 #[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "WeightedWaypoint"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WeightedWaypointJson {
@@ -270,30 +264,6 @@ pub enum Visibility {
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
-#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "Service"))]
-#[serde(rename_all = "camelCase", default)]
-pub struct ServiceJson {
-    pub name: String,
-    pub namespace: String,
-    pub hostname: String,
-    /// "<network>/<ip>"
-    pub vips: Vec<String>,
-    /// "<network>/<ip>/<prefix>"
-    pub cidr_vips: Vec<String>,
-    /// "<service port>" → target port (0: not set, each endpoint's own port map must name the port).
-    pub ports: HashMap<String, u32>,
-    pub subject_alt_names: Vec<String>,
-    pub waypoint: Option<GatewayAddressJson>,
-    /// Traffic split across waypoints by weight (0: described, no traffic); all zero → `waypoint`.
-    pub weighted_waypoints: Vec<WeightedWaypointJson>,
-    pub load_balancer: Option<LoadBalancer>,
-    pub ip_families: Option<IpFamilies>,
-    /// Wins a VIP shared with services of other namespaces.
-    pub canonical: bool,
-    pub visibility: Option<Visibility>,
-}
-
-#[derive(Debug, Clone, Deserialize, Default)]
 #[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
 #[serde(rename_all = "camelCase", default)]
 pub struct StateDelta {
@@ -305,8 +275,8 @@ pub struct StateDelta {
     /// Workload uids.
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub removed_workloads: Vec<String>,
-    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<ServiceJson>>", optional))]
-    pub services: Vec<ServiceJson>,
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<Service>>", optional))]
+    pub services: Vec<Service>,
     /// "namespace/hostname"
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub removed_services: Vec<String>,
@@ -347,8 +317,7 @@ impl ValidDelta {
     /// key the delta upserts stays in it, so that key changes once (the upsert wins, as in one batch).
     pub fn take_removal_chunks(&mut self, n: usize) -> Vec<ValidDelta> {
         let upserted_uids: std::collections::HashSet<&str> = self.workloads.iter().map(|w| &*w.uid).collect();
-        let upserted_services: std::collections::HashSet<ServiceKey> =
-            self.services.iter().map(|s| s.key.clone()).collect();
+        let upserted_services: std::collections::HashSet<ServiceKey> = self.services.iter().map(|s| s.key()).collect();
         let (workloads, kept): (Vec<String>, Vec<String>) =
             std::mem::take(&mut self.removed_workloads).into_iter().partition(|u| !upserted_uids.contains(u.as_str()));
         self.removed_workloads = kept;
@@ -374,24 +343,26 @@ impl ValidDelta {
 /// config_dump order, a default value left out as ztunnel does; the views add `services` and `capacity`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "WorkloadRecord"))]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Workload {
     /// Shared by the state's indexes (not interned: unique).
     #[serde(deserialize_with = "unique")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
     pub uid: Str,
-    #[serde(rename = "workloadIps")]
+    #[serde(default, rename = "workloadIps", deserialize_with = "ips_serde")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Vec<String>"))]
     pub ips: Vec<IpAddr>,
     /// Boxed: most workloads have neither, and an inline address costs 64 bytes each.
-    #[serde(skip_serializing_if = "Option::is_none", with = "gateway_serde")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "gateway_serde")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<GatewayAddressJson>", optional = nullable))]
     pub waypoint: Option<Box<GatewayAddress>>,
-    #[serde(skip_serializing_if = "Option::is_none", with = "gateway_serde")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "gateway_serde")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<GatewayAddressJson>", optional = nullable))]
     pub network_gateway: Option<Box<GatewayAddress>>,
+    #[serde(default)]
     pub protocol: Protocol,
     /// HostNetwork workloads share the node's IP and are not found by it.
+    #[serde(default)]
     pub network_mode: NetworkMode,
     /// Shared with the (namespace, name) index (not interned: nearly unique).
     #[serde(deserialize_with = "unique")]
@@ -400,58 +371,60 @@ pub struct Workload {
     #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
     pub namespace: Str,
     /// Never empty once valid (Istio's default).
-    #[serde(skip_serializing_if = "str_empty")]
+    #[serde(default, skip_serializing_if = "str_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
     pub trust_domain: Str,
     /// Never empty once valid (Istio's default).
-    #[serde(skip_serializing_if = "str_empty")]
+    #[serde(default, skip_serializing_if = "str_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
     pub service_account: Str,
-    #[serde(skip_serializing_if = "str_empty")]
+    #[serde(default, skip_serializing_if = "str_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
     pub network: Str,
-    #[serde(skip_serializing_if = "str_empty")]
+    #[serde(default, skip_serializing_if = "str_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
     pub workload_name: Str,
     /// "deployment", "cronjob", "pod" or "job"; never empty once valid (Istio's default).
-    #[serde(skip_serializing_if = "str_empty")]
+    #[serde(default, deserialize_with = "workload_type_serde", skip_serializing_if = "str_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
     pub workload_type: Str,
-    #[serde(skip_serializing_if = "str_empty")]
+    #[serde(default, skip_serializing_if = "str_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
     pub canonical_name: Str,
-    #[serde(skip_serializing_if = "str_empty")]
+    #[serde(default, skip_serializing_if = "str_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
     pub canonical_revision: Str,
-    #[serde(skip_serializing_if = "str_empty")]
+    #[serde(default, skip_serializing_if = "str_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
     pub hostname: Str,
-    #[serde(skip_serializing_if = "str_empty")]
+    #[serde(default, skip_serializing_if = "str_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<String>", optional))]
     pub node: Str,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<bool>", optional))]
     pub native_tunnel: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(any(test, feature = "ts"), ts(optional = nullable))]
     pub application_tunnel: Option<ApplicationTunnel>,
     /// "namespace/name" of each policy selecting this workload.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub authorization_policies: Vec<Str>,
+    #[serde(default)]
     pub status: WorkloadStatus,
     #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
+    #[serde(default)]
     pub cluster_id: Str,
-    #[serde(skip_serializing_if = "is_default")]
+    #[serde(default, skip_serializing_if = "is_default")]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Locality>", optional))]
     pub locality: Locality,
     /// service → (service port → target port) for this endpoint: "namespace/hostname" → { "<service port>": target
     /// port } as read. Written by the views (config_dump lists only the keys).
-    #[serde(rename = "services", skip_serializing, deserialize_with = "service_ports_serde")]
+    #[serde(default, rename = "services", skip_serializing, deserialize_with = "service_ports_serde")]
     #[cfg_attr(any(test, feature = "ts"), ts(skip))]
     pub service_ports: Vec<(ServiceKey, PortMap)>,
     /// Load-balancing weight; null (or absent) is 1. Written by the views.
-    #[serde(skip_serializing, deserialize_with = "capacity_serde")]
+    #[serde(default = "defaults::capacity", skip_serializing, deserialize_with = "capacity_serde")]
     #[cfg_attr(any(test, feature = "ts"), ts(skip))]
     pub capacity: u32,
 }
@@ -527,21 +500,70 @@ mod gateway_serde {
 
 /// "namespace/hostname" → { "<service port>": target port }.
 fn service_ports_serde<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<(ServiceKey, PortMap)>, D::Error> {
-    let m: HashMap<String, HashMap<String, u32>> = Deserialize::deserialize(d)?;
-    m.into_iter()
-        .map(|(k, ports)| {
-            let key = ServiceKey::parse(&k).ok_or_else(|| format!("service key {k:?} is not namespace/hostname"))?;
-            let pairs = ports
-                .iter()
-                .map(|(p, t)| {
-                    let p = p.parse::<u16>().map_err(|_| format!("port {p:?} is not a port number"))?;
-                    Ok((p, u16::try_from(*t).map_err(|_| format!("port {t} is out of range"))?))
-                })
-                .collect::<Result<Vec<_>, String>>()?;
-            Ok((key, PortMap::new(pairs)))
-        })
-        .collect::<Result<Vec<_>, String>>()
-        .map_err(serde::de::Error::custom)
+    struct Ports(Vec<(u16, u16)>);
+    impl<'de> Deserialize<'de> for Ports {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Ports, D::Error> {
+            port_pairs(d).map(Ports)
+        }
+    }
+    let written: Vec<(std::borrow::Cow<'de, str>, Ports)> =
+        d.deserialize_map(PairsVisitor(std::marker::PhantomData))?;
+    let mut out: Vec<(ServiceKey, PortMap)> = Vec::with_capacity(written.len());
+    for (k, Ports(pairs)) in written {
+        let key = ServiceKey::parse(&k)
+            .filter(|k| !k.hostname.contains('/'))
+            .ok_or_else(|| serde::de::Error::custom(format!("{k:?} is not <namespace>/<hostname>")))?;
+        if out.iter().any(|(seen, _)| *seen == key) {
+            return Err(serde::de::Error::custom(format!("the service {k:?} is given twice")));
+        }
+        out.push((key, PortMap::new(pairs)));
+    }
+    Ok(out)
+}
+
+/// A list of values each read from its text (a bad one is named by its index: `workloadIps[1]`).
+fn each<'de, D: serde::Deserializer<'de>, T>(d: D, read: fn(&str) -> Result<T, String>) -> Result<Vec<T>, D::Error> {
+    struct Item<T>(T);
+    struct Seed<T>(fn(&str) -> Result<T, String>);
+    impl<'de, T> serde::de::DeserializeSeed<'de> for Seed<T> {
+        type Value = Item<T>;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Item<T>, D::Error> {
+            let written: std::borrow::Cow<'de, str> = Deserialize::deserialize(d)?;
+            (self.0)(&written).map(Item).map_err(serde::de::Error::custom)
+        }
+    }
+    struct List<T>(fn(&str) -> Result<T, String>);
+    impl<'de, T> serde::de::Visitor<'de> for List<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+            while let Some(Item(v)) = seq.next_element_seed(Seed(self.0))? {
+                out.push(v);
+            }
+            Ok(exact(out))
+        }
+    }
+    d.deserialize_seq(List(read))
+}
+
+fn ips_serde<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IpAddr>, D::Error> {
+    each(d, |s| s.parse().map_err(|_| format!("{s:?} is not an IP address")))
+}
+
+/// One of `defaults::WORKLOAD_TYPES` in any case (Kubernetes' kinds are capitalized), held in lower case.
+fn workload_type_serde<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Str, D::Error> {
+    let written: std::borrow::Cow<'de, str> = Deserialize::deserialize(d)?;
+    let lower = written.to_ascii_lowercase();
+    match written.is_empty() || defaults::WORKLOAD_TYPES.contains(&lower.as_str()) {
+        true => Ok(intern(&lower)),
+        false => Err(serde::de::Error::custom(format!(
+            "{written:?} is not one of {} (any case)",
+            defaults::WORKLOAD_TYPES.join("|")
+        ))),
+    }
 }
 
 impl Workload {
@@ -555,54 +577,190 @@ impl Workload {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A service: the one record type of the mesh's services, as `Workload` is of its workloads. Read from a JSON delta
+/// or a local document (its serde shape, strict: an unknown key is refused), built by the WDS decoder (wds.rs),
+/// checked and completed by `validate`, held by the state, and written out: as it is read (the hand-back and
+/// config_dump's `staticConfig`) and, with its endpoints from the state, as config_dump's service
+/// (`dump::ServiceDump`). Its keys are in ztunnel's config_dump order; a default value is left out as ztunnel does
+/// (`visibility` always, as ztunnel shows `Public`; `cidrVips`, `weightedWaypoints` and `canonical`, which ztunnel's
+/// dump lacks, only when set).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Service {
-    pub key: ServiceKey,
     pub name: String,
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
+    pub namespace: Str,
+    #[serde(deserialize_with = "unique")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "String"))]
+    pub hostname: Str,
+    /// "<network>/<ip>"
+    #[serde(default, with = "vips_serde")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub vips: Vec<NetworkAddr>,
-    /// CIDR VIPs (a whole range addresses the service): (network, range).
+    /// CIDR VIPs (a whole range addresses the service): (network, range); "<network>/<ip>/<prefix>", or a bare
+    /// CIDR for network "".
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "cidr_vips_serde")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub cidr_vips: Vec<(String, super::policy::Cidr)>,
     /// service port → target port (0: not set here; each endpoint's own port map must name the port).
+    #[serde(default, with = "ports_serde")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<HashMap<String, u32>>", optional))]
     pub ports: HashMap<u16, u16>,
-    /// The SPIFFE identities among the SANs (what a TLS peer is checked against).
-    pub subject_alt_names: Vec<Identity>,
     /// The SANs as istiod sent them (config_dump shows them all, as ztunnel does).
+    #[serde(default, rename = "subjectAltNames")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<String>>", optional))]
     pub subject_alt_names_given: Vec<String>,
-    pub waypoint: Option<GatewayAddress>,
-    /// Waypoints sharing the traffic by weight (a weight of 0 is described but gets none).
+    /// The SPIFFE identities among the SANs (what a TLS peer is checked against): made by `validate`.
+    #[serde(skip)]
+    #[cfg_attr(any(test, feature = "ts"), ts(skip))]
+    pub subject_alt_names: Vec<Identity>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "gateway_serde")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<GatewayAddressJson>", optional = nullable))]
+    pub waypoint: Option<Box<GatewayAddress>>,
+    /// Waypoints sharing the traffic by weight (a weight of 0 is described but gets none); all zero → `waypoint`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "weighted_serde")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Vec<WeightedWaypointJson>>", optional))]
     pub weighted_waypoints: Vec<(GatewayAddress, u32)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional = nullable))]
     pub load_balancer: Option<LoadBalancer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(any(test, feature = "ts"), ts(optional = nullable))]
     pub ip_families: Option<IpFamilies>,
     /// Wins a VIP or hostname shared with services of other namespaces.
+    #[serde(default, skip_serializing_if = "is_false")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<bool>", optional))]
     pub canonical: bool,
+    /// null (or absent) is `Public`.
+    #[serde(default, deserialize_with = "null_default")]
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<Visibility>", optional = nullable))]
     pub visibility: Visibility,
 }
 
-fn port(what: &'static str, name: &str, v: u32) -> Result<u16, StateError> {
-    u16::try_from(v).map_err(|_| StateError::Invalid {
-        what,
-        name: name.into(),
-        problem: format!("port {v} is out of range"),
-    })
+impl Service {
+    pub fn key(&self) -> ServiceKey {
+        ServiceKey { namespace: self.namespace.clone(), hostname: self.hostname.clone() }
+    }
 }
 
-fn port_key(what: &'static str, name: &str, k: &str) -> Result<u16, StateError> {
-    k.parse::<u16>().map_err(|_| StateError::Invalid {
-        what,
-        name: name.into(),
-        problem: format!("port {k:?} is not a port number"),
-    })
+fn null_default<'de, D: serde::Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-fn port_map(what: &'static str, name: &str, m: &HashMap<String, u32>) -> Result<HashMap<u16, u16>, StateError> {
-    m.iter().map(|(k, v)| Ok((port_key(what, name, k)?, port(what, name, *v)?))).collect()
+/// "<network>/<ip>" (the network may be empty: "/10.0.0.1").
+mod vips_serde {
+    use super::NetworkAddr;
+    use serde::{Deserializer, Serializer};
+    use std::net::IpAddr;
+
+    pub fn serialize<S: Serializer>(vips: &[NetworkAddr], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(vips.iter().map(|(net, ip)| format!("{net}/{ip}")))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<NetworkAddr>, D::Error> {
+        super::each(d, |v| match v.split_once('/').map(|(net, ip)| (net, ip.parse::<IpAddr>())) {
+            Some((net, Ok(ip))) => Ok((net.to_string(), ip)),
+            _ => Err(format!("{v:?} is not <network>/<ip> (e.g. \"/10.0.0.1\")")),
+        })
+    }
 }
 
-/// Istio's defaults for what a workload or service leaves empty, in one place: both sources (WDS via wds.rs, the
-/// local config file) are validated here. An empty string or absent field means "not said".
-/// Istio's defaults for a workload record, the one table: WDS decoding (`wds.rs`), the local file's reader
-/// (`local.rs`) and, through `ts/native/generated/workloadDefaults.ts` (written by a test below), the local file's
-/// schema (ts/config/local.ts) take them from here.
+/// "<network>/<ip>/<prefix>", or a bare CIDR for network "".
+mod cidr_vips_serde {
+    use super::super::policy::Cidr;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(cidrs: &[(String, Cidr)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(cidrs.iter().map(|(net, c)| format!("{net}/{}/{}", c.addr, c.prefix)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, Cidr)>, D::Error> {
+        super::each(d, |v| {
+            // "10.0.0.0/8" alone has no network; "net/10.0.0.0/8" has one.
+            let (net, range) = match v.matches('/').count() {
+                1 => ("", v),
+                _ => v.split_once('/').unwrap_or(("", v)),
+            };
+            match Cidr::parse(range).filter(|_| range.contains('/')) {
+                Some(c) => Ok((net.to_string(), c)),
+                None => Err(format!("{v:?} is not a CIDR (e.g. 10.0.0.0/24 or net/10.0.0.0/24)")),
+            }
+        })
+    }
+}
+
+/// "<service port>" (1-65535) → target port (0-65535), written with the ports in ascending order.
+mod ports_serde {
+    use serde::{Deserializer, Serializer};
+    use std::collections::HashMap;
+
+    pub fn serialize<S: Serializer>(ports: &HashMap<u16, u16>, s: S) -> Result<S::Ok, S::Error> {
+        let mut sorted: Vec<_> = ports.iter().collect();
+        sorted.sort();
+        s.collect_map(sorted.into_iter().map(|(k, v)| (k.to_string(), *v)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<u16, u16>, D::Error> {
+        Ok(super::port_pairs(d)?.into_iter().collect())
+    }
+}
+
+/// A port map as written: `{ "<port 1-65535>": <target 0-65535> }`.
+fn port_pairs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<(u16, u16)>, D::Error> {
+    let m: Vec<(std::borrow::Cow<'de, str>, u32)> = d.deserialize_map(PairsVisitor(std::marker::PhantomData))?;
+    m.into_iter()
+        .map(|(k, t)| {
+            let port = match k.parse::<u16>() {
+                Ok(p) if p >= 1 && k.len() <= 5 && k.bytes().all(|b| b.is_ascii_digit()) => p,
+                _ => return Err(format!("{k:?} is not a port (1-65535)")),
+            };
+            let target = u16::try_from(t).map_err(|_| format!("{t} is not a port (0-65535)"))?;
+            Ok((port, target))
+        })
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(serde::de::Error::custom)
+}
+
+/// A mapping read as its (key, value) pairs in order (a key given twice is then seen, not overwritten).
+struct PairsVisitor<K, V>(std::marker::PhantomData<(K, V)>);
+
+impl<'de, K: Deserialize<'de>, V: Deserialize<'de>> serde::de::Visitor<'de> for PairsVisitor<K, V> {
+    type Value = Vec<(K, V)>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a mapping")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::with_capacity(m.size_hint().unwrap_or(0));
+        while let Some(kv) = m.next_entry()? {
+            out.push(kv);
+        }
+        Ok(out)
+    }
+}
+
+/// `[{ waypoint, weight }]`
+mod weighted_serde {
+    use super::{GatewayAddress, WeightedWaypointJson};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(w: &[(GatewayAddress, u32)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(w.iter().map(|(g, weight)| WeightedWaypointJson { waypoint: g.to_json(), weight: *weight }))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(GatewayAddress, u32)>, D::Error> {
+        Vec::<WeightedWaypointJson>::deserialize(d)?
+            .into_iter()
+            .map(|w| Ok((w.waypoint.parse().map_err(serde::de::Error::custom)?, w.weight)))
+            .collect()
+    }
+}
+
+/// Istio's defaults for a workload record, the one table: a record from any source (WDS, `wds.rs`; a JSON delta or
+/// the local file, whose schema is the record's serde shape) is completed by `Workload::validate` from here. An
+/// empty string or absent field means "not said".
 pub mod defaults {
     pub const TRUST_DOMAIN: &str = "cluster.local";
     pub const SERVICE_ACCOUNT: &str = "default";
@@ -612,32 +770,12 @@ pub mod defaults {
     pub const WORKLOAD_TYPE: &str = WORKLOAD_TYPES[0];
     /// An absent capacity (the wire's UInt32Value wrapper lets istiod say 0 explicitly).
     pub const CAPACITY: u32 = 1;
+    /// `CAPACITY`, for serde's `default = "..."`.
+    pub fn capacity() -> u32 {
+        CAPACITY
+    }
     /// A gateway or waypoint address whose hbone_mtls_port is 0.
     pub const HBONE_MTLS_PORT: u16 = crate::HBONE_PORT;
-
-    #[cfg(test)]
-    mod tests {
-        /// Writes the defaults the local file's schema needs for the TypeScript side; the drift check of `npm test`
-        /// compares it with the committed file.
-        #[test]
-        fn workload_defaults_are_exported_for_the_control_side() {
-            let json = serde_json::to_string_pretty(&serde_json::json!({
-                "serviceAccount": super::SERVICE_ACCOUNT,
-                "trustDomain": super::TRUST_DOMAIN,
-                "workloadType": super::WORKLOAD_TYPE,
-                "workloadTypes": super::WORKLOAD_TYPES,
-                "capacity": super::CAPACITY,
-            }))
-            .unwrap();
-            let ts = format!(
-                "// Generated by `cargo test` (state::model::defaults::tests) from Istio's workload defaults in\n\
-                 // native/mesh/src/state/model.rs. Do not edit this file manually: change the Rust value.\n\n\
-                 export const WORKLOAD_DEFAULTS = {json} as const;\n"
-            );
-            let path = std::path::Path::new(env!("TS_RS_EXPORT_DIR")).join("workloadDefaults.ts");
-            std::fs::write(path, ts).unwrap();
-        }
-    }
 }
 
 /// A kept list at its exact length. Collecting through a `Result` or a filter starts a Vec at four elements (the
@@ -658,7 +796,7 @@ pub fn segment_safe(field: &str, v: &str) -> Result<(), String> {
     match v.contains('/') {
         false => Ok(()),
         true => Err(format!(
-            "{field} {v:?} has the character '/', which cannot go into an identity or a namespace/hostname key"
+            "{field}: {v:?} has the character \"/\", which cannot go into an identity or a namespace/hostname key"
         )),
     }
 }
@@ -666,7 +804,10 @@ pub fn segment_safe(field: &str, v: &str) -> Result<(), String> {
 pub fn header_safe(field: &str, v: &str) -> Result<(), String> {
     match v.bytes().find(|b| !(0x21..=0x7e).contains(b) || b",;=\"\\".contains(b)) {
         None => Ok(()),
-        Some(b) => Err(format!("{field} {v:?} has the character {:?}, which cannot go into a header", b as char)),
+        Some(b) => Err(format!(
+            "{field}: {v:?} has the character {:?}, which cannot go into a header",
+            (b as char).to_string()
+        )),
     }
 }
 
@@ -722,61 +863,27 @@ impl Workload {
     }
 }
 
-impl ServiceJson {
-    pub fn validate(&self) -> Result<Service, StateError> {
+impl Service {
+    /// Checks what every source must hold to (values that go into headers and identities) and completes the record:
+    /// the SPIFFE identities among its SANs (like ztunnel, a SAN that is not one is kept for config_dump, not fatal).
+    pub fn validate(mut self) -> Result<Service, StateError> {
         let name = format!("{}/{}", self.namespace, self.hostname);
         let bad = |problem: String| StateError::Invalid { what: "service", name: name.clone(), problem };
+        if self.namespace.is_empty() || self.hostname.is_empty() {
+            return Err(bad("namespace and hostname are required".into()));
+        }
         segment_safe("namespace", &self.namespace).map_err(bad)?;
-        let key = ServiceKey::parse(&name).ok_or_else(|| bad("namespace and hostname are required".into()))?;
-        header_safe("hostname", &self.hostname).map_err(bad)?;
+        segment_safe("hostname", &self.hostname).map_err(bad)?;
         header_safe("namespace", &self.namespace).map_err(bad)?;
-        let vips = self
-            .vips
-            .iter()
-            .map(|v| {
-                let (net, ip) = v.rsplit_once('/').unwrap_or(("", v.as_str()));
-                let ip = ip.parse::<IpAddr>().map_err(|_| bad(format!("vip {v:?} is not <network>/<ip>")))?;
-                Ok((net.to_string(), ip))
-            })
-            .collect::<Result<Vec<_>, StateError>>()
-            .map(exact)?;
-        let subject_alt_names = exact(
-            self.subject_alt_names
-                .iter()
-                // Like ztunnel: SANs that are not SPIFFE identities are ignored, not fatal.
-                .filter_map(|s| s.parse::<Identity>().ok())
-                .collect(),
-        );
-        let cidr_vips = self
-            .cidr_vips
-            .iter()
-            .map(|v| {
-                let (net, range) = v.split_once('/').unwrap_or(("", v.as_str()));
-                let cidr = super::policy::Cidr::parse(range)
-                    .ok_or_else(|| bad(format!("cidrVip {v:?} is not <network>/<ip>/<prefix>")))?;
-                Ok((net.to_string(), cidr))
-            })
-            .collect::<Result<Vec<_>, StateError>>()
-            .map(exact)?;
-        Ok(Service {
-            key,
-            name: self.name.clone(),
-            vips,
-            cidr_vips,
-            ports: port_map("service", &name, &self.ports)?,
-            subject_alt_names,
-            subject_alt_names_given: self.subject_alt_names.clone(),
-            waypoint: self.waypoint.as_ref().map(|g| g.validate("service", &name, "waypoint")).transpose()?,
-            weighted_waypoints: self
-                .weighted_waypoints
-                .iter()
-                .map(|w| Ok((w.waypoint.validate("service", &name, "weightedWaypoints")?, w.weight)))
-                .collect::<Result<Vec<_>, StateError>>()?,
-            load_balancer: self.load_balancer.clone(),
-            ip_families: self.ip_families,
-            canonical: self.canonical,
-            visibility: self.visibility.unwrap_or_default(),
-        })
+        header_safe("hostname", &self.hostname).map_err(bad)?;
+        if let Some(p) = self.ports.keys().find(|p| **p == 0) {
+            return Err(bad(format!("{p} is not a service port (1-65535)")));
+        }
+        self.subject_alt_names = exact(self.subject_alt_names_given.iter().filter_map(|s| s.parse().ok()).collect());
+        self.vips.shrink_to_fit();
+        self.cidr_vips.shrink_to_fit();
+        self.subject_alt_names_given.shrink_to_fit();
+        Ok(self)
     }
 }
 
@@ -800,7 +907,7 @@ impl StateDelta {
     /// Validate every resource, without touching any state: the delta applies whole or not at all.
     pub fn validate(self) -> Result<ValidDelta, StateError> {
         let workloads = self.workloads.into_iter().map(Workload::validate).collect::<Result<Vec<_>, _>>()?;
-        let services = self.services.iter().map(ServiceJson::validate).collect::<Result<Vec<_>, _>>()?;
+        let services = self.services.into_iter().map(Service::validate).collect::<Result<Vec<_>, _>>()?;
         let policies = self.policies.iter().map(super::policy::PolicyJson::validate).collect::<Result<Vec<_>, _>>()?;
         Ok(ValidDelta {
             full: self.full,

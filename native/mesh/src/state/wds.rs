@@ -4,20 +4,21 @@
 //! `proto/istio/workload/workload.proto` and `proto/envoy/service/discovery/v3/discovery.proto` (fields the
 //! dataplane does not use are left out: prost skips unknown fields, as every protobuf reader must).
 //!
-//! A wire record becomes the same `Workload` record (and `ServiceJson`) the control side sends for a local config
+//! A wire record becomes the same `Workload` (and `Service`) record the control side sends for a local config
 //! file, and is validated by the same code, so both sources are judged alike. Istio's defaults are one table,
 //! `model::defaults`.
 //! Every error is a NACK reason: the field and the problem, without the resource name (the caller prefixes it).
 
 use std::collections::HashMap;
+
+use super::intern::{intern, Str};
 use std::net::IpAddr;
 
 use prost::Message;
 
 use super::model::{
     AppTunnelProtocol, ApplicationTunnel, GatewayAddressJson, HealthPolicy, IpFamilies, LbMode, LbScope, LoadBalancer,
-    Locality, NetworkMode, PortMap, Protocol, ServiceJson, ServiceKey, Visibility, WeightedWaypointJson, Workload,
-    WorkloadStatus,
+    Locality, NetworkMode, PortMap, Protocol, Service, ServiceKey, Visibility, Workload, WorkloadStatus,
 };
 
 pub const ADDRESS_TYPE_URL: &str = "type.googleapis.com/istio.workload.Address";
@@ -236,7 +237,7 @@ pub struct WireWeightedWaypoint {
 #[derive(Debug)]
 pub enum AddressRecord {
     Workload(Workload),
-    Service(ServiceJson),
+    Service(Service),
 }
 
 type Reason = String;
@@ -278,7 +279,6 @@ fn gateway(g: &Option<WireGateway>, field: &str) -> Result<Option<GatewayAddress
 }
 
 fn workload(w: WireWorkload) -> Result<Workload, Reason> {
-    use super::intern::{intern, Str};
     if w.uid.is_empty() {
         return Err("workload has no uid".into());
     }
@@ -376,7 +376,7 @@ fn workload(w: WireWorkload) -> Result<Workload, Reason> {
     })
 }
 
-fn service(s: WireService) -> Result<ServiceJson, Reason> {
+fn service(s: WireService) -> Result<Service, Reason> {
     if s.namespace.is_empty() {
         return Err("service has no namespace".into());
     }
@@ -389,18 +389,19 @@ fn service(s: WireService) -> Result<ServiceJson, Reason> {
         let addr = ip(&a.address, &format!("addresses[{i}].address"))?;
         let host = if addr.is_ipv4() { 32 } else { 128 };
         match a.length {
-            None => vips.push(format!("{}/{addr}", a.network)),
-            Some(len) if len == host => vips.push(format!("{}/{addr}", a.network)),
+            None => vips.push((a.network.clone(), addr)),
+            Some(len) if len == host => vips.push((a.network.clone(), addr)),
             Some(len) if len > host => return Err(format!("addresses[{i}].length: /{len} is too long for {addr}")),
-            Some(len) => cidr_vips.push(format!("{}/{addr}/{len}", a.network)),
+            Some(len) => cidr_vips.push((a.network.clone(), super::policy::Cidr::of(addr, len as u8))),
         }
     }
     let mut ports = HashMap::with_capacity(s.ports.len());
     for (i, p) in s.ports.iter().enumerate() {
         let sp = port(&format!("ports[{i}].servicePort"), p.service_port, false)?;
-        ports.insert(sp.to_string(), port(&format!("ports[{i}].targetPort"), p.target_port, true)?);
+        ports.insert(sp as u16, port(&format!("ports[{i}].targetPort"), p.target_port, true)? as u16);
     }
-    let waypoint = gateway(&s.waypoint, "waypoint")?;
+    let parsed = |g: GatewayAddressJson| g.parse();
+    let waypoint = gateway(&s.waypoint, "waypoint")?.map(parsed).transpose()?.map(Box::new);
     let weighted_waypoints = s
         .weighted_waypoints
         .iter()
@@ -409,7 +410,7 @@ fn service(s: WireService) -> Result<ServiceJson, Reason> {
             let field = format!("weightedWaypoints[{i}].destination");
             let waypoint =
                 gateway(&w.destination, &field)?.ok_or_else(|| format!("weightedWaypoints[{i}]: no destination"))?;
-            Ok(WeightedWaypointJson { waypoint, weight: w.weight })
+            Ok((waypoint.parse()?, w.weight))
         })
         .collect::<Result<Vec<_>, Reason>>()?;
     let load_balancer = match &s.load_balancing {
@@ -450,21 +451,22 @@ fn service(s: WireService) -> Result<ServiceJson, Reason> {
         3 => Some(IpFamilies::Dual),
         v => return Err(unknown("ipFamilies", v)),
     };
-    Ok(ServiceJson {
+    Ok(Service {
         name: s.name,
-        namespace: s.namespace,
-        hostname: s.hostname,
+        namespace: intern(&s.namespace),
+        hostname: Str::from(s.hostname.as_str()),
         vips,
         cidr_vips,
         ports,
-        subject_alt_names: s.subject_alt_names,
+        subject_alt_names_given: s.subject_alt_names,
+        subject_alt_names: Vec::new(),
         waypoint,
         weighted_waypoints,
         load_balancer,
         ip_families,
         canonical: s.canonical,
         // An unknown visibility is PUBLIC, as ztunnel reads it: newer istiods may add values.
-        visibility: Some(if s.visibility == 1 { Visibility::Namespace } else { Visibility::Public }),
+        visibility: if s.visibility == 1 { Visibility::Namespace } else { Visibility::Public },
     })
 }
 
@@ -541,7 +543,7 @@ pub fn judge(packed: &[u8]) -> Result<Judged, String> {
                 j.accepted.push((r.name, r.version));
             }
             Ok(Valid::Service(s)) => {
-                j.names.push((r.name.clone(), super::AddrKey::Service(s.key.clone())));
+                j.names.push((r.name.clone(), super::AddrKey::Service(s.key())));
                 j.delta.services.push(s);
                 j.accepted.push((r.name, r.version));
             }
@@ -599,10 +601,7 @@ pub fn decode_address_json(body: &[u8]) -> Result<String, String> {
         }
         AddressRecord::Service(s) => {
             let s = s.validate().map_err(reason)?;
-            Ok(format!(
-                r#"{{"service":{}}}"#,
-                serde_json::to_string(&super::dump::service(None, &s)).expect("serializes")
-            ))
+            Ok(format!(r#"{{"service":{}}}"#, serde_json::to_string(&s).expect("serializes")))
         }
     }
 }
