@@ -582,6 +582,8 @@ policies:
         assert_eq!(w.service_ports[0].1.get(&443), Some(&8443));
         assert_eq!(w.waypoint.as_ref().unwrap().hbone_mtls_port, 15008);
         assert_eq!(w.application_tunnel.as_ref().unwrap().port, Some(15088));
+        let zero = read("workloads:\n- {uid: a, name: a, namespace: ns, applicationTunnel: {port: 0}}\n").unwrap();
+        assert_eq!(zero.workloads[0].application_tunnel.as_ref().unwrap().port, None, "0 is unset, as WDS reads it");
         let s = &doc.services[0];
         assert_eq!(s.cidr_vips.len(), 2);
         assert_eq!(s.cidr_vips[0].0, "");

@@ -190,7 +190,13 @@ pub enum AppTunnelProtocol {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ApplicationTunnel {
     pub protocol: AppTunnelProtocol,
+    /// None, null or 0: the workload's own port (as WDS's 0 is read).
+    #[serde(deserialize_with = "zero_is_none")]
     pub port: Option<u16>,
+}
+
+fn zero_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u16>, D::Error> {
+    Ok(Option::<u16>::deserialize(d)?.filter(|p| *p != 0))
 }
 
 /// Load balancing scopes, in the order a service lists them (`routingPreferences`).
