@@ -166,9 +166,29 @@ fn table() -> &'static Mutex<HashSet<Str>> {
 /// Deserialized shared (`intern`): for fields whose values repeat across records (localities).
 impl<'de> serde::Deserialize<'de> for Str {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Str, D::Error> {
-        let s: std::borrow::Cow<'de, str> = serde::Deserialize::deserialize(d)?;
-        Ok(intern(&s))
+        read_str(d, |s| Ok(intern(s)))
     }
+}
+
+/// A string read where the deserializer has it, without a copy of its own (serde's `Cow<str>` and `String` always
+/// allocate one): `f` makes the value from it, or says what is wrong with it.
+pub fn read_str<'de, D: serde::Deserializer<'de>, T>(
+    d: D,
+    f: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<T, D::Error> {
+    struct Text<F>(F);
+    impl<'de, T, F: FnOnce(&str) -> Result<T, String>> serde::de::Visitor<'de> for Text<F> {
+        type Value = T;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+            (self.0)(v).map_err(E::custom)
+        }
+    }
+    d.deserialize_str(Text(f))
 }
 
 pub fn intern(s: &str) -> Str {

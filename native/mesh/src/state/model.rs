@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::intern::{intern, Str};
+use super::intern::{intern, read_str, Str};
 use super::{NetworkAddr, StateError};
 use crate::identity::Identity;
 
@@ -481,8 +481,7 @@ fn is_default<T: Default + PartialEq>(v: &T) -> bool {
 
 /// A string kept as its own copy (not interned): for values nearly unique to a record.
 fn unique<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Str, D::Error> {
-    let s: std::borrow::Cow<'de, str> = Deserialize::deserialize(d)?;
-    Ok(Str::from(&*s))
+    read_str(d, |s| Ok(Str::from(s)))
 }
 
 fn capacity_serde<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
@@ -534,8 +533,7 @@ fn each<'de, D: serde::Deserializer<'de>, T>(d: D, read: fn(&str) -> Result<T, S
     impl<'de, T> serde::de::DeserializeSeed<'de> for Seed<T> {
         type Value = Item<T>;
         fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Item<T>, D::Error> {
-            let written: std::borrow::Cow<'de, str> = Deserialize::deserialize(d)?;
-            (self.0)(&written).map(Item).map_err(serde::de::Error::custom)
+            read_str(d, self.0).map(Item)
         }
     }
     struct List<T>(fn(&str) -> Result<T, String>);
@@ -561,15 +559,13 @@ fn ips_serde<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IpAddr>, D::E
 
 /// One of `defaults::WORKLOAD_TYPES` in any case (Kubernetes' kinds are capitalized), held in lower case.
 fn workload_type_serde<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Str, D::Error> {
-    let written: std::borrow::Cow<'de, str> = Deserialize::deserialize(d)?;
-    let lower = written.to_ascii_lowercase();
-    match written.is_empty() || defaults::WORKLOAD_TYPES.contains(&lower.as_str()) {
-        true => Ok(intern(&lower)),
-        false => Err(serde::de::Error::custom(format!(
-            "{written:?} is not one of {} (any case)",
-            defaults::WORKLOAD_TYPES.join("|")
-        ))),
-    }
+    read_str(d, |written| {
+        let lower = written.to_ascii_lowercase();
+        match written.is_empty() || defaults::WORKLOAD_TYPES.contains(&lower.as_str()) {
+            true => Ok(intern(&lower)),
+            false => Err(format!("{written:?} is not one of {} (any case)", defaults::WORKLOAD_TYPES.join("|"))),
+        }
+    })
 }
 
 impl Workload {
