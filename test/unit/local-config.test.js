@@ -215,6 +215,7 @@ policies:
     cidrVips: ['/10.1.0.0/16'],
     ports: { 80: 8080 },
     subjectAltNames: [],
+    canonical: false,
     visibility: 'Public',
   }]);
   const [policy] = cfg.policies;

@@ -128,8 +128,10 @@ test('config_dump services: sorted by hostname, endpoints derived from workloads
   load(BASE);
   const dump = dp.meshDump().services;
   assert.deepEqual(dump.map((s) => s.hostname), ['a.example', 'svc.example']);
-  // Unset waypoint, weighted waypoints, load balancer, IP families, CIDR VIPs and `canonical` are left out.
-  assert.deepEqual(Object.keys(dump[0]), ['name', 'namespace', 'hostname', 'vips', 'ports', 'endpoints', 'subjectAltNames', 'visibility']);
+  // Unset waypoint, weighted waypoints, load balancer, IP families and CIDR VIPs are left out; `canonical` is
+  // written always, as ztunnel writes it (istio/ztunnel src/state/service.rs).
+  assert.deepEqual(Object.keys(dump[0]), ['name', 'namespace', 'hostname', 'vips', 'ports', 'endpoints', 'subjectAltNames', 'canonical', 'visibility']);
+  assert.equal(dump[0].canonical, false);
   assert.equal(dump[0].visibility, 'Public');
   assert.deepEqual(dump[0].endpoints, {});
   assert.deepEqual(dump[1].endpoints, { w2: { workloadUid: 'w2', port: { 80: 8080 }, status: 'Healthy' } });

@@ -37,7 +37,7 @@ subjectAltNames?: Array<string>, waypoint?: GatewayAddress | null,
  */
 weightedWaypoints?: Array<WeightedWaypoint>, loadBalancer?: LoadBalancer | null, ipFamilies?: IpFamilies | null, 
 /**
- * Wins a VIP or hostname shared with services of other namespaces.
+ * Wins a VIP or hostname shared with services of other namespaces. Always written, as ztunnel writes it.
  */
 canonical?: boolean, 
 /**

@@ -7,16 +7,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::model::{Service, ServiceKey, Workload, WorkloadStatus};
+use super::model::{PortsJson, Service, ServiceKey, Workload, WorkloadStatus};
 use super::policy::Policy;
 use super::State;
-
-/// A port map with ports as keys in ascending order (JSON object keys are strings).
-fn ports<'a>(m: impl IntoIterator<Item = (&'a u16, &'a u16)>) -> BTreeMap<String, u16> {
-    let mut sorted: Vec<_> = m.into_iter().collect();
-    sorted.sort();
-    sorted.into_iter().map(|(k, v)| (k.to_string(), *v)).collect()
-}
 
 /// A workload in the form it is read in (a JSON delta, the local file): the record's keys, then `capacity` and
 /// `services` as "namespace/hostname" → { service port: target }. What a state change hands back to the control
@@ -29,14 +22,15 @@ pub struct WorkloadFull<'a> {
     #[cfg_attr(any(test, feature = "ts"), ts(flatten))]
     record: &'a Workload,
     capacity: u32,
-    services: BTreeMap<String, BTreeMap<String, u16>>,
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "BTreeMap<String, BTreeMap<String, u16>>"))]
+    services: BTreeMap<String, PortsJson<'a>>,
 }
 
 pub fn workload(w: &Workload) -> WorkloadFull<'_> {
     WorkloadFull {
         record: w,
         capacity: w.capacity,
-        services: w.service_ports.iter().map(|(k, m)| (k.to_string(), ports(m.iter()))).collect(),
+        services: w.service_ports.iter().map(|(k, m)| (k.to_string(), PortsJson::of(m.iter()))).collect(),
     }
 }
 
@@ -69,7 +63,8 @@ pub fn workload_dump(w: &Workload) -> WorkloadDumpOut<'_> {
 pub struct EndpointOut<'a> {
     workload_uid: &'a str,
     /// "<service port>" → target port
-    port: BTreeMap<String, u16>,
+    #[cfg_attr(any(test, feature = "ts"), ts(as = "BTreeMap<String, u16>"))]
+    port: PortsJson<'a>,
     status: WorkloadStatus,
 }
 
@@ -101,7 +96,7 @@ impl Serialize for ServiceDump<'_> {
 
 fn endpoints<'a>(st: &'a State, key: &ServiceKey) -> BTreeMap<&'a str, EndpointOut<'a>> {
     st.endpoints(key)
-        .map(|(w, p)| (&*w.uid, EndpointOut { workload_uid: &w.uid, port: ports(p.iter()), status: w.status }))
+        .map(|(w, p)| (&*w.uid, EndpointOut { workload_uid: &w.uid, port: PortsJson::of(p.iter()), status: w.status }))
         .collect()
 }
 
@@ -385,6 +380,28 @@ mod tests {
                 r#""serviceAccounts":[{"namespace":"a","serviceAccount":"b"}],"principals":[{"Exact":"td/ns/a/sa/b"},{"Presence":[]}],"#,
                 r#""notSourceIps":["10.1.2.3/8"],"destinationPorts":[8080]}],[]]],"dryRun":false},"#,
                 r#"{"name":"z","namespace":"ns","scope":"Namespace","action":"Allow","rules":[],"dryRun":false}]"#,
+            )
+        );
+    }
+
+    /// A service as ztunnel's config_dump writes it (istio/ztunnel src/state/service.rs): its keys in order, the
+    /// endpoints after `ports` (put there even when a string of the record reads like the key that follows), port
+    /// maps in ascending port order, `canonical` always.
+    #[test]
+    fn a_service_is_dumped_with_its_endpoints_where_ztunnel_puts_them() {
+        let mut st = State::default();
+        let delta = json!({
+            "services": [{"name": "x\",\"subjectAltNames\":[]", "namespace": "ns", "hostname": "h",
+                          "vips": ["/10.0.0.1"], "ports": {"1000": 0, "443": 8443, "80": 8080}}],
+            "workloads": [{"uid": "w", "name": "w", "namespace": "ns", "services": {"ns/h": {"1000": 1, "80": 8080}}}],
+        });
+        st.apply(serde_json::from_value(delta).unwrap()).unwrap();
+        assert_eq!(
+            serde_json::to_string(&mesh(&st).services).unwrap(),
+            concat!(
+                r#"[{"name":"x\",\"subjectAltNames\":[]","namespace":"ns","hostname":"h","vips":["/10.0.0.1"],"#,
+                r#""ports":{"80":8080,"443":8443,"1000":0},"endpoints":{"w":{"workloadUid":"w","port":{"80":8080,"1000":1},"#,
+                r#""status":"Healthy"}},"subjectAltNames":[],"canonical":false,"visibility":"Public"}]"#,
             )
         );
     }

@@ -630,8 +630,8 @@ pub struct Service {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(any(test, feature = "ts"), ts(optional = nullable))]
     pub ip_families: Option<IpFamilies>,
-    /// Wins a VIP or hostname shared with services of other namespaces.
-    #[serde(default, skip_serializing_if = "is_false")]
+    /// Wins a VIP or hostname shared with services of other namespaces. Always written, as ztunnel writes it.
+    #[serde(default)]
     #[cfg_attr(any(test, feature = "ts"), ts(as = "Option<bool>", optional))]
     pub canonical: bool,
     /// null (or absent) is `Public`.
@@ -698,13 +698,28 @@ mod ports_serde {
     use std::collections::HashMap;
 
     pub fn serialize<S: Serializer>(ports: &HashMap<u16, u16>, s: S) -> Result<S::Ok, S::Error> {
-        let mut sorted: Vec<_> = ports.iter().collect();
-        sorted.sort();
-        s.collect_map(sorted.into_iter().map(|(k, v)| (k.to_string(), *v)))
+        serde::Serialize::serialize(&super::PortsJson::of(ports), s)
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<u16, u16>, D::Error> {
         Ok(super::port_pairs(d)?.into_iter().collect())
+    }
+}
+
+/// A port map as it is written: `{ "<port>": target }`, the ports in ascending order (as numbers: 80 before 443).
+pub struct PortsJson<'a>(Vec<(&'a u16, &'a u16)>);
+
+impl<'a> PortsJson<'a> {
+    pub fn of(m: impl IntoIterator<Item = (&'a u16, &'a u16)>) -> PortsJson<'a> {
+        let mut sorted: Vec<_> = m.into_iter().collect();
+        sorted.sort_unstable();
+        PortsJson(sorted)
+    }
+}
+
+impl Serialize for PortsJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k.to_string(), **v)))
     }
 }
 
