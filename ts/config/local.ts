@@ -148,9 +148,13 @@ function refusal(issues: readonly z.core.$ZodIssue[], source: string): LocalConf
     out.push(...lines.map((line) => `${source}: ${line}`));
     listed++;
   }
-  const more = issues.length - listed;
-  if (more > 0) out.push(`${source}: and ${more} more problem${more === 1 ? '' : 's'}`);
-  return new LocalConfigError(out.join('\n'));
+  return listing(out, issues.length - listed, source);
+}
+
+/** The LocalConfigError listing `lines`, then how many problems were not listed. */
+function listing(lines: string[], more: number, source: string): LocalConfigError {
+  if (more > 0) lines.push(`${source}: and ${more} more problem${more === 1 ? '' : 's'}`);
+  return new LocalConfigError(lines.join('\n'));
 }
 
 function describeIssue(issue: z.core.$ZodIssue): string[] {
@@ -182,10 +186,7 @@ function describeValue(v: unknown): string {
 
 /** The refusal of a document the dataplane read: its problems, each a line naming `source`. */
 function refused(r: { problems: string[]; total: number }, source: string): LocalConfigError {
-  const out = r.problems.map((p) => `${source}: ${p}`);
-  const more = r.total - r.problems.length;
-  if (more > 0) out.push(`${source}: and ${more} more problem${more === 1 ? '' : 's'}`);
-  return new LocalConfigError(out.join('\n'));
+  return listing(r.problems.map((p) => `${source}: ${p}`), r.total - r.problems.length, source);
 }
 
 /**

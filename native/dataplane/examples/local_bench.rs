@@ -9,11 +9,11 @@ fn main() {
     let path = std::env::args().nth(1).expect("usage: local_bench FILE");
     let text = std::fs::read_to_string(&path).expect("read the file");
     let t = Instant::now();
-    let one = LocalDocument::from_yaml_split(&text, usize::MAX).unwrap_or_else(|r| panic!("refused: {r}"));
+    let one = LocalDocument::from_yaml_split(&text, usize::MAX).unwrap_or_else(|r| panic!("refused: {r:?}"));
     println!("in one piece: {:?}", t.elapsed());
     drop(one);
     let t0 = Instant::now();
-    let doc = LocalDocument::from_yaml(&text).unwrap_or_else(|r| panic!("refused: {r}"));
+    let doc = LocalDocument::from_yaml(&text).unwrap_or_else(|r| panic!("refused: {r:?}"));
     let read = t0.elapsed();
     let (w, s, p) = (doc.workloads.len(), doc.services.len(), doc.policies_json.len());
     let dp = dataplane::Dataplane::from_json(r#"{"nodeName":"bench"}"#).expect("a dataplane");

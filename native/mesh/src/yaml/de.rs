@@ -297,11 +297,19 @@ impl<'a> Deserializer<'a> {
             }
             _ => return Err(de::Error::custom("expected a list")),
         }
-        while !matches!(self.peek()?, Event::SequenceEnd) {
+        while !self.ends()? {
             item(self)?;
         }
-        self.next()?;
         Ok(())
+    }
+
+    /// True (and taken) when the collection being read ends next.
+    fn ends(&mut self) -> R<bool> {
+        if matches!(self.peek()?, Event::SequenceEnd | Event::MappingEnd) {
+            self.next()?;
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// Reads the mapping that comes next, calling `value` with each key (its value is next); a key given twice is an
@@ -315,12 +323,11 @@ impl<'a> Deserializer<'a> {
             _ => return Err(de::Error::custom("expected a mapping")),
         }
         let mut keys = Keys::default();
-        while !matches!(self.peek()?, Event::MappingEnd) {
+        while !self.ends()? {
             let key = self.key()?;
             keys.first(key.clone())?;
             value(self, key)?;
         }
-        self.next()?;
         Ok(())
     }
 
@@ -528,8 +535,7 @@ impl<'de> de::SeqAccess<'de> for SeqAccess<'_, 'de> {
     type Error = Error;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> R<Option<T::Value>> {
-        if matches!(self.de.peek()?, Event::SequenceEnd) {
-            self.de.next()?;
+        if self.de.ends()? {
             return Ok(None);
         }
         self.index += 1;
@@ -546,8 +552,7 @@ impl<'de> de::MapAccess<'de> for MapAccess<'_, 'de> {
     type Error = Error;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> R<Option<K::Value>> {
-        if matches!(self.de.peek()?, Event::MappingEnd) {
-            self.de.next()?;
+        if self.de.ends()? {
             return Ok(None);
         }
         let key = self.de.key()?;

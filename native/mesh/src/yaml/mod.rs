@@ -65,12 +65,13 @@ pub mod de;
 
 /// YAML text (the policy preview's candidates) as JSON text: the document as JavaScript's YAML reading gives it (`de`'s
 /// rules: keys as their text, a local tag as a one-entry mapping, a non-finite float as null). Throws
-/// `line L, column C: invalid YAML: ...` for a syntax error, `invalid YAML: ...` for a key given twice.
+/// `line L, column C: invalid YAML: ...` for a syntax error, `invalid YAML: <path>: ...` for a key given twice.
 pub fn yaml_to_json(text: &str) -> Result<String, String> {
     check_nesting(text)?;
-    let doc: serde_json::Value = de::from_str(text).map_err(|e| match e.fatal() {
-        true => e.to_string(),
-        false => format!("invalid YAML: {e}"),
+    let doc: serde_json::Value = de::from_str(text).map_err(|e| match (e.fatal(), e.path()) {
+        (true, _) => e.to_string(),
+        (false, "") => format!("invalid YAML: {e}"),
+        (false, path) => format!("invalid YAML: {}: {e}", path.trim_start_matches('.')),
     })?;
     Ok(doc.to_string())
 }
@@ -125,6 +126,8 @@ mod tests {
     fn errors_say_where() {
         let err = yaml_to_json("workloads:\n  - uid: [a\n").unwrap_err();
         assert!(err.starts_with("line ") && err.contains(", column ") && err.contains(": invalid YAML: "), "{err}");
+        let nested = yaml_to_json("policies:\n- {name: p, name: q}\n").unwrap_err();
+        assert_eq!(nested, "invalid YAML: policies[0]: the key \"name\" is given twice");
         let dup = yaml_to_json("a: 1\na: 2\n").unwrap_err();
         assert_eq!(dup, "invalid YAML: the key \"a\" is given twice");
         assert!(yaml_to_json("? [a]\n: 1\n").unwrap_err().contains("mapping key"));
