@@ -1,10 +1,10 @@
-// Lint for the TypeScript layer and the JavaScript tests, scripts and benchmarks.
+// Lint for the TypeScript layer, the TypeScript tests, and the JavaScript scripts and benchmarks.
 import js from '@eslint/js';
 import globals from 'globals';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['dist/', 'target/', 'node_modules/', 'ts/native/binding.cjs', 'ts/native/binding.d.cts', 'ts/gen/', 'npm/', 'bench/results/'] },
+  { ignores: ['dist/', 'dist-test/', 'target/', 'node_modules/', 'ts/native/binding.cjs', 'ts/native/binding.d.cts', 'ts/gen/', 'npm/', 'bench/results/'] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

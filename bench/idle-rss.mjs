@@ -18,7 +18,7 @@
 //   --smaps         print each run's largest mappings too
 //   --json FILE     write every run's readings
 //   --workloads N   the daemon loads a local config of N workloads, N/10 services and N/100 policies instead of
-//                   examples/localhost.yaml (test/helpers/large-config.js, as bench/xds-scale.mjs's local file): the
+//                   examples/localhost.yaml (test/helpers/large-config.ts, as bench/xds-scale.mjs's local file): the
 //                   state's footprint at rest (issue 31's 20k figure), read the same way
 //
 // Each run reads, in this order (the scrape allocates, so it comes last): /proc/PID/status (VmRSS, RssAnon, RssFile),
@@ -32,7 +32,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { DAEMON_NODE_FLAGS } from './daemon-flags.mjs';
-import { writeLargeConfig } from '../test/helpers/large-config.js';
+import { writeLargeConfig } from '../dist-test/helpers/large-config.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repo = join(here, '..');

@@ -2,7 +2,7 @@
 // `npm run bench:large`: does a large input stop the daemon's event loop? runProxy runs in this process's main thread
 // (PROXY_MODE=local, node "bench-node" with no workload on it) while:
 //
-//   local   it starts with a local config file of N workloads, N/10 services, N/100 policies (test/helpers/large-config.js)
+//   local   it starts with a local config file of N workloads, N/10 services, N/100 policies (test/helpers/large-config.ts)
 //   reload  (after `local`) the file is rewritten with every workload changed, and reloaded
 //   xds     it starts without a file and istiod's first push is N workloads + N/10 services (one Address response),
 //           then N/100 policies (one Authorization response)
@@ -20,11 +20,11 @@
 //
 // BENCH_DIST selects the compiled code to measure (default dist/; point it at a build of an older tree for a
 // "before" figure: the old code starts its servers only after the file has loaded, so its probes are refused).
-// The dataplane binds nothing (test/helpers/fake-dataplane.js), but its state is a real native one (the mesh lives
+// The dataplane binds nothing (test/helpers/fake-dataplane.ts), but its state is a real native one (the mesh lives
 // there); BENCH_NATIVE=1 uses the whole native dataplane (dist/native). BENCH_LARGE_WORKLOADS (default 100000), BENCH_LARGE_SCENARIOS (default
 // local,xds; add reload for the reload, another minute at 100k). Results go to bench/results/large-input.json
 // (BENCH_LARGE_OUT to change). Measures; asserts nothing.
-import { fakeDataplane } from '../test/helpers/fake-dataplane.js';
+import { fakeDataplane } from '../dist-test/helpers/fake-dataplane.js';
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { request } from 'node:http';
 import { tmpdir } from 'node:os';
@@ -46,7 +46,7 @@ else if (workerData.role === 'writer') await writer();
 
 /** Writes the large config: generating 50 MB of YAML on the daemon's thread would leave it 200 MB of garbage to GC. */
 async function writer() {
-  const { writeLargeConfig } = await import(pathToFileURL(join(root, 'test', 'helpers', 'large-config.js')).href);
+  const { writeLargeConfig } = await import(pathToFileURL(join(root, 'dist-test', 'helpers', 'large-config.js')).href);
   parentPort.postMessage(writeLargeConfig(workerData.path, workerData.opts));
 }
 
@@ -85,7 +85,7 @@ function prober() {
 
 async function istiod() {
   const { ADDRESS, AUTHORIZATION, policyResource, serviceResource, startFakeIstiod, workloadResource } = await import(
-    pathToFileURL(join(root, 'test', 'helpers', 'fake-istiod.js')).href
+    pathToFileURL(join(root, 'dist-test', 'helpers', 'fake-istiod.js')).href
   );
   const ip = (i, base = 10) => `${base}.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`;
   const n = workerData.workloads;

@@ -20,7 +20,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { sumSamples } from '../dist/cli/prom-text.js';
-import { startCollector } from '../test/helpers/otelcol.js';
+import { startCollector } from '../dist-test/helpers/otelcol.js';
 import { children, localDaemons } from './local-daemons.mjs';
 import { totalCpu } from './harness/proc.mjs';
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// `npm run bench:soak` (not in CI): legitimate traffic and the overload attacks of test/integration/overload.test.js,
+// `npm run bench:soak` (not in CI): legitimate traffic and the overload attacks of test/integration/overload.test.ts,
 // for SOAK_MINUTES (default 60), against two local-mode daemons (node-a hosts `sleep`, node-b hosts `echo` and a
 // never-accepting port). Every 10 s it samples both daemons' descriptors and RSS and the legitimate round trips of
 // the interval; at the end it writes bench/results/soak.json and prints whether descriptors and RSS stayed flat
@@ -19,10 +19,10 @@ import { constants as h2c } from 'node:http2';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { sumSamples } from '../dist/cli/prom-text.js';
-import { makeTempDir, ROOT, startDaemon, workload } from '../test/helpers/daemon.js';
-import { connectRequest, hboneSession } from '../test/helpers/hbone.js';
-import { pattern, socksRoundTrip, startEchoServer, startFirehoseServer, startStallingRelay } from '../test/helpers/net.js';
-import { builtinCa, builtinLeaf, spiffe } from '../test/helpers/pki.js';
+import { makeTempDir, ROOT, startDaemon, workload } from '../dist-test/helpers/daemon.js';
+import { connectRequest, hboneSession } from '../dist-test/helpers/hbone.js';
+import { pattern, socksRoundTrip, startEchoServer, startFirehoseServer, startStallingRelay } from '../dist-test/helpers/net.js';
+import { builtinCa, builtinLeaf, spiffe } from '../dist-test/helpers/pki.js';
 
 const MINUTES = Number(process.env.SOAK_MINUTES ?? 60);
 const SLEEP_IP = '127.50.70.10';

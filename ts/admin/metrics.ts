@@ -16,7 +16,7 @@
 // Pushgateway (node:https, hence node:tls, and node:zlib), the cluster aggregator, Histogram and Summary (tdigest),
 // none of which the daemon uses. Idle RSS 0.4 MiB lower on Node 20, 1.3 on Node 22, 0.9 on Node 24
 // (bench/idle-rss.mjs). The lib/ paths are prom-client's own layout (15.x has no "exports" map); a release that
-// moves them fails this module's import, and with it test/unit/metrics.test.js; package.json pins the version exactly.
+// moves them fails this module's import, and with it test/unit/metrics.test.ts; package.json pins the version exactly.
 import { createRequire } from 'node:module';
 import type * as PromClient from 'prom-client';
 import type { RegistryContentType } from 'prom-client';

@@ -3,7 +3,7 @@
 // honour, so that no operator's setting is silently ignored. The sources: ../shared/spec/istio-ambient.md § 6.2, and
 // istio/ztunnel's src/config.rs (its env constants and `construct_config`), src/tls (TLS12_ENABLED,
 // COMPLIANCE_POLICY) and src/rbac (AUTHZ_POLICY_INFO_LOGGING). README's configuration tables list the same, and
-// test/unit/istio-env.test.js walks both. ztunnel's ProxyConfig (PROXY_CONFIG and the mesh config file) is read as
+// test/unit/istio-env.test.ts walks both. ztunnel's ProxyConfig (PROXY_CONFIG and the mesh config file) is read as
 // ztunnel reads it: proxy-config.ts.
 
 /** A variable ztunnel reads that ztunnel-node does not implement. */

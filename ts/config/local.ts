@@ -119,6 +119,11 @@ const candidatesSchema = z
 
 const _policyFits = (p: z.output<typeof policySchema>): Policy => p;
 
+/** A policy as a local document writes it (the schema's input: a field with a default may be left out). */
+export type LocalPolicyInput = z.input<typeof policySchema>;
+/** One match of a policy's rule, as a local document writes it. */
+export type LocalMatchInput = z.input<typeof matchSchema>;
+
 // ---- error rendering -----------------------------------------------------------------------------------------
 
 /** `workloads[1].workloadIps[0]`, `workloads[0].services["default/echo"]` */

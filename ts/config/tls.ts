@@ -36,7 +36,7 @@ export function controlPlaneTlsProblem(policy: TlsPolicy, addresses: readonly (s
     return "this Node's OpenSSL is not in FIPS mode for the connections to istiod (XDS_ADDRESS, CA_ADDRESS); start Node with --enable-fips and a FIPS provider (OpenSSL 3's fips module), or run without istiod";
   }
   try {
-    // node:tls only here (a daemon without istiod never loads it: test/integration/lazy-modules.test.js).
+    // node:tls only here (a daemon without istiod never loads it: test/integration/lazy-modules.test.ts).
     process.getBuiltinModule('node:tls').createSecureContext(controlPlaneTls(policy));
     return null;
   } catch {

@@ -1,5 +1,5 @@
 //! Times the local config's fast path (state/local.rs) on a file: `cargo run --release --example local_bench -- FILE`
-//! (e.g. the 100k-workload file of test/helpers/large-config.js). Prints the read time, the apply time into a fresh
+//! (e.g. the 100k-workload file of test/helpers/large-config.ts). Prints the read time, the apply time into a fresh
 //! dataplane state, and the counts. Measures; asserts only that the document was accepted.
 use std::time::Instant;
 

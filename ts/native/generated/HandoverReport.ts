@@ -30,9 +30,9 @@ durationMs: number,
  */
 pauseMs: number, 
 /**
- * Why it did not complete.
+ * Why it did not complete (absent when it did).
  */
-error: string | null, 
+error?: string, 
 /**
  * The other process's pid, as the kernel reported it (0 when in another pid namespace).
  */

@@ -346,8 +346,9 @@ pub struct HandoverReport {
     pub duration_ms: f64,
     /// The longest a connection was paused (give: from its wave's pause to its commit).
     pub pause_ms: f64,
-    /// Why it did not complete.
+    /// Why it did not complete (absent when it did).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional))]
     pub error: Option<String>,
     /// The other process's pid, as the kernel reported it (0 when in another pid namespace).
     pub peer_pid: i32,

@@ -1,4 +1,0 @@
-// `node --import <this file>`: registers ./hooks.mjs (what the process loads, into ZTN_MODULE_LOG).
-import { register } from 'node:module';
-
-register(new URL('./hooks.mjs', import.meta.url));
