@@ -1,6 +1,8 @@
 // Metrics rendering is a pure function of the native MetricsSnapshot (no native module needed).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import type * as PromClient from 'prom-client';
 import { Metrics, wantsOpenMetrics } from '../../dist/admin/metrics.js';
 import type { ScrapeSnapshot } from '../../dist/admin/metrics.js';
 import { createStatsServer } from '../../dist/admin/stats-server.js';
@@ -46,6 +48,39 @@ function fakeSource(snapshots: ScrapeSnapshot[]): { readonly calls: number; snap
 }
 
 const snap = (rows: TrafficRow[], source = 0, destination = 0): ScrapeSnapshot => ({ traffic: traffic(rows), socketsOpen: { source, destination } });
+
+const require = createRequire(import.meta.url);
+/** The CommonJS modules this process has loaded whose path contains `part`. */
+const loadedCjs = (part: string): string[] => Object.keys(require.cache).filter((k) => k.includes(part));
+
+// First in this file: nothing before it has rendered, so what it sees loaded is what rendering loaded.
+test('prom-client loads with the first scrape, never before; its default metrics are all there without @opentelemetry/api', async () => {
+  const m = new Metrics({ snapshot: () => snap([OUTBOUND]), istioVersion: null, defaultMetrics: true });
+  assert.deepEqual(loadedCjs('/node_modules/prom-client/'), [], 'a daemon nobody scrapes has not loaded prom-client');
+  const before = process.cpuUsage();
+  const samples = parsePrometheusText((await m.render()).body);
+  const after = process.cpuUsage();
+  assert.ok(loadedCjs('/node_modules/prom-client/').length > 0, 'the scrape loaded it');
+  assert.deepEqual(loadedCjs('/node_modules/@opentelemetry/'), [], 'prom-client\'s CPU collector (and @opentelemetry/api with it) stays unloaded');
+
+  // The same metric names as prom-client's own collectDefaultMetrics (its list, its CPU collector included).
+  const registry = require('prom-client/lib/registry.js') as typeof PromClient.Registry;
+  const collectDefaultMetrics = require('prom-client/lib/defaultMetrics.js') as typeof PromClient.collectDefaultMetrics;
+  const theirs = new registry();
+  collectDefaultMetrics({ register: theirs });
+  // Family names without `_total` (the daemon renders OpenMetrics, whose counter families drop it; theirs is text 0.0.4).
+  const names = (text: string): string[] => [...new Set([...text.matchAll(/^# TYPE (\S+) /gm)].map((x) => x[1]!.replace(/_total$/, '')))].sort();
+  const ours = names((await m.render()).body);
+  const defaults = names(await theirs.metrics());
+  assert.deepEqual(defaults.filter((n) => !ours.includes(n)), [], 'every default metric prom-client registers');
+
+  // process_cpu_*: the process's CPU seconds at the scrape (process.cpuUsage: since it started), user + system = total.
+  const value = (name: string): number => sumSamples(samples, name);
+  const [user, system, total] = ['process_cpu_user_seconds_total', 'process_cpu_system_seconds_total', 'process_cpu_seconds_total'].map(value);
+  assert.ok(user! >= before.user / 1e6 && user! <= after.user / 1e6, `user ${user} s`);
+  assert.ok(system! >= before.system / 1e6 && system! <= after.system / 1e6, `system ${system} s`);
+  assert.ok(Math.abs(total! - (user! + system!)) < 1e-6, `total ${total} = ${user} + ${system}`);
+});
 
 test("the dataplane's traffic text opens the body, from the scrape's one snapshot; the rest is rendered here", async () => {
   const src = fakeSource([snap([INBOUND, OUTBOUND], 1, 2)]);

@@ -26,10 +26,82 @@ import type { XdsCounters } from '../xds/metrics.js';
 export type { TunnelCounters };
 
 const require = createRequire(import.meta.url);
-const Registry = require('prom-client/lib/registry.js') as typeof PromClient.Registry;
-const Counter = require('prom-client/lib/counter.js') as typeof PromClient.Counter;
-const Gauge = require('prom-client/lib/gauge.js') as typeof PromClient.Gauge;
-const collectDefaultMetrics = require('prom-client/lib/defaultMetrics.js') as typeof PromClient.collectDefaultMetrics;
+/** The prom-client parts this module uses. */
+interface PromParts {
+  Registry: typeof PromClient.Registry;
+  Counter: typeof PromClient.Counter;
+  Gauge: typeof PromClient.Gauge;
+}
+let parts: PromParts | undefined;
+/**
+ * prom-client, required at the first scrape, when the registries are built: nothing renders before one, so a daemon
+ * nobody scrapes never loads it (bench/idle-rss.mjs, 15 s after ready, anonymous memory: Node 20 12.9 -> 12.3 MiB,
+ * Node 24 16.8 -> 16.5).
+ */
+function prom(): PromParts {
+  parts ??= {
+    Registry: require('prom-client/lib/registry.js') as typeof PromClient.Registry,
+    Counter: require('prom-client/lib/counter.js') as typeof PromClient.Counter,
+    Gauge: require('prom-client/lib/gauge.js') as typeof PromClient.Gauge,
+  };
+  return parts;
+}
+
+/**
+ * prom-client's default collectors (lib/defaultMetrics.js's list), each required by its module, but for
+ * processCpuTotal: that one requires @opentelemetry/api (44 modules, for exemplars, which the daemon does not use)
+ * on every daemon's first scrape. Its three counters are `registerProcessCpu`'s (a daemon scraped at ready and 15 s
+ * later, read 2 s after: anonymous memory 13.6 -> 13.4 MiB on Node 20, with the lazy load above). Node >= 17 has
+ * process.getActiveResourcesInfo, so processResources is always in prom-client's list. test/unit/metrics.test.ts
+ * compares the names with prom-client's own collectDefaultMetrics.
+ */
+const DEFAULT_COLLECTORS = [
+  'processStartTime',
+  'osMemoryHeap',
+  'processOpenFileDescriptors',
+  'processMaxFileDescriptors',
+  'eventLoopLag',
+  'processResources',
+  'processHandles',
+  'processRequests',
+  'heapSizeAndUsed',
+  'heapSpacesSizeAndUsed',
+  'version',
+  'gc',
+] as const;
+
+/** prom-client's default metrics (as `collectDefaultMetrics` registers them, its default options) in `reg`. */
+function registerDefaultMetrics(reg: Registry<ContentType>): void {
+  for (const name of DEFAULT_COLLECTORS) {
+    const collector = require(`prom-client/lib/metrics/${name}.js`) as (r: Registry<ContentType>, config: object) => void;
+    collector(reg, { eventLoopMonitoringPrecision: 10 });
+  }
+  registerProcessCpu(reg);
+}
+
+/**
+ * process_cpu_user_seconds_total, process_cpu_system_seconds_total and process_cpu_seconds_total, with prom-client's
+ * names and help: the process's CPU time (process.cpuUsage, every thread's, since it started) at the scrape, read
+ * once by the first counter's collect for all three (as prom-client's collector does), so total = user + system.
+ */
+function registerProcessCpu(reg: Registry<ContentType>): void {
+  const { Counter } = prom();
+  const counter = (name: string, help: string, collect?: () => void) => new Counter({ name, help, registers: [reg], ...(collect ? { collect } : {}) });
+  const set = (c: PromClient.Counter, micros: number) => {
+    c.reset();
+    c.inc(micros / 1e6);
+  };
+  const user = counter('process_cpu_user_seconds_total', 'Total user CPU time spent in seconds.', () => {
+    const u = process.cpuUsage();
+    set(user, u.user);
+    set(system, u.system);
+    set(total, u.user + u.system);
+  });
+  // Registered (and so collected) after the user counter, which sets them.
+  const system = counter('process_cpu_system_seconds_total', 'Total system CPU time spent in seconds.');
+  const total = counter('process_cpu_seconds_total', 'Total user and system CPU time spent in seconds.');
+}
+
 type Registry<T extends RegistryContentType> = PromClient.Registry<T>;
 
 /**
@@ -168,6 +240,7 @@ function registerTotals<F extends string>(
   counters: readonly { readonly name: string; readonly help: string; readonly field: F }[],
   read: () => Readonly<Record<F, number>> | null | undefined,
 ): void {
+  const { Counter } = prom();
   for (const c of counters) {
     new Counter({
       name: c.name,
@@ -186,6 +259,7 @@ function registerTotals<F extends string>(
  * metric object of our own that renders them as they are (prom-client's Histogram can only observe values).
  */
 function registerDnsMetrics(reg: Registry<ContentType>, dns: () => DnsCounters | undefined): void {
+  const { Counter, Gauge } = prom();
   for (const c of DNS_COUNTERS) {
     new Counter({
       name: c.name,
@@ -237,6 +311,7 @@ function registerDnsMetrics(reg: Registry<ContentType>, dns: () => DnsCounters |
 
 /** ztunnel's tokio_* metrics (src/metrics/tokio_runtime.rs: names and HELP texts), for the dataplane's runtime. */
 function registerRuntimeMetrics(reg: Registry<ContentType>, runtime: () => MetricsSnapshot['runtime']): void {
+  const { Counter, Gauge } = prom();
   const gauges = [
     { name: 'tokio_num_workers', help: 'the number of worker threads used by the runtime', field: 'workers' },
     { name: 'tokio_global_queue_depth', help: "the number of tasks currently scheduled in the runtime's global queue", field: 'globalQueueDepth' },
@@ -294,7 +369,7 @@ export class Metrics {
     const contentType = wantsOpenMetrics(accept) ? OPENMETRICS_CONTENT_TYPE : PROMETHEUS_CONTENT_TYPE;
     const run = this.lock.then(async () => {
       this.current = this.opts.snapshot();
-      const rest = await this.registry(Registry.OPENMETRICS_CONTENT_TYPE).metrics();
+      const rest = await this.registry(prom().Registry.OPENMETRICS_CONTENT_TYPE).metrics();
       return { contentType, body: (this.current.traffic ?? '') + rest };
     });
     this.lock = run.catch(() => undefined);
@@ -304,6 +379,7 @@ export class Metrics {
   private registry(type: ContentType): Registry<ContentType> {
     let reg = this.registries.get(type);
     if (reg) return reg;
+    const { Registry, Counter, Gauge } = prom();
     reg = new Registry<ContentType>();
     reg.setContentType(type);
     // An accessor, because prom-client calls collect() with `this` bound to the metric.
@@ -561,13 +637,14 @@ export class Metrics {
       registers: [reg],
     });
     build.set({ component: 'ztunnel', tag: this.opts.istioVersion ?? 'unknown' }, 1);
-    if (this.opts.defaultMetrics ?? true) collectDefaultMetrics({ register: reg });
+    if (this.opts.defaultMetrics ?? true) registerDefaultMetrics(reg);
     this.registries.set(type, reg);
     return reg;
   }
 }
 
 function registerHandoverMetrics(reg: Registry<ContentType>, totals: () => HandoverTotals): void {
+  const { Counter, Gauge } = prom();
   new Counter({
     name: 'ztunnel_node_handovers_total',
     help: 'Hand-overs between two daemons of this node this daemon took part in, by role (take: as the successor, give: as the predecessor) and result',
