@@ -35,6 +35,13 @@ fn mib(b: usize) -> f64 {
     (b as f64 / 1048576.0 * 10.0).round() / 10.0
 }
 
+/// A delta of `items` under `key`, the JSON moved in: `json!({key: items})` would serialize a copy and leave the input
+/// alive, counted as the state's (it once put the services at 2.2 KB each instead of 0.8).
+fn delta(key: &str, items: Vec<serde_json::Value>) -> StateDelta {
+    let doc = serde_json::Value::Object([(key.to_string(), serde_json::Value::Array(items))].into_iter().collect());
+    serde_json::from_value(doc).unwrap()
+}
+
 fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let s = n / 10;
@@ -54,7 +61,7 @@ fn main() {
                 "services": {format!("ns{}/svc{svc}.ns{}.svc.cluster.local", svc % 50, svc % 50): {"80": 8080, "443": 8443}},
                 "authorizationPolicies": [format!("ns{}/p{}", (i % p) % 50, i % p)]})
         }).collect();
-        st.apply(serde_json::from_value::<StateDelta>(json!({"workloads": workloads})).unwrap()).unwrap();
+        st.apply(delta("workloads", workloads)).unwrap();
     }
     let after_w = LIVE.load(Ordering::Relaxed);
     let services: Vec<_> = (0..s)
@@ -65,7 +72,7 @@ fn main() {
             "subjectAltNames": [format!("spiffe://cluster.local/ns/{ns}/sa/sa{}", j % 200)]})
         })
         .collect();
-    st.apply(serde_json::from_value::<StateDelta>(json!({"services": services})).unwrap()).unwrap();
+    st.apply(delta("services", services)).unwrap();
     let after_s = LIVE.load(Ordering::Relaxed);
     let rss = std::fs::read_to_string("/proc/self/status").unwrap();
     let rss = rss.lines().find(|l| l.starts_with("VmRSS")).unwrap_or("").to_string();
