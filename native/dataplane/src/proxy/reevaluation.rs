@@ -457,6 +457,35 @@ mod tests {
         }
     }
 
+    /// The missing-policy clock at given instants (no waiting): a reference is in grace for `period` from when it was
+    /// first seen, a deferred workload is due at the end of the earliest of its references' graces, and a policy that
+    /// arrives forgets its clock (a later removal starts a new one).
+    #[test]
+    fn the_grace_runs_from_a_reference_first_seen() {
+        let period = std::time::Duration::from_millis(1_000);
+        let ms = |n: u64| std::time::Duration::from_millis(n);
+        let t0 = Instant::now();
+        let mut g = Grace::new(period);
+        assert!(g.in_grace("ns/p", t0), "first seen: in grace");
+        assert!(g.in_grace("ns/p", t0 + ms(999)), "still in grace just before the period ends");
+        assert!(!g.in_grace("ns/p", t0 + ms(1_000)), "out at the period's end");
+        assert!(g.in_grace("ns/q", t0 + ms(600)), "another reference has its own clock");
+        g.wait("w1", "ns/q");
+        g.wait("w2", "ns/p");
+        assert_eq!(g.due(), Some(t0 + ms(1_000)), "due at the earliest grace's end");
+        assert!(g.take_due(t0 + ms(999)).is_empty(), "nothing due before then");
+        let due = g.take_due(t0 + ms(1_000));
+        assert_eq!(due.uids, ["w1", "w2"].map(String::from).into_iter().collect(), "the waiting workloads, together");
+        assert_eq!(g.due(), None);
+        assert!(g.take_due(t0 + ms(5_000)).is_empty(), "taken once");
+        let mut st = State::default();
+        st.apply(serde_json::from_value::<StateDelta>(json!({"policies": [policy("p", "ns", "Namespace")]})).unwrap())
+            .unwrap();
+        g.forget_arrived(&st);
+        assert!(g.in_grace("ns/p", t0 + ms(10_000)), "arrived, then missing again: a new grace from then");
+        assert!(!g.in_grace("ns/q", t0 + ms(10_000)), "a reference still missing keeps its first clock");
+    }
+
     #[test]
     fn coverage_follows_the_scope() {
         let st = state();
