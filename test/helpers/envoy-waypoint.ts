@@ -79,19 +79,6 @@ function serviceEndpoint(target: string): object {
   };
 }
 
-/**
- * Starts Envoy as the waypoint and waits until its admin says ready.
- *
- *   binary      the Envoy binary (envoyBinary())
- *   dir         where its certificate, key, config and log go
- *   caDir       the daemons' LOCAL_CA_DIR: its root signs the waypoint's certificate and is the mesh root
- *   ip          the waypoint's IP (connect_terminate listens on ip:15008; HBONE out is bound to it)
- *   admin       { ip, port } of Envoy's admin
- *   identity    { namespace, serviceAccount } (default default/waypoint); trustDomain (default cluster.local)
- *   service     { vip, port, hostname, endpoints: ['ip:targetPort', ...] }: the one service it serves
- *   workloadIp  the one workload addressed directly that uses this waypoint
- *   extraArgs   more of Envoy's command line (a component's log level)
- */
 /** What every Envoy these helpers start takes (the waypoint's and the east-west gateway's options extend it). */
 export interface EnvoyStartOptions {
   /** The Envoy binary (envoyBinary()). */
@@ -120,6 +107,19 @@ export interface EnvoyAdmin {
   port: number;
 }
 
+/**
+ * Starts Envoy as the waypoint and waits until its admin says ready.
+ *
+ *   binary      the Envoy binary (envoyBinary())
+ *   dir         where its certificate, key, config and log go
+ *   caDir       the daemons' LOCAL_CA_DIR: its root signs the waypoint's certificate and is the mesh root
+ *   ip          the waypoint's IP (connect_terminate listens on ip:15008; HBONE out is bound to it)
+ *   admin       { ip, port } of Envoy's admin
+ *   identity    { namespace, serviceAccount } (default default/waypoint); trustDomain (default cluster.local)
+ *   service     { vip, port, hostname, endpoints: ['ip:targetPort', ...] }: the one service it serves
+ *   workloadIp  the one workload addressed directly that uses this waypoint
+ *   extraArgs   more of Envoy's command line (a component's log level)
+ */
 export async function startEnvoyWaypoint({
   binary,
   dir,

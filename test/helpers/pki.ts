@@ -1,7 +1,7 @@
 // Certificates made with the openssl CLI, independently of ztunnel-node's own Rust code: foreign CAs, other
 // trust domains, several SANs, and leaf certificates signed by the built-in CA's root straight from LOCAL_CA_DIR.
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -97,4 +97,21 @@ export const spiffe = (ns: string, sa: string, td = 'cluster.local'): string => 
 /** A leaf signed by the built-in CA of `caDir` (root-cert.pem + root-key.pem, as the daemons created them). */
 export function builtinLeaf(dir: string, caDir: string, uris: readonly string[], name?: string): Leaf {
   return makeLeaf(dir, builtinCa(caDir), uris, name);
+}
+
+/**
+ * A leaf certificate for `spiffe://cluster.local/ns/default/sa/sleep` and its root, as PEM (made in a temporary
+ * directory, removed): for suites that hand certificates to the daemon's code in process. null where the openssl CLI
+ * is missing (the suite skips, saying so).
+ */
+export function sleepLeafAndRoot(): { leaf: string; root: string } | null {
+  try {
+    const dir = tempDir('ztn-pki-');
+    const ca = makeCa(dir, 'root');
+    const leaf = makeLeaf(dir, ca, [spiffe('default', 'sleep')]);
+    rmSync(dir, { recursive: true, force: true });
+    return { leaf: leaf.certPem, root: ca.certPem };
+  } catch {
+    return null;
+  }
 }

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { makeCa, makeLeaf, tempDir } from '../helpers/pki.js';
+import { makeCa, sleepLeafAndRoot, tempDir } from '../helpers/pki.js';
 import { X509Certificate } from 'node:crypto';
 import { CertificateManager, refreshDelayMs } from '../../dist/ca/manager.js';
 import { splitPem } from '../../dist/ca/pem.js';
@@ -15,19 +15,8 @@ import { waitFor } from '../helpers/net.js';
 import type { CertificateAuthority } from '../../dist/ca/authority.js';
 import type { KeyStore } from '../../dist/ca/manager.js';
 
-function pki() {
-  try {
-    const dir = tempDir('ztn-certmgr-');
-    const ca = makeCa(dir, 'root');
-    const leaf = makeLeaf(dir, ca, ['spiffe://cluster.local/ns/default/sa/sleep']);
-    rmSync(dir, { recursive: true, force: true });
-    return { leaf: leaf.certPem, root: ca.certPem };
-  } catch {
-    return null;
-  }
-}
 
-const PKI = pki();
+const PKI = sleepLeafAndRoot();
 const LEAF = PKI?.leaf ?? null;
 const ROOT = PKI?.root ?? null;
 const skip = PKI === null ? 'openssl CLI not available' : false;

@@ -2,8 +2,7 @@
 // readiness, config_dump, metrics and logs, and the shutdown sequence.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { rmSync } from 'node:fs';
-import { makeCa, makeLeaf, tempDir } from '../helpers/pki.js';
+import { sleepLeafAndRoot } from '../helpers/pki.js';
 import { loadConfig } from '../../dist/config/index.js';
 import { runProxy } from '../../dist/lifecycle/proxy.js';
 import type { ProxyDeps } from '../../dist/lifecycle/proxy.js';
@@ -40,18 +39,7 @@ interface Dump {
   staticConfig: { workloads: unknown[] };
 }
 
-function pki(): { leaf: string; root: string } | null {
-  try {
-    const dir = tempDir('ztn-lifecycle-');
-    const ca = makeCa(dir, 'root');
-    const leaf = makeLeaf(dir, ca, ['spiffe://cluster.local/ns/default/sa/sleep']);
-    rmSync(dir, { recursive: true, force: true });
-    return { leaf: leaf.certPem, root: ca.certPem };
-  } catch {
-    return null;
-  }
-}
-const PKI = pki();
+const PKI = sleepLeafAndRoot();
 const skip = PKI === null ? 'openssl CLI not available' : false;
 
 const LOCAL_XDS = `

@@ -49,6 +49,14 @@ fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
+/// Waits for the first pass a grace period running out wakes (and its judging done): the event, not its time.
+fn wait_for_grace_pass(dp: &Dataplane) {
+    assert!(
+        wait_until(Duration::from_secs(5), || dp.reevaluation_grace_passes() >= 1),
+        "no pass when the grace ran out"
+    );
+}
+
 /// A live inbound connection to echo:8080, as the HBONE server registers it (mTLS from `sa`, or plaintext).
 fn live(dp: &Dataplane, sa: Option<&str>) -> TrackGuard {
     let conn = Connection::new(
@@ -81,10 +89,7 @@ fn istiod_order_reference_then_policy_keeps_the_allowed_connection() {
     assert!(!sleep.close.is_cancelled(), "the connection the policy allows survives");
     // The grace running out later changes nothing: the policy is known (waited for as the pass it wakes, not as time).
     assert_eq!(dp.reevaluation_grace_passes(), 0, "the grace has not run out yet");
-    assert!(
-        wait_until(Duration::from_secs(5), || dp.reevaluation_grace_passes() >= 1),
-        "no pass when the grace ran out"
-    );
+    wait_for_grace_pass(&dp);
     assert!(!sleep.close.is_cancelled());
     assert_eq!(dp.inputs().metrics.authz_closed_by_policy.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
@@ -142,10 +147,7 @@ fn a_removed_policy_still_named_gets_the_grace_too() {
     assert!(!sleep.close.is_cancelled());
     apply_and_settle(&dp, json!({"workloads": [echo(&[])]}));
     // The deferred connection's grace runs out (the pass it wakes, not a fixed wait); judged then, nothing denies it.
-    assert!(
-        wait_until(Duration::from_secs(5), || dp.reevaluation_grace_passes() >= 1),
-        "no pass when the grace ran out"
-    );
+    wait_for_grace_pass(&dp);
     assert!(!sleep.close.is_cancelled(), "no policy left: allowed");
 }
 
