@@ -3,15 +3,20 @@
 // topologies, each run under `perf sched record` (the whole machine: the scheduler's view of every thread). For each
 // path it prints the load client's latency percentiles and, per process group (the proxies, the load client and
 // server), what `perf sched latency` reports: how often their threads were woken and how long a woken thread waited
-// for a CPU (average and maximum). Root, perf and the harness's Envoy (bench/.venv) needed.
+// for a CPU (average and maximum), and from `perf sched timehist` the distribution of those waits (p50, p99 of every
+// switch-in of the group's threads). Root, perf and the harness's Envoy (bench/.venv) needed.
 //
-//   node bench/profile-rr.mjs [--rate 1000] [--count 5000] [--rounds 2]
+//   node bench/profile-rr.mjs [--rate 1000] [--count 5000] [--rounds 2] [--neighbours N] [--json FILE]
+//
+// --neighbours N: N CPU-bound processes run through the rounds (as `run.mjs --neighbours`: a busy node).
+// --json FILE: the rows written to FILE too, with the run's settings (bench/results/rr-profile*.json).
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { loadavg, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureEnvoy } from './harness/envoy.mjs';
+import { startNeighbours, stopNeighbours } from './harness/neighbours.mjs';
 import { startAll } from './harness/topologies.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -22,6 +27,9 @@ const arg = (name, dflt) => {
 const rate = arg('--rate', 1000);
 const count = arg('--count', 5000);
 const rounds = arg('--rounds', 2);
+const neighbourCount = arg('--neighbours', 0);
+const jsonAt = process.argv.indexOf('--json');
+const jsonFile = jsonAt >= 0 ? process.argv[jsonAt + 1] : null;
 const loadgen = join(root, 'target', 'release', 'ztn-loadgen');
 if (spawnSync('cargo', ['build', '--release', '-q', '-p', 'ztunnel-loadgen'], { cwd: root, stdio: 'inherit' }).status !== 0) throw new Error('building the load client failed');
 const tmp = mkdtempSync(join(tmpdir(), 'ztn-rr-'));
@@ -39,8 +47,30 @@ function schedLatency(file) {
   return rows;
 }
 
+/**
+ * Per `group`, from `perf sched timehist` (one line per run slice of a thread): the scheduling delay before each slice
+ * (from the wake, `sched_waking` on the waker's CPU, to running: the IPI and a halted vCPU's return are in it) and the
+ * slice's run time, in µs.
+ */
+function schedSlices(file) {
+  const r = spawnSync('perf', ['sched', 'timehist', '-i', file], { encoding: 'utf8', maxBuffer: 256 << 20 });
+  const slices = {};
+  for (const line of r.stdout.split('\n')) {
+    const m = /^\s*[\d.]+\s+\[\d+\]\s+(.+?)\[\d+(?:\/\d+)?\]\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)/.exec(line);
+    const g = m && group(m[1].trim());
+    if (!g) continue;
+    const x = (slices[g] ??= { delays: [], runs: [] });
+    x.delays.push(Number(m[3]) * 1000);
+    x.runs.push(Number(m[4]) * 1000);
+  }
+  return slices;
+}
+
+const quantile = (sorted, q) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))];
+
 const group = (task) => (/^ztunnel-\d|^ztunnel-control|^node$|^libuv|^V8/.test(task) ? 'ztunnel-node' : /^envoy|^wrk:|^dispatcher|^worker_/.test(task) ? 'envoy' : /^ztn-loadgen/.test(task) ? 'loadgen' : null);
 const out = [];
+const neighbours = startNeighbours(neighbourCount);
 for (let round = 0; round < rounds; round++) {
   for (const name of ['direct', 'ztunnel-node', 'envoy']) {
     const t = env.topologies[name];
@@ -62,10 +92,27 @@ for (let round = 0; round < rounds; round++) {
       x.waitMs += row.avgMs * row.switches;
       x.maxMs = Math.max(x.maxMs, row.maxMs);
     }
-    const sched = Object.fromEntries(Object.entries(groups).map(([g, x]) => [g, { wakesPerRequest: +(x.switches / count).toFixed(2), avgWaitUs: +((x.waitMs / Math.max(x.switches, 1)) * 1000).toFixed(1), maxWaitUs: Math.round(x.maxMs * 1000) }]));
+    const slices = schedSlices(file);
+    const sched = Object.fromEntries(Object.entries(groups).map(([g, x]) => {
+      const d = (slices[g]?.delays ?? []).sort((a, b) => a - b);
+      const run = (slices[g]?.runs ?? []).sort((a, b) => a - b);
+      const dist = d.length ? {
+        p50WaitUs: Math.round(quantile(d, 0.5)),
+        p99WaitUs: Math.round(quantile(d, 0.99)),
+        // CPU time of the group's threads per request, and the median slice: the work a hop does once running.
+        runUsPerRequest: Math.round(run.reduce((a, b) => a + b, 0) / count),
+        p50RunUs: Math.round(quantile(run, 0.5)),
+      } : {};
+      return [g, { wakesPerRequest: +(x.switches / count).toFixed(2), avgWaitUs: +((x.waitMs / Math.max(x.switches, 1)) * 1000).toFixed(1), ...dist, maxWaitUs: Math.round(x.maxMs * 1000) }];
+    }));
     out.push({ round, path: name, p50: lat.p50_us, p99: lat.p99_us, p999: lat.p999_us, sched });
     console.log(JSON.stringify(out.at(-1)));
   }
 }
+await stopNeighbours(neighbours);
 await env.stop();
+if (jsonFile) {
+  const settings = { rate, count, rounds, neighbours: neighbourCount, when: new Date().toISOString(), loadavg: loadavg() };
+  writeFileSync(jsonFile, `${JSON.stringify({ settings, rows: out }, null, 2)}\n`);
+}
 rmSync(tmp, { recursive: true, force: true });

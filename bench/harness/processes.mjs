@@ -43,8 +43,8 @@ export function httpGet(base, path, ms = 5_000) {
   });
 }
 
-/** Polls GET base+path until `ok(status, body)`; throws after `ms` with the last answer. */
-export async function poll(base, path, ok, what, ms = 30_000) {
+/** Polls GET base+path every `every` ms until `ok(status, body)`; throws after `ms` with the last answer. */
+export async function poll(base, path, ok, what, ms = 30_000, every = 100) {
   const deadline = Date.now() + ms;
   let last = 'no answer';
   while (Date.now() < deadline) {
@@ -55,7 +55,7 @@ export async function poll(base, path, ok, what, ms = 30_000) {
     } catch (err) {
       last = err.message;
     }
-    await new Promise((r) => setTimeout(r, 100));
+    await new Promise((r) => setTimeout(r, every));
   }
   throw new Error(`${what} not ready after ${ms} ms (${last})`);
 }

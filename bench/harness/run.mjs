@@ -32,6 +32,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DAEMON_NODE_FLAGS } from '../daemon-flags.mjs';
 import { ensureEnvoy } from './envoy.mjs';
+import { startNeighbours, stopNeighbours } from './neighbours.mjs';
 import { NETNS_TOPOLOGIES } from './netns.mjs';
 import { ensureNodeLine, parseNodeLines, RUNNING_LINE, splitLine } from './node-lines.mjs';
 import { memory, totalCpu } from './proc.mjs';
@@ -48,12 +49,14 @@ const MiB = 1024 ** 2;
  * connections through a warm tunnel; `tunnels` new mTLS tunnels per round, each from a source identity never used
  * before (so `rounds * tunnels` source workloads per line); `idleSettle` seconds between the idle daemon's readiness
  * and its reading (smoke: 2, which its startup mostly covers, to keep `npm test` fast; the others: 10, as issue 14
- * asks); `nodeLines` the default Node lines (null: the running Node alone).
+ * asks); `state` the workload counts of the state daemons (a local file of that many workloads, a tenth as many
+ * services: ready time and memory, issue 31; smoke: a small one, to check the path), read `idleSettle` s after ready; `nodeLines` the default Node lines
+ * (null: the running Node alone).
  */
 export const PROFILES = {
-  smoke: { rounds: 1, bytes: 4 * MiB, bytes4: 4 * MiB, rate: 1000, rateCount: 100, maxCount: 100, cps: 20, tunnels: 10, hold: [50], verify: true, idleSettle: 2, nodeLines: null },
-  quick: { rounds: 3, bytes: 1 * GiB, bytes4: 1 * GiB, rate: 1000, rateCount: 2000, maxCount: 3000, cps: 500, tunnels: 200, hold: [1000], verify: false, idleSettle: 10, nodeLines: ['20', '24'] },
-  full: { rounds: 5, bytes: 1 * GiB, bytes4: 2 * GiB, rate: 1000, rateCount: 10000, maxCount: 10000, cps: 2000, tunnels: 500, hold: [1000, 10000], verify: false, idleSettle: 10, nodeLines: ['20', '24'] },
+  smoke: { rounds: 1, bytes: 4 * MiB, bytes4: 4 * MiB, rate: 1000, rateCount: 100, maxCount: 100, cps: 20, tunnels: 10, hold: [50], verify: true, idleSettle: 2, state: [2000], nodeLines: null },
+  quick: { rounds: 3, bytes: 1 * GiB, bytes4: 1 * GiB, rate: 1000, rateCount: 2000, maxCount: 3000, cps: 500, tunnels: 200, hold: [1000], verify: false, idleSettle: 10, state: [20000], nodeLines: ['20', '24'] },
+  full: { rounds: 5, bytes: 1 * GiB, bytes4: 2 * GiB, rate: 1000, rateCount: 10000, maxCount: 10000, cps: 2000, tunnels: 500, hold: [1000, 10000], verify: false, idleSettle: 10, state: [20000, 100000], nodeLines: ['20', '24'] },
 };
 
 function parseArgs(argv) {
@@ -116,22 +119,6 @@ function versions(envoy) {
   };
 }
 
-/** `n` CPU-bound processes (a busy loop each), for the rounds under load; ended by `stopNeighbours`. */
-function startNeighbours(n) {
-  const children = Array.from({ length: n }, () => spawn(process.execPath, ['-e', 'for (;;);'], { stdio: 'ignore' }));
-  // A run that fails or is interrupted must not leave them spinning.
-  process.once('exit', () => children.forEach((c) => c.kill('SIGKILL')));
-  return children;
-}
-
-async function stopNeighbours(children) {
-  await Promise.all(children.map((c) => new Promise((r) => {
-    if (c.exitCode !== null || c.signalCode !== null) return r();
-    c.once('exit', r);
-    c.kill('SIGKILL');
-  })));
-}
-
 export async function runBench(opts) {
   const p = { ...PROFILES[opts.profile], ...(opts.rounds ? { rounds: opts.rounds } : {}) };
   p.nodeLines = opts.nodeLines ?? p.nodeLines ?? [RUNNING_LINE];
@@ -161,6 +148,14 @@ export async function runBench(opts) {
     // One daemon alone per line, before any traffic: read `idleSettle` s after ready, then stopped.
     const idleDaemons = await env.idleDaemons(p.idleSettle);
     for (const [l, d] of Object.entries(idleDaemons)) log(`idle daemon, Node ${l}: ${d.rssMiB.toFixed(1)} MiB RSS (${d.rssAnonMiB.toFixed(1)} anonymous, ${d.rssFileMiB.toFixed(1)} file) ${d.secondsAfterReady.toFixed(1)} s after ready`);
+    // Then the mesh state at scale, one daemon at a time per line: { line: { workloads: {...} } }.
+    const stateDaemons = {};
+    for (const n of p.state) {
+      for (const [l, d] of Object.entries(await env.stateDaemons(n, p.idleSettle))) {
+        (stateDaemons[l] ??= {})[n] = d;
+        log(`state daemon, ${n} workloads, Node ${l}: ready in ${Math.round(d.readyMs)} ms; ${d.rssMiB.toFixed(1)} MiB RSS (${d.rssAnonMiB.toFixed(1)} anonymous) ${d.secondsAfterReady.toFixed(1)} s after ready`);
+      }
+    }
 
     // The load client's command line through topology t (inside its pod for the namespace topologies).
     const cmd = (t, args) => {
@@ -305,6 +300,7 @@ export async function runBench(opts) {
           'tunnels: sequential new connections (1-byte echo), each from its own source workload (own SPIFFE identity and IP, entered through its own SOCKS5 listener), so node-a\'s pool has nothing to reuse and each makes a full TLS 1.3 mTLS handshake with node-b. The source workloads are added by a config reload after the peak RSS is read, and their certificates are issued before timing starts. Envoy\'s equivalent: a cluster with one request per upstream connection and no TLS session resumption (ztunnel-node resumes none); the handshakes counted on both sides are in `tunnels.counted`.',
           `Node lines: ${lines.map((l) => `${l.line} (${l.unavailable ? `unavailable: ${l.unavailable}` : `${l.version}, ${l.from}`})`).join('; ')}. Each line's daemons are started by that line's node binary with the same flags (bench/daemon-flags.mjs: ${DAEMON_NODE_FLAGS.join(' ') || 'none'}), on addresses of their own; a topology named name@<major> is that line's, a plain name the line of the Node running the harness (${process.version}). The lines run interleaved in the same rounds.`,
           `Idle daemon: per line, a separate daemon in local mode with one workload of its own (built-in CA, certificate issued, listeners bound), never sent traffic, its RSS read ${p.idleSettle} s after /healthz/ready first answered 200 and before any other topology carried traffic; then stopped. Not node-a: node-a serves three workloads and, by the time its idle RSS is read, has carried the warm-up.`,
+          ...(p.state.length ? [`State daemons: per line and size, a daemon in local mode with a file of that many workloads (a tenth as many services, a hundredth as many policies: test/helpers/large-config.ts), none on its own node, started alone after the idle daemons (the other topologies up and idle); ready = its spawn to the first 200 of /healthz/ready, polled every 5 ms; RSS read ${p.idleSettle} s after ready.`] : []),
           'ztunnel-node keeps each tunnel pooled for POOL_UNUSED_RELEASE_TIMEOUT (5 min) after its connection ends; Envoy closes its one-request connections. That memory is not in the RSS figures (read before the tunnels phase).',
           ...(topos.some((t) => t.exec) ? [
             'Namespace topologies: pod → pod across two node network namespaces joined by a veth (test/helpers/netns.ts), the load client in the client pod, the server in the server pod; their ratios are against direct-netns and envoy-captured.',
@@ -314,6 +310,7 @@ export async function runBench(opts) {
       },
       nodeLines: lines.map((l) => ({ ...l, running: l.line === RUNNING_LINE })),
       idleDaemons,
+      stateDaemons,
       topologies: Object.fromEntries(env.names.map((n) => [n, env.topologies[n]
         ? { available: true, processes: env.topologies[n].roles, ...(env.topologies[n].line ? { nodeLine: env.topologies[n].line } : {}) }
         : { available: false, reason: env.unavailable[n] ?? 'not selected' }])),

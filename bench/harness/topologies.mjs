@@ -31,6 +31,7 @@ import { spawn } from 'node:child_process';
 import { connect } from 'node:net';
 import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { writeLargeConfig } from '../../dist-test/helpers/large-config.js';
 import { sumSamples, parsePrometheusText } from '../../dist/cli/prom-text.js';
 import { clientConfig, envoyCertificates, envoyStats, handshakeCounts, serverConfig } from './envoy.mjs';
 import { NETNS_TOPOLOGIES, startNetns } from './netns.mjs';
@@ -69,6 +70,7 @@ export function layout(block, slot = 0) {
     echoTcp: ip(2, 11 + 2 * slot),
     admin: [ip(255, 1 + 2 * slot), ip(255, 2 + 2 * slot)],
     idle: { workload: ip(5, 10 + slot), admin: ip(254, 1 + slot) },
+    state: { admin: ip(254, 101 + slot) },
     envoyClient: ip(3, 1),
     envoyServer: ip(4, 1),
     /** The i-th (0-based) source workload of the `tunnels` measurement: 127.<block>.10.1, consecutive addresses. */
@@ -308,6 +310,42 @@ function startIdleDaemons({ root, tmp, block, workers, children, caDir, daemonEn
 }
 
 /**
+ * The state daemon of each line, one after the other: alone in local mode with a file of `workloads` workloads
+ * (workloads/10 services, workloads/100 policies: test/helpers/large-config.ts), none of them on its node, so it holds
+ * the mesh state and serves no workload. Timed from its spawn to /healthz/ready's first 200 (polled every 5 ms), its
+ * memory read `settleSeconds` after that, then stopped: { line: { workloads, services, readyMs, rssMiB, rssAnonMiB,
+ * rssFileMiB, secondsAfterReady } }. The other topologies are up and idle meanwhile.
+ */
+async function runStateDaemons({ root, tmp, block, workers, children, caDir, daemonEnv, lines }, workloads, settleSeconds) {
+  const cfg = join(tmp, `state-${workloads}.yaml`);
+  writeLargeConfig(cfg, { workloads });
+  const out = {};
+  for (const [slot, line] of lines.entries()) {
+    if (line.unavailable) continue;
+    const admin = layout(block, slot).state.admin;
+    const env = localEnv({ node: 'node-state', cfg, caDir, ip: admin, workers, daemonEnv });
+    const what = `state daemon, ${workloads} workloads (Node ${line.line})`;
+    const started = performance.now();
+    const child = children.track(spawn(...daemonArgv(root, line), { env, stdio: ['ignore', 'ignore', 'pipe'] }), what);
+    try {
+      await poll(`http://${admin}:15021`, '/healthz/ready', (st) => st === 200, what, 120_000, 5);
+    } catch (err) {
+      throw new Error(`${err.message}\n${child.tail()}`);
+    }
+    const readyMs = performance.now() - started;
+    await new Promise((r) => setTimeout(r, settleSeconds * 1000));
+    const m = memory(child.pid);
+    const MiB = 1024 ** 2;
+    out[line.line] = {
+      workloads, services: Math.max(1, Math.floor(workloads / 10)), readyMs,
+      rssMiB: m.rss / MiB, rssAnonMiB: m.rssAnon / MiB, rssFileMiB: m.rssFile / MiB, secondsAfterReady: (performance.now() - started - readyMs) / 1000,
+    };
+    await children.retire(child);
+  }
+  return out;
+}
+
+/**
  * Starts every wanted topology: the loopback ones, and with `netns` ({ prefix, block } of the namespace cluster)
  * the namespace ones, each daemon topology once per Node line of `lines` ([{ line, binary } or { line,
  * unavailable }], from node-lines.mjs; default: the running Node). Resolves { topologies: { name: { name, base,
@@ -368,6 +406,9 @@ export async function startAll({ root, tmp, block, loadgen, workers, envoy, only
         await Promise.all(Object.values(idle).map((d) => children.retire(d.child)));
         return out;
       },
+      /** `runStateDaemons` on each line that has daemon topologies. */
+      stateDaemons: (workloads, settleSeconds) =>
+        runStateDaemons({ root, tmp, block, workers, children, caDir, daemonEnv, lines: wantedLines }, workloads, settleSeconds),
       /** Each Envoy topology's TLS handshake counters: { topology: { client, server } }. */
       async envoyHandshakes() {
         const out = {};

@@ -36,6 +36,8 @@ export interface BenchProfile {
   tunnels: number;
   hold: number[];
   idleSettle: number;
+  /** The state daemons' workload counts. */
+  state: number[];
 }
 
 export interface BenchOptions {
@@ -69,11 +71,20 @@ export interface IdleDaemon {
   secondsAfterReady: number;
 }
 
+/** A state daemon (a local file of `workloads` workloads), read `secondsAfterReady` after it was ready. */
+export interface StateDaemon extends IdleDaemon {
+  workloads: number;
+  services: number;
+  readyMs: number;
+}
+
 /** The result runBench resolves and writes as <name>.json (the fields the suites read). */
 export interface BenchResult {
   topologies: Record<string, { available: boolean; reason: string }>;
   nodeLines: { line: string; binary: string; running: boolean; version?: string; from?: string }[];
   idleDaemons: Record<string, IdleDaemon>;
+  /** Per Node line, per workload count. */
+  stateDaemons: Record<string, Record<string, StateDaemon>>;
   envoy: { available: boolean; version: string; handshakesAfter: Record<string, { client: number; server: number }> };
   samples: Record<string, Record<string, number[]>>;
   tunnels: {

@@ -56,6 +56,14 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
   // One idle daemon (its own, in local mode), read once it had settled.
   const idle = result.idleDaemons[RUNNING_LINE];
   assert.ok(idle.rssMiB > 0 && idle.rssAnonMiB > 0 && idle.rssFileMiB > 0, `idle daemon: ${JSON.stringify(idle)}`);
+  // One state daemon per size (its own, a file of that many workloads), timed to ready and read once settled.
+  assert.equal(PROFILES.smoke.state.length, 1, 'the smoke profile runs one state daemon');
+  const stateSize = PROFILES.smoke.state[0];
+  const state = result.stateDaemons[RUNNING_LINE][stateSize];
+  assert.equal(state.workloads, stateSize);
+  assert.equal(state.services, stateSize / 10);
+  assert.ok(state.readyMs > 0 && state.readyMs < 60_000, `state daemon ready in ${state.readyMs} ms`);
+  assert.ok(state.rssMiB > 0 && state.rssAnonMiB > 0 && state.secondsAfterReady >= PROFILES.smoke.idleSettle, `state daemon: ${JSON.stringify(state)}`);
   assert.ok(idle.secondsAfterReady >= PROFILES.smoke.idleSettle - 0.05, `idle daemon read ${idle.secondsAfterReady} s after ready`);
   if (!result.topologies.envoy.available) {
     t.diagnostic(`Envoy topology skipped: ${result.topologies.envoy.reason}`);
@@ -89,7 +97,7 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
 
   // The report files, with every field.
   const json = JSON.parse(readFileSync(join(out, 'smoke.json'), 'utf8')) as ResultFile;
-  for (const k of ['name', 'profile', 'when', 'durationSeconds', 'machine', 'versions', 'config', 'nodeLines', 'idleDaemons', 'topologies', 'envoy', 'samples', 'memory', 'summary', 'ratios', 'targets']) {
+  for (const k of ['name', 'profile', 'when', 'durationSeconds', 'machine', 'versions', 'config', 'nodeLines', 'idleDaemons', 'stateDaemons', 'topologies', 'envoy', 'samples', 'memory', 'summary', 'ratios', 'targets']) {
     assert.ok((json as unknown as Record<string, unknown>)[k] !== undefined, `result field ${k}`);
   }
   for (const k of ['cores', 'cpu', 'kernel', 'memoryGiB', 'loadavgAtStart', 'loadavgAtEnd']) assert.ok(json.machine[k] !== undefined, `machine.${k}`);
@@ -128,6 +136,7 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
 
   const md = readFileSync(join(out, 'smoke.md'), 'utf8');
   assert.match(md, /\| measurement \|/);
+  assert.match(md, new RegExp(`## The mesh state at scale[^]*\\| ${stateSize} \\| ${stateSize / 10} \\| `), 'the state daemon\'s row');
   assert.match(md, /ztunnel-node \/ direct/);
   for (const n of available) assert.ok(md.includes(n), `markdown names ${n}`);
   const svg = readFileSync(join(out, 'smoke.svg'), 'utf8');
