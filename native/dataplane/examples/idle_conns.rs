@@ -64,6 +64,8 @@ fn main() {
         let workers = std::env::var("WORKERS").map(|w| w.parse().expect("WORKERS")).unwrap_or(2);
         let cfg = Config { node_name: name.into(), bind_source_ip: true, worker_threads: workers, ..Config::default() };
         let dp = Dataplane::new(cfg).unwrap();
+        // The daemon's default filter (RUST_LOG=info): events below it are not built, as in a daemon.
+        dp.set_event_levels("info", "info", "info").unwrap();
         dp.apply_state_json(&state).unwrap();
         let csr = dp.create_csr(identity).unwrap();
         let chain = ca.sign(&csr, identity, Duration::from_secs(3600)).unwrap();
