@@ -26,9 +26,11 @@ pub fn check_nesting(text: &str) -> Result<(), String> {
         }
         match quote {
             _ if comment => {}
+            // The escaped character; an escaped line break is still a line (the loop counts it).
             Some('"') if c == '\\' => {
-                chars.next();
-                column += 1;
+                if chars.next_if(|&n| n != '\n').is_some() {
+                    column += 1;
+                }
             }
             Some(q) if c == q => {
                 // '' inside a single-quoted scalar is an escaped quote.
@@ -96,6 +98,12 @@ mod tests {
             "[".repeat(100)
         );
         assert!(check_nesting(&quoted).is_ok(), "{quoted}");
+        // Columns count characters, lines count an escaped line break in a double-quoted scalar too.
+        let wide = format!("é: \"ü\\ü\"\nq: \"a\\\nb\"\nx: {}\n", "[".repeat(65));
+        assert_eq!(
+            check_nesting(&wide).unwrap_err(),
+            "line 4, column 68: invalid YAML: collections nested deeper than 64 levels"
+        );
         assert!(yaml_to_json(&quoted).is_ok(), "and it is YAML");
         assert!(crate::state::local::LocalDocument::from_yaml(&deep).is_err());
     }
