@@ -31,7 +31,7 @@ import { spawn } from 'node:child_process';
 import { connect } from 'node:net';
 import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { writeLargeConfig } from '../../dist-test/helpers/large-config.js';
+import { largeConfigCounts, writeLargeConfig } from '../../dist-test/helpers/large-config.js';
 import { sumSamples, parsePrometheusText } from '../../dist/cli/prom-text.js';
 import { clientConfig, envoyCertificates, envoyStats, handshakeCounts, serverConfig } from './envoy.mjs';
 import { NETNS_TOPOLOGIES, startNetns } from './netns.mjs';
@@ -337,7 +337,7 @@ async function runStateDaemons({ root, tmp, block, workers, children, caDir, dae
     const m = memory(child.pid);
     const MiB = 1024 ** 2;
     out[line.line] = {
-      workloads, services: Math.max(1, Math.floor(workloads / 10)), readyMs,
+      workloads, services: largeConfigCounts({ workloads }).services, readyMs,
       rssMiB: m.rss / MiB, rssAnonMiB: m.rssAnon / MiB, rssFileMiB: m.rssFile / MiB, secondsAfterReady: (performance.now() - started - readyMs) / 1000,
     };
     await children.retire(child);

@@ -23,11 +23,18 @@ export interface LargeConfigOptions {
   badAt?: number;
 }
 
+/** How many services and policies a file of these options has (its defaults: a tenth and a hundredth, at least 1). */
+export function largeConfigCounts({ workloads: n, services, policies }: LargeConfigOptions): { services: number; policies: number } {
+  return { services: services ?? Math.max(1, Math.floor(n / 10)), policies: policies ?? Math.max(1, Math.floor(n / 100)) };
+}
+
 /**
  * The YAML text. `revision` changes every workload's canonicalRevision (a reload that touches every workload);
  * `badAt` (a workload index) gives that workload an invalid IP (a file that must be refused with its path).
  */
-export function largeConfigYaml({ workloads: n, services: s = Math.max(1, Math.floor(n / 10)), policies: p = Math.max(1, Math.floor(n / 100)), revision = 'v1', badAt = -1 }: LargeConfigOptions): string {
+export function largeConfigYaml(opts: LargeConfigOptions): string {
+  const { workloads: n, revision = 'v1', badAt = -1 } = opts;
+  const { services: s, policies: p } = largeConfigCounts(opts);
   const parts = ['workloads:\n'];
   for (let i = 0; i < n; i++) {
     const ns = `ns${i % 50}`;
