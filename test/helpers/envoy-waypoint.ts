@@ -16,10 +16,43 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { test, type TestContext } from 'node:test';
 import { ensureEnvoy, envoyStats, poll } from './bench.js';
-import { ROOT } from './daemon.js';
+import { ROOT, workload, type LocalWorkload } from './daemon.js';
 import { builtinLeaf, spiffe } from './pki.js';
 
 export const WAYPOINT_TEMPLATE = join(ROOT, 'test', 'fixtures', 'envoy', 'waypoint.yaml');
+
+/** Where the waypoint is in a local config: its IP (Envoy's), node, service hostname and VIP. */
+export interface WaypointPlace {
+  ip: string;
+  node: string;
+  host: string;
+  vip: string;
+}
+
+/**
+ * The waypoint as istiod describes one, and a service whose traffic it takes: the waypoint an HBONE workload of its
+ * own (its service account `waypoint`) behind a service with port 15008; `service` (in `default`, VIP `vip`, port
+ * `port` to `targetPort`) names it by its VIP, as istiod names a service's waypoint.
+ */
+export function waypointedService(
+  w: WaypointPlace,
+  service: { name: string; host: string; vip: string; port: number; targetPort: number },
+): { waypoint: LocalWorkload; services: Record<string, unknown>[] } {
+  return {
+    waypoint: workload({ name: 'waypoint', ip: w.ip, node: w.node, services: { [`default/${w.host}`]: { 15008: 15008 } } }),
+    services: [
+      {
+        name: service.name,
+        namespace: 'default',
+        hostname: service.host,
+        vips: [`/${service.vip}`],
+        ports: { [service.port]: service.targetPort },
+        waypoint: { destination: `/${w.vip}`, hboneMtlsPort: 15008 },
+      },
+      { name: 'waypoint', namespace: 'default', hostname: w.host, vips: [`/${w.vip}`], ports: { 15008: 15008 } },
+    ],
+  };
+}
 
 /** Envoy must be up (admin /ready 200) within this; its first start on a busy 2-core machine takes about 1 s. */
 const READY_TIMEOUT_MS = 15_000;

@@ -12,7 +12,7 @@ import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import { makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
-import { envoyForSuite, startEnvoyWaypoint } from '../helpers/envoy-waypoint.js';
+import { envoyForSuite, startEnvoyWaypoint, waypointedService } from '../helpers/envoy-waypoint.js';
 import { BLOCKS, block, waitFor } from '../helpers/net.js';
 import { checkpoint, flowed, openStream as openStreamVia, startServer } from '../helpers/streams.js';
 import type { ClientStream, StreamServer } from '../helpers/streams.js';
@@ -30,23 +30,17 @@ const WAYPOINT_HOST = 'waypoint.default.svc.cluster.local';
 const ENVOY_ADMIN = { ip: B.admin(9), port: 15000 };
 const SOCKS = { host: SLEEP, port: 15080 };
 
+const mesh = waypointedService(
+  { ip: WAYPOINT, node: 'node-w', host: WAYPOINT_HOST, vip: WAYPOINT_VIP },
+  { name: 'echo', host: ECHO_HOST, vip: ECHO_VIP, port: SERVICE_PORT, targetPort: PORT },
+);
 const config = {
   workloads: [
     workload({ name: 'sleep', ip: SLEEP, node: 'node-a' }),
     workload({ name: 'echo', ip: ECHO, node: 'node-a', services: { [`default/${ECHO_HOST}`]: { [SERVICE_PORT]: PORT } } }),
-    workload({ name: 'waypoint', ip: WAYPOINT, node: 'node-w', services: { [`default/${WAYPOINT_HOST}`]: { 15008: 15008 } } }),
+    mesh.waypoint,
   ],
-  services: [
-    {
-      name: 'echo',
-      namespace: 'default',
-      hostname: ECHO_HOST,
-      vips: [`/${ECHO_VIP}`],
-      ports: { [SERVICE_PORT]: PORT },
-      waypoint: { destination: `/${WAYPOINT_VIP}`, hboneMtlsPort: 15008 },
-    },
-    { name: 'waypoint', namespace: 'default', hostname: WAYPOINT_HOST, vips: [`/${WAYPOINT_VIP}`], ports: { 15008: 15008 } },
-  ],
+  services: mesh.services,
 };
 
 /** Envoy's counters of a peer that resets, errs or misbehaves, downstream (our pool's connection to its :15008) and

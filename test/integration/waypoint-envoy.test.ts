@@ -18,7 +18,7 @@ import { join } from 'node:path';
 import { sumSamples } from '../../dist/cli/prom-text.js';
 import { makeTempDir, removeTempDir, startDaemon, workload } from '../helpers/daemon.js';
 import type { Daemon } from '../helpers/daemon.js';
-import { envoyForSuite, startEnvoyWaypoint } from '../helpers/envoy-waypoint.js';
+import { envoyForSuite, startEnvoyWaypoint, waypointedService } from '../helpers/envoy-waypoint.js';
 import type { EnvoyHandle } from '../helpers/envoy-waypoint.js';
 import { connectRequest, hboneSession } from '../helpers/hbone.js';
 import { block, BLOCKS, pattern, sha256, socks5Request, socksRoundTrip, startEchoServer, waitFor } from '../helpers/net.js';
@@ -45,6 +45,10 @@ const VIP_CLUSTER = `inbound-vip|${SERVICE_PORT}|tcp|${ECHO_HOST}`;
 
 // As istiod describes it: the service echo and the workload echo-w name the waypoint (by address, by hostname);
 // the waypoint is an HBONE workload (Envoy's IP, its own service account) behind a service with port 15008.
+const mesh = waypointedService(
+  { ip: WAYPOINT, node: 'node-w', host: WAYPOINT_HOST, vip: WAYPOINT_VIP },
+  { name: 'echo', host: ECHO_HOST, vip: ECHO_VIP, port: SERVICE_PORT, targetPort: PORT },
+);
 const config = {
   workloads: [
     workload({ name: 'sleep', ip: SLEEP, node: 'node-a' }),
@@ -63,19 +67,9 @@ const config = {
       waypoint: { destination: `default/${WAYPOINT_HOST}`, hboneMtlsPort: 15008 },
       authorizationPolicies: ['default/only-waypoint'],
     }),
-    workload({ name: 'waypoint', ip: WAYPOINT, node: 'node-w', services: { [`default/${WAYPOINT_HOST}`]: { 15008: 15008 } } }),
+    mesh.waypoint,
   ],
-  services: [
-    {
-      name: 'echo',
-      namespace: 'default',
-      hostname: ECHO_HOST,
-      vips: [`/${ECHO_VIP}`],
-      ports: { [SERVICE_PORT]: PORT },
-      waypoint: { destination: `/${WAYPOINT_VIP}`, hboneMtlsPort: 15008 },
-    },
-    { name: 'waypoint', namespace: 'default', hostname: WAYPOINT_HOST, vips: [`/${WAYPOINT_VIP}`], ports: { 15008: 15008 } },
-  ],
+  services: mesh.services,
   policies: [
     {
       name: 'only-waypoint',
