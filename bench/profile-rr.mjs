@@ -15,21 +15,27 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
 import { ensureEnvoy } from './harness/envoy.mjs';
 import { startNeighbours, stopNeighbours } from './harness/neighbours.mjs';
+import { wholeNumber } from './harness/processes.mjs';
 import { startAll } from './harness/topologies.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
-const arg = (name, dflt) => {
-  const i = process.argv.indexOf(name);
-  return i >= 0 ? Number(process.argv[i + 1]) : dflt;
-};
-const rate = arg('--rate', 1000);
-const count = arg('--count', 5000);
-const rounds = arg('--rounds', 2);
-const neighbourCount = arg('--neighbours', 0);
-const jsonAt = process.argv.indexOf('--json');
-const jsonFile = jsonAt >= 0 ? process.argv[jsonAt + 1] : null;
+const { values: opts } = parseArgs({
+  options: {
+    rate: { type: 'string', default: '1000' },
+    count: { type: 'string', default: '5000' },
+    rounds: { type: 'string', default: '2' },
+    neighbours: { type: 'string', default: '0' },
+    json: { type: 'string' },
+  },
+});
+const rate = wholeNumber('--rate', opts.rate, 1);
+const count = wholeNumber('--count', opts.count, 1);
+const rounds = wholeNumber('--rounds', opts.rounds, 1);
+const neighbourCount = wholeNumber('--neighbours', opts.neighbours);
+const jsonFile = opts.json ?? null;
 const loadgen = join(root, 'target', 'release', 'ztn-loadgen');
 if (spawnSync('cargo', ['build', '--release', '-q', '-p', 'ztunnel-loadgen'], { cwd: root, stdio: 'inherit' }).status !== 0) throw new Error('building the load client failed');
 const tmp = mkdtempSync(join(tmpdir(), 'ztn-rr-'));

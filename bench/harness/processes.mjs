@@ -43,6 +43,15 @@ export function httpGet(base, path, ms = 5_000) {
   });
 }
 
+/** A count given on the command line: a whole number of at least `min`; otherwise an error naming the option. */
+export function wholeNumber(option, text, min = 0) {
+  const n = Number(text);
+  if (text === undefined || text === '' || !Number.isInteger(n) || n < min) {
+    throw new Error(`${option} takes a whole number of at least ${min}, not ${JSON.stringify(text ?? null)}`);
+  }
+  return n;
+}
+
 /** Polls GET base+path every `every` ms until `ok(status, body)`; throws after `ms` with the last answer. */
 export async function poll(base, path, ok, what, ms = 30_000, every = 100) {
   const deadline = Date.now() + ms;

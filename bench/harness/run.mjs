@@ -36,7 +36,7 @@ import { startNeighbours, stopNeighbours } from './neighbours.mjs';
 import { NETNS_TOPOLOGIES } from './netns.mjs';
 import { ensureNodeLine, parseNodeLines, RUNNING_LINE, splitLine } from './node-lines.mjs';
 import { memory, totalCpu } from './proc.mjs';
-import { waitLine } from './processes.mjs';
+import { waitLine, wholeNumber } from './processes.mjs';
 import { renderMarkdown, renderSvg, summarize } from './report.mjs';
 import { DAEMON_TOPOLOGIES, startAll, TOPOLOGIES } from './topologies.mjs';
 
@@ -78,12 +78,12 @@ function parseArgs(argv) {
     netns: netns ? {} : null,
     name: get('--name') ?? profile,
     out: get('--out') ?? join(root, 'bench', 'results'),
-    block: Number(get('--block') ?? 50),
+    block: wholeNumber('--block', get('--block') ?? '50', 1),
     only,
     install: !argv.includes('--no-install'),
-    rounds: get('--rounds') ? Number(get('--rounds')) : undefined,
+    rounds: argv.includes('--rounds') ? wholeNumber('--rounds', get('--rounds'), 1) : undefined,
     nodeLines: get('--node-lines') ? parseNodeLines(get('--node-lines')) : undefined,
-    neighbours: Number(get('--neighbours') ?? 0),
+    neighbours: wholeNumber('--neighbours', get('--neighbours') ?? '0'),
   };
 }
 

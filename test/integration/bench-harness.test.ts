@@ -16,10 +16,11 @@
 // the first's samples.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { benchHarness, type BenchResult } from '../helpers/bench.js';
-import { nativeModuleReady, makeTempDir, removeTempDir } from '../helpers/daemon.js';
+import { nativeModuleReady, makeTempDir, removeTempDir, ROOT } from '../helpers/daemon.js';
 import { BLOCKS } from '../helpers/net.js';
 import { isRoot } from '../helpers/netns.js';
 
@@ -212,4 +213,18 @@ test('bench harness smoke run, namespace topologies: pod to pod, captured into z
   const md = readFileSync(join(out, 'smoke-netns.md'), 'utf8');
   assert.match(md, /## Pod to pod across node network namespaces/);
   assert.match(md, /ztunnel-node-captured \/ direct-netns/);
+});
+
+test('the harness and the latency profile refuse a count they cannot use, naming the option, before starting anything', () => {
+  for (const [script, args, refusal] of [
+    ['bench/harness/run.mjs', ['--neighbours', '1.5'], '--neighbours takes a whole number of at least 0, not "1.5"'],
+    ['bench/harness/run.mjs', ['--rounds', '0'], '--rounds takes a whole number of at least 1, not "0"'],
+    ['bench/harness/run.mjs', ['--block', 'x'], '--block takes a whole number of at least 1, not "x"'],
+    ['bench/profile-rr.mjs', ['--neighbours', 'two'], '--neighbours takes a whole number of at least 0, not "two"'],
+    ['bench/profile-rr.mjs', ['--count'], "Option '--count <value>' argument missing"],
+  ] as const) {
+    const r = spawnSync(process.execPath, [join(ROOT, script), ...args], { cwd: ROOT, encoding: 'utf8', timeout: 30_000 });
+    assert.notEqual(r.status, 0, `${script} ${args.join(' ')}: exit ${r.status}`);
+    assert.ok(r.stderr.includes(refusal), `${script} ${args.join(' ')}: ${r.stderr}`);
+  }
 });
