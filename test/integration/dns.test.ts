@@ -14,8 +14,12 @@ import { promisify } from 'node:util';
 import { sumSamples } from '../../dist/cli/prom-text.js';
 import { ROOT, makeTempDir, removeTempDir, startDaemon, workload, type Daemon } from '../helpers/daemon.js';
 import { BLOCKS, block, waitFor } from '../helpers/net.js';
+import { PYTHON, skipWithoutCommand, skipWithoutPython } from '../helpers/prereqs.js';
 
 const run = promisify(execFile);
+/** dnspython asks most questions; `dig` asks as an operator would. */
+const NO_DNSPYTHON = skipWithoutPython('dnspython');
+const NO_DIG = skipWithoutCommand('dig');
 const net = block(BLOCKS.dns);
 const SLEEP_IP = net.workload(1); // client in namespace default
 const OTHER_IP = '127.67.1.11'; // client in namespace other
@@ -108,7 +112,7 @@ interface DnsAnswer {
 
 /** Ask with dnspython: one python process for a list of questions. */
 async function ask(questions: DnsQuestion[]): Promise<DnsAnswer[]> {
-  const { stdout } = await run('python3', [join(ROOT, 'test/helpers/dns_query.py'), JSON.stringify(questions)], { timeout: 30_000 });
+  const { stdout } = await run(PYTHON, [join(ROOT, 'test/helpers/dns_query.py'), JSON.stringify(questions)], { timeout: 30_000 });
   return JSON.parse(stdout) as DnsAnswer[];
 }
 
@@ -119,7 +123,7 @@ const data = (r: DnsAnswer) => r.answers.map((a) => `${a.type} ${a.name} ${a.dat
 for (const tcp of [false, true]) {
   const proto = tcp ? 'TCP' : 'UDP';
 
-  test(`${proto}: a service by FQDN, by name.namespace, by short name (search aliases), TTL 30, authoritative`, async () => {
+  test(`${proto}: a service by FQDN, by name.namespace, by short name (search aliases), TTL 30, authoritative`, { skip: NO_DNSPYTHON }, async () => {
     const [fqdn, dotted, short, svc] = await ask([
       q('echo.default.svc.cluster.local.', { tcp }),
       q('echo.default.', { tcp }),
@@ -136,7 +140,7 @@ for (const tcp of [false, true]) {
     assert.equal(short.answers[0].name, 'echo.', 'the record is named as asked');
   });
 
-  test(`${proto}: through a stripped search domain, a CNAME to the resolvable FQDN, then its A`, async () => {
+  test(`${proto}: through a stripped search domain, a CNAME to the resolvable FQDN, then its A`, { skip: NO_DNSPYTHON }, async () => {
     const [viaNs, viaSvc, external] = await ask([
       q('echo.default.default.svc.cluster.local.', { tcp }),
       q('echo.default.svc.cluster.local.svc.cluster.local.', { tcp }),
@@ -147,7 +151,7 @@ for (const tcp of [false, true]) {
     assert.deepEqual(data(external), ['A www.example.org. ' + vip(4), 'CNAME www.example.org.default.svc.cluster.local. www.example.org.']);
   });
 
-  test(`${proto}: wildcards, headless endpoints, visibility, namespace preference, networks, families`, async () => {
+  test(`${proto}: wildcards, headless endpoints, visibility, namespace preference, networks, families`, { skip: NO_DNSPYTHON }, async () => {
     const [wild, deepWild, headless, hiddenFromDefault, seenInOther, sharedDefault, sharedOther, v6A, v6AAAA, dualAAAA, remote] = await ask([
       q('api.wild.example.com.', { tcp }),
       q('a.b.wild.example.com.', { tcp }),
@@ -179,12 +183,12 @@ for (const tcp of [false, true]) {
     assert.deepEqual(data(dualAAAA), [`AAAA echo.default.svc.cluster.local. ${V6_VIP}`]);
   });
 
-  test(`${proto}: matching ignores case and the answer keeps the question's`, async () => {
+  test(`${proto}: matching ignores case and the answer keeps the question's`, { skip: NO_DNSPYTHON }, async () => {
     const [r] = await ask([q('EcHo.DeFault.SVC.cluster.LOCAL.', { tcp })]);
     assert.deepEqual(data(r), [`A EcHo.DeFault.SVC.cluster.LOCAL. ${vip(1)}`]);
   });
 
-  test(`${proto}: what the mesh does not answer is forwarded: with no upstream, SERVFAIL (novip, MX, unknown names)`, async () => {
+  test(`${proto}: what the mesh does not answer is forwarded: with no upstream, SERVFAIL (novip, MX, unknown names)`, { skip: NO_DNSPYTHON }, async () => {
     const rs = await ask([q('novip.example.com.', { tcp }), q('echo.default.svc.cluster.local.', { tcp, type: 'MX' }), q('nothing.example.', { tcp })]);
     for (const r of rs) {
       assert.equal(r.rcode, 'SERVFAIL', JSON.stringify(r));
@@ -192,7 +196,7 @@ for (const tcp of [false, true]) {
     }
   });
 
-  test(`${proto}: RFC 6761's special-use names are answered here, never forwarded (as ztunnel's resolver does)`, async () => {
+  test(`${proto}: RFC 6761's special-use names are answered here, never forwarded (as ztunnel's resolver does)`, { skip: NO_DNSPYTHON }, async () => {
     const [v4, v6, sub, mx, ptr, invalid] = await ask([
       q('localhost.', { tcp }),
       q('localhost.', { tcp, type: 'AAAA' }),
@@ -208,7 +212,7 @@ for (const tcp of [false, true]) {
   });
 }
 
-test('UDP without EDNS: an answer over 512 bytes comes back as the question alone with TC; TCP and EDNS carry it whole', async () => {
+test('UDP without EDNS: an answer over 512 bytes comes back as the question alone with TC; TCP and EDNS carry it whole', { skip: NO_DNSPYTHON }, async () => {
   const [plain, edns, tcp] = await ask([
     q('db.default.svc.cluster.local.'),
     q('db.default.svc.cluster.local.', { payload: 4096 }),
@@ -224,14 +228,14 @@ test('UDP without EDNS: an answer over 512 bytes comes back as the question alon
   assert.equal(tcp.answers.length, HEADLESS_ENDPOINTS);
 });
 
-test('EDNS version 1 gets BADVERS with an OPT (RFC 6891 6.1.3)', async () => {
+test('EDNS version 1 gets BADVERS with an OPT (RFC 6891 6.1.3)', { skip: NO_DNSPYTHON }, async () => {
   const [r] = await ask([q('echo.default.svc.cluster.local.', { payload: 1232, ednsVersion: 1 })]);
   assert.equal(r.rcode, 'BADVERS');
   assert.equal(r.edns?.version, 0);
   assert.deepEqual(r.answers, []);
 });
 
-test('dig, as an operator would ask, over UDP and TCP', async () => {
+test('dig, as an operator would ask, over UDP and TCP', { skip: NO_DIG }, async () => {
   for (const extra of [[], ['+tcp']]) {
     const { stdout } = await run('dig', ['+noall', '+answer', '+comments', '-p', String(DNS_PORT), `@${SLEEP_IP}`, 'echo.default.svc.cluster.local', 'A', ...extra]);
     assert.match(stdout, /status: NOERROR/);
@@ -240,7 +244,7 @@ test('dig, as an operator would ask, over UDP and TCP', async () => {
   }
 });
 
-test('a headless service\'s pod by its own name, and SRV from the mesh\'s ports (dig, with its additional section)', async () => {
+test('a headless service\'s pod by its own name, and SRV from the mesh\'s ports (dig, with its additional section)', { skip: NO_DIG }, async () => {
   const dig = async (...args: string[]) => (await run('dig', ['+noall', '+answer', '+additional', '+comments', '-p', String(DNS_PORT), `@${SLEEP_IP}`, ...args])).stdout;
   // <pod>.<service>.<ns>.svc.<domain>: that endpoint alone (ztunnel forwards these).
   const pod = await dig('db-3.db.default.svc.cluster.local', 'A');
@@ -284,7 +288,7 @@ function rss(pid: number | undefined): number {
   return Number(m?.[1] ?? 0) * 1024;
 }
 
-test('malformed and oversized queries: FORMERR when the header is readable, silence otherwise, no crash, bounded memory', async () => {
+test('malformed and oversized queries: FORMERR when the header is readable, silence otherwise, no crash, bounded memory', { skip: NO_DNSPYTHON }, async () => {
   // A header that promises a question and ends: FORMERR, id echoed.
   const header = Buffer.from([0xab, 0xcd, 0x01, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0]);
   const formerr = await udpRaw(header);
@@ -332,7 +336,7 @@ test('malformed and oversized queries: FORMERR when the header is readable, sile
   assert.equal(d.exit, null, 'the daemon is still running');
 });
 
-test('DNS over TCP answers 99 % of questions while 300 slow clients hold connections on it (issue 29)', async () => {
+test('DNS over TCP answers 99 % of questions while 300 slow clients hold connections on it (issue 29)', { skip: NO_DNSPYTHON }, async () => {
   const octet = SLEEP_IP.split('.')[1];
   let stop = false;
   const held = new Set<Socket>();
@@ -364,7 +368,7 @@ test('DNS over TCP answers 99 % of questions while 300 slow clients hold connect
   }
 });
 
-test('a UDP flood of a mesh name at one workload\'s DNS proxy: another workload\'s questions are all answered, the flood is cut at its budget (issue 29)', async () => {
+test('a UDP flood of a mesh name at one workload\'s DNS proxy: another workload\'s questions are all answered, the flood is cut at its budget (issue 29)', { skip: NO_DNSPYTHON }, async () => {
   const before = await d.metric('ztunnel_node_dns_requests_dropped_total');
   // CPU seconds of the thread every DNS proxy runs on (the dataplane's control runtime).
   const controlCpu = () => {
@@ -381,7 +385,7 @@ test('a UDP flood of a mesh name at one workload\'s DNS proxy: another workload\
   const cpu0 = controlCpu();
   const t0 = Date.now();
   // As fast as one Python process sends: well over the proxy's answers per second on one core.
-  const flood = execFile('python3', ['-c', `import socket, time, dns.message
+  const flood = execFile(PYTHON, ['-c', `import socket, time, dns.message
 q = dns.message.make_query("echo.default.svc.cluster.local.", "A").to_wire()
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setblocking(False)
 end = time.time() + 6
@@ -418,7 +422,7 @@ print(n)`]);
   assert.equal(after.rcode, 'NOERROR');
 });
 
-test('metrics: istio_dns_requests_total and upstream counters with ztunnel labels; debug records on target dns', async () => {
+test('metrics: istio_dns_requests_total and upstream counters with ztunnel labels; debug records on target dns', { skip: NO_DNSPYTHON }, async () => {
   const samples = await d.metrics();
   const labels = { request_query_type: 'a', request_protocol: 'udp', source_canonical_service: 'sleep', source_canonical_revision: 'v1' };
   assert.ok(sumSamples(samples, 'istio_dns_requests_total', labels) >= 10);

@@ -15,8 +15,8 @@
 // principal it saw on the inner TLS). A reference client (Node's own tls + http2) first does the same double
 // HBONE by hand through the gateway, so a failure of the daemons' path is told apart from a broken gateway.
 //
-// Envoy comes from bench/.venv (.ci/run installs it with `node bench/harness/envoy.mjs`). Without it this suite
-// fails under CI and is skipped, saying why, elsewhere.
+// Envoy comes from the project's virtual environment (npm test installs it: scripts/tools.mjs). Without it this
+// suite fails under CI and is skipped, saying why, elsewhere.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';

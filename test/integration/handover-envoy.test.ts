@@ -5,7 +5,8 @@
 // node-a restarts: both HTTP/2 connections, their TLS sessions and streams, go to the successor. Envoy must see no
 // reset and no error: its error counters are read before and after, and must not move.
 //
-// Envoy comes from bench/.venv (.ci/run installs it). Without it this suite fails under CI and is skipped elsewhere.
+// Envoy comes from the project's virtual environment (npm test installs it). Without it this suite fails under CI and
+// is skipped elsewhere.
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, readFileSync } from 'node:fs';

@@ -16,6 +16,7 @@ import type { HboneSessionOptions } from '../helpers/hbone.js';
 import { BLOCKS, block, startEchoServer, waitFor } from '../helpers/net.js';
 import { builtinCa, builtinLeaf, spiffe } from '../helpers/pki.js';
 import type { Leaf } from '../helpers/pki.js';
+import { PYTHON } from '../helpers/prereqs.js';
 
 const net = block(BLOCKS.overload);
 const ECHO_IP = net.workload(1);
@@ -37,7 +38,7 @@ before(async () => {
   certDir = makeTempDir('ztn-overload-certs-');
   const echo = await startEchoServer(ECHO_IP, ECHO_PORT);
   closers.push(echo.close);
-  const hole = spawn('python3', ['-c', `import socket, time
+  const hole = spawn(PYTHON, ['-c', `import socket, time
 s = socket.socket(); s.bind(("${ECHO_IP}", ${BLACKHOLE_PORT})); s.listen(0); print("listening", flush=True); time.sleep(3600)`], { stdio: ['ignore', 'pipe', 'inherit'] });
   closers.push(() => hole.kill('SIGKILL'));
   await new Promise((resolve) => hole.stdout.once('data', resolve));

@@ -358,7 +358,7 @@ test('metrics and access logs of both nodes match a known transfer, from each re
   assert.equal(inbound.bytes_sent, REPORT_REPLY.length);
 });
 
-test('/debug/pprof/profile: a CPU profile of the process under traffic that go tool pprof reads, with ztunnel\'s bounds', { skip: GO ? false : 'no go toolchain (CI has one)' }, async () => {
+test('/debug/pprof/profile: a CPU profile of the process under traffic that go tool pprof reads, with ztunnel\'s bounds', { skip: GO ? false : 'no Go toolchain (go, or /usr/local/go/bin/go): go tool pprof reads the profile' }, async () => {
   assert.equal((await httpGet(`${a.adminUrl}/debug/pprof/profile?seconds=0`)).status, 400);
   assert.equal((await httpGet(`${a.adminUrl}/debug/pprof/profile?frequency=5000`)).status, 400);
   // Two requests at once: whichever the admin takes first is profiled, and the other is refused while it runs (no
@@ -383,7 +383,7 @@ test('/debug/pprof/profile: a CPU profile of the process under traffic that go t
   assert.match(top, /tokio::/);
 });
 
-test("/debug/pprof/heap: the dataplane's live sampled allocations, toggled by /debug/pprof/heap/profiling, read by go tool pprof", { skip: GO ? false : 'no go toolchain (CI has one)' }, async () => {
+test("/debug/pprof/heap: the dataplane's live sampled allocations, toggled by /debug/pprof/heap/profiling, read by go tool pprof", { skip: GO ? false : 'no Go toolchain (go, or /usr/local/go/bin/go): go tool pprof reads the profile' }, async () => {
   const toggle = (v: string) => httpPost(`${a.adminUrl}/debug/pprof/heap/profiling?activate=${v}`);
   assert.equal((await httpGet(`${a.adminUrl}/debug/pprof/heap`)).status, 500, 'off: nothing to show (ztunnel answers 500 while its profiler is off)');
   assert.equal((await toggle('maybe')).status, 400);

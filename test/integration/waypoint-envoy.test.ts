@@ -9,8 +9,8 @@
 // connection and whom it expected), Envoy's admin /stats (which listener and cluster carried it), node-b's metrics
 // and access log (the source principal it authorized), and the bytes back at the client.
 //
-// Envoy comes from bench/.venv (.ci/run installs it with `node bench/harness/envoy.mjs`). Without it this suite
-// fails under CI and is skipped, saying why, elsewhere.
+// Envoy comes from the project's virtual environment (npm test installs it: scripts/tools.mjs). Without it this
+// suite fails under CI and is skipped, saying why, elsewhere.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';

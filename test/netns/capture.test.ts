@@ -10,7 +10,8 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { InPodWorkload } from '../../dist/native/index.js';
-import { Cluster, isRoot, type NodeName, type Pod } from '../helpers/netns.js';
+import { Cluster, type NodeName, type Pod } from '../helpers/netns.js';
+import { PYTHON, skipWithout, skipWithoutCommand, skipWithoutPython, skipWithoutRoot } from '../helpers/prereqs.js';
 import { jsonLines as lines, startCni as startCniAgent, type CniAgent, type CniCommand } from '../helpers/fake-cni.js';
 
 /** A daemon's output line: a JSON log record, or `{ stderr }` for what it wrote on stderr. */
@@ -108,7 +109,8 @@ interface UpstreamEvent {
 }
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const skip = isRoot() ? false : 'needs root (network namespaces, iptables)';
+// Root and iproute2/iptables for the namespaces and the redirection; dnspython for the upstream resolver in `before`.
+const skip = skipWithout(skipWithoutRoot(), skipWithoutCommand('ip'), skipWithoutCommand('iptables'), skipWithoutPython('dnspython'));
 /** The compiled app, beside this suite's compiled file (dist-test/helpers/netns-app.mjs). */
 const APP = fileURLToPath(new URL('../helpers/netns-app.mjs', import.meta.url));
 const BLOCK = 41;
@@ -284,7 +286,7 @@ before(async () => {
   );
   cfgPath = cfg;
   writeFileSync(resolvConf, `nameserver ${UPSTREAM_DNS()}\nsearch example.internal\n`);
-  upstream = { child: cluster.spawn(cluster.nodeNs('a'), 'python3', [join(root, 'test', 'helpers', 'dns_upstream.py'), UPSTREAM_DNS(), '53', pods.b1.ip]), events: [] };
+  upstream = { child: cluster.spawn(cluster.nodeNs('a'), PYTHON, [join(root, 'test', 'helpers', 'dns_upstream.py'), UPSTREAM_DNS(), '53', pods.b1.ip]), events: [] };
   children.push(upstream.child);
   lines(upstream.child, (e: UpstreamEvent) => upstream.events.push(e));
   await waitForEvent(upstream.events, (e) => e.event === 'listening', 'the upstream DNS server');
@@ -346,7 +348,7 @@ test('captured pod → captured pod on the same node', { skip }, async () => {
 });
 
 /** Ask DNS questions from inside a pod with dnspython (test/helpers/dns_query.py); resolves its JSON answers. */
-const dnsIn = (pod: Pod, questions: DnsQuestion[]) => runIn<DnsReply[]>(pod.ns, [DNS_QUERY, JSON.stringify(questions)], 30_000, 'python3');
+const dnsIn = (pod: Pod, questions: DnsQuestion[]) => runIn<DnsReply[]>(pod.ns, [DNS_QUERY, JSON.stringify(questions)], 30_000, PYTHON);
 
 const ask = (name: string, extra: Partial<DnsQuestion> = {}): DnsQuestion => ({ server: KUBE_DNS, port: 53, name, type: 'A', timeout: 8, ...extra });
 

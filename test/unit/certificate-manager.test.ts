@@ -19,7 +19,7 @@ import type { KeyStore } from '../../dist/ca/manager.js';
 const PKI = sleepLeafAndRoot();
 const LEAF = PKI?.leaf ?? null;
 const ROOT = PKI?.root ?? null;
-const skip = PKI === null ? 'openssl CLI not available' : false;
+const skip = PKI === null ? 'openssl could not make a test CA (Debian openssl: apt-get install --no-install-recommends openssl)' : false;
 const logger = createLogs({ filter: { level: 'off', targets: {} }, format: 'json', sink: { write: () => {} } }).root;
 const ID = 'spiffe://cluster.local/ns/default/sa/sleep';
 
@@ -299,7 +299,7 @@ try {
   DATED = null;
 }
 test.after(() => DATED?.close());
-const skipDated = DATED === null ? 'openssl ca not available' : false;
+const skipDated = DATED === null ? 'openssl ca could not sign a dated leaf (Debian openssl: apt-get install --no-install-recommends openssl)' : false;
 
 /**
  * A fake CA issuing, at the clock's now, a certificate valid [now - backdateMs, now + validMs] (rounded outward to

@@ -40,7 +40,7 @@ interface Dump {
 }
 
 const PKI = sleepLeafAndRoot();
-const skip = PKI === null ? 'openssl CLI not available' : false;
+const skip = PKI === null ? 'openssl could not make a test CA (Debian openssl: apt-get install --no-install-recommends openssl)' : false;
 
 const LOCAL_XDS = `
 workloads:
