@@ -43,6 +43,7 @@ static ENV: LazyLock<Env> = LazyLock::new(|| {
         let pi = Arc::new(ProxyInputs {
             cfg,
             state: Arc::new(parking_lot::RwLock::new(mesh())),
+            state_changed: Arc::default(),
             certs,
             metrics,
             events,

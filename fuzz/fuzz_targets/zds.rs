@@ -127,6 +127,7 @@ fn inputs() -> Arc<ProxyInputs> {
     Arc::new(ProxyInputs {
         cfg,
         state: Arc::new(parking_lot::RwLock::new(State::default())),
+        state_changed: Arc::default(),
         certs,
         metrics,
         events,

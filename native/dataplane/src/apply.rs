@@ -119,6 +119,7 @@ impl Dataplane {
             after(&mut state, kept);
             (scope, applied)
         };
+        self.pi.state_changed.notify_waiters();
         self.reevaluator.submit(scope);
         applied
     }

@@ -247,6 +247,7 @@ impl Dataplane {
         let pi = Arc::new(ProxyInputs {
             cfg,
             state: Arc::new(RwLock::new(State::default())),
+            state_changed: Arc::default(),
             certs,
             metrics,
             events,

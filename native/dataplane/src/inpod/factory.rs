@@ -76,6 +76,7 @@ impl InPodProxies {
         let pi = Arc::new(ProxyInputs {
             cfg: base.cfg.clone(),
             state: base.state.clone(),
+            state_changed: base.state_changed.clone(),
             certs: base.certs.clone(),
             metrics: base.metrics.clone(),
             events: base.events.clone(),

@@ -77,6 +77,7 @@ pub(crate) fn inputs() -> Arc<ProxyInputs> {
     Arc::new(ProxyInputs {
         cfg,
         state: Arc::new(RwLock::new(State::default())),
+        state_changed: Arc::default(),
         certs,
         metrics,
         events,

@@ -175,6 +175,9 @@ async fn accept_loop<F, Fut>(
 pub struct ProxyInputs {
     pub cfg: Arc<Config>,
     pub state: Arc<RwLock<State>>,
+    /// Woken each time a batch has been applied to `state` (an outbound connection waits on it for its source pod's
+    /// workload: `outbound::connect`).
+    pub state_changed: Arc<tokio::sync::Notify>,
     pub certs: Arc<CertStore>,
     pub metrics: Arc<Metrics>,
     pub events: Arc<Events>,

@@ -12,7 +12,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::{RecvStream, SendStream};
@@ -691,12 +691,22 @@ pub async fn connect(
 ) -> Result<(Routed, Upstream), (Option<Routed>, OutboundError)> {
     let resilience = &pi.cfg.resilience;
     let outliers = (resilience.consecutive_failures > 0).then_some(&*pi.outliers);
-    let started = std::time::Instant::now();
+    let mut started = std::time::Instant::now();
     let timeout = pi.cfg.connect_timeout();
     let mut tried: Vec<crate::state::intern::Str> = Vec::new();
+    let mut waited = false;
     loop {
-        let (mut routed, src_ip, hop, alternatives) =
-            route(pi, src, client, dst, &tried, outliers).map_err(|e| (None, e))?;
+        let (mut routed, src_ip, hop, alternatives) = match route(pi, src, client, dst, &tried, outliers) {
+            Ok(r) => r,
+            Err(OutboundError::UnknownSource(_)) if !waited => {
+                waited = true;
+                wait_for_source(pi, src).await;
+                // The connect timeout starts once the connection can be routed, as ztunnel's does.
+                started = std::time::Instant::now();
+                continue;
+            }
+            Err(e) => return Err((None, e)),
+        };
         routed.attempts = tried.len() as u32 + 1;
         let attempts_left = (resilience.connect_attempts as usize).saturating_sub(tried.len());
         let may_retry = hop.is_some() && attempts_left > 1 && alternatives > 1;
@@ -734,6 +744,26 @@ pub async fn connect(
                 tried.push(uid);
             }
             _ => return Err((Some(routed), err)),
+        }
+    }
+}
+
+/// How long an outbound connection waits for its source pod's workload (ztunnel's `get_workload`: 5 s).
+pub const SOURCE_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until `src` is in the state, or SOURCE_WAIT has passed. istio-cni hands a pod to the node proxy as the pod
+/// starts, and istiod pushes its workload when the API server has told it of the pod: the pod's first connections
+/// can come before its workload. ztunnel holds them until it arrives (`wait_for_workload`); refusing them would fail
+/// a new pod's first requests. Woken by each applied batch, never polled; the connection's bytes wait in its socket.
+async fn wait_for_source(pi: &ProxyInputs, src: &LocalRef) {
+    let deadline = tokio::time::Instant::now() + SOURCE_WAIT;
+    loop {
+        // Registered before the state is read, so a batch applied in between is not missed.
+        let changed = pi.state_changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if src.resolve(&pi.state.read()).is_some() || tokio::time::timeout_at(deadline, changed).await.is_err() {
+            return;
         }
     }
 }

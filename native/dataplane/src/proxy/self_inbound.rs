@@ -40,6 +40,7 @@ pub fn start(base: &Arc<ProxyInputs>, spec: &SelfInboundSpec, drain: &Drain) -> 
     let pi = Arc::new(ProxyInputs {
         cfg: Arc::new(cfg),
         state: base.state.clone(),
+        state_changed: base.state_changed.clone(),
         certs: base.certs.clone(),
         metrics: base.metrics.clone(),
         events: base.events.clone(),
