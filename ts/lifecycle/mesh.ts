@@ -3,8 +3,8 @@
 // (`applyStateChange`: policies, small changes) or one batch applied off the JS thread (the local config's document,
 // all or nothing; an xDS Address response, still encoded, resource by resource). The dataplane answers with what
 // changed, and every answer is followed the same way: this node's workloads reconciled (certificates before
-// listeners, local-workloads.ts) and the policy references the change left unresolved warned of. Batches are applied
-// one at a time, in the order they were asked for.
+// listeners, local-workloads.ts) and the policy references the change left unresolved followed (warned of if they stay
+// unresolved: MissingReferences). Batches are applied one at a time, in the order they were asked for.
 import type { Logger } from 'pino';
 import type { LocalLoad } from '../config/local-loader.js';
 import type { AppliedOut } from '../native/types.js';
@@ -36,6 +36,71 @@ export function warnMissingReferences(log: Logger, missing: ReadonlyArray<{ uid:
   }
 }
 
+/**
+ * The policy references left unresolved, told apart from istiod's push order. istiod sends a workload's new policy
+ * reference about half a millisecond before the policy itself, on every `kubectl apply` of a selector policy (seen
+ * with a real istiod: test/e2e); a warning then would be a false alarm each time. So a reference is logged at debug
+ * when it appears, and warned of (warnMissingReferences) only if it is still unresolved once MISSING_POLICY_GRACE has
+ * passed, the grace live connections get for it. The workload denies new inbound connections from the first moment
+ * either way (README "Authorization"); the gauge `ztunnel_node_authorization_missing_policies` counts every one.
+ */
+export class MissingReferences {
+  /** Unresolved references not warned of yet, by `uid policy`, in the order they appeared (so, of their due time). */
+  private readonly pending = new Map<string, { uid: string; policy: string; due: number }>();
+  private timer: NodeJS.Timeout | null = null;
+
+  constructor(
+    private readonly log: Logger,
+    private readonly graceMs: number,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  /** One applied change's references: those it made unresolved and those it resolved. */
+  follow(missing: ReadonlyArray<{ uid: string; policy: string }>, resolved: ReadonlyArray<{ uid: string; policy: string }>): void {
+    for (const r of resolved) this.pending.delete(`${r.uid} ${r.policy}`);
+    const due = this.now() + this.graceMs;
+    for (const m of missing) {
+      const key = `${m.uid} ${m.policy}`;
+      this.pending.delete(key);
+      this.pending.set(key, { uid: m.uid, policy: m.policy, due });
+    }
+    if (missing.length > 0) this.log.debug({ references: missing.length, first: missing[0] }, 'workloads name authorization policies not known yet: denying their inbound traffic until they arrive');
+    this.schedule();
+  }
+
+  /** How many references wait for their grace to pass. */
+  get waiting(): number {
+    return this.pending.size;
+  }
+
+  close(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+    this.pending.clear();
+  }
+
+  private schedule(): void {
+    if (this.timer !== null) return;
+    const first = this.pending.values().next();
+    if (first.done) return;
+    this.timer = setTimeout(() => this.check(), Math.max(0, first.value.due - this.now()));
+    this.timer.unref?.();
+  }
+
+  private check(): void {
+    this.timer = null;
+    const now = this.now();
+    const overdue: { uid: string; policy: string }[] = [];
+    for (const [key, r] of this.pending) {
+      if (r.due > now) break;
+      overdue.push({ uid: r.uid, policy: r.policy });
+      this.pending.delete(key);
+    }
+    warnMissingReferences(this.log, overdue);
+    this.schedule();
+  }
+}
+
 export interface MeshOptions {
   store: StateStore;
   /** The dataplane; throws while it is not open. */
@@ -43,12 +108,20 @@ export interface MeshOptions {
   /** This node's workloads that a change touched (certificates and listeners follow them). */
   reconcile(workloads: WorkloadTransition[]): void;
   log: Logger;
+  /** MISSING_POLICY_GRACE: how long a policy reference may stay unresolved before it is warned of. */
+  missingPolicyGraceMs: number;
+  /** Ends the references' follow-up (the daemon's drain). */
+  signal?: AbortSignal;
 }
 
 export class Mesh {
   private batches: Promise<unknown> = Promise.resolve();
+  private readonly references: MissingReferences;
 
-  constructor(private readonly o: MeshOptions) {}
+  constructor(private readonly o: MeshOptions) {
+    this.references = new MissingReferences(o.log, o.missingPolicyGraceMs);
+    o.signal?.addEventListener('abort', () => this.references.close(), { once: true });
+  }
 
   get store(): StateStore {
     return this.o.store;
@@ -94,7 +167,7 @@ export class Mesh {
   /** What every applied change is followed by: listeners and certificates of local workloads, policy references. */
   private follow(applied: AppliedChange): void {
     this.o.reconcile(applied.workloads);
-    warnMissingReferences(this.o.log, applied.missing);
+    this.references.follow(applied.missing, applied.resolved);
   }
 
   private serially<T>(run: () => Promise<T>): Promise<T> {

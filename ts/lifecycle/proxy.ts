@@ -177,7 +177,14 @@ export async function runProxy(config: Config, logs: Logs, options: ProxyOptions
       else log.error({ uid, err: err instanceof Error ? err.message : String(err) }, 'cannot serve local workload');
     },
   });
-  const mesh = new Mesh({ store, plane: () => dataplane.running(), reconcile: (w) => certificates.localWorkloads?.reconcile(w), log });
+  const mesh = new Mesh({
+    store,
+    plane: () => dataplane.running(),
+    reconcile: (w) => certificates.localWorkloads?.reconcile(w),
+    log,
+    missingPolicyGraceMs: config.missingPolicyGraceMs,
+    signal: drain.signal,
+  });
   const local = new LocalSource(config, log, mesh, drain.signal, options.firstLocalLoad ?? null);
   const xds = new XdsSource({ config, logs, token, mesh, metrics: xdsMetrics, onSynced: () => synced() });
   const capture = new CaptureComponent(config, () => dataplane.running(), readiness, log, (id) => certificates.ensure(id));

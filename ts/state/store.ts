@@ -61,6 +61,8 @@ export interface AppliedChange {
   policies: number;
   /** The (workload, policy) references the change made unresolved (the dataplane tracks them). */
   missing: Array<{ uid: string; policy: string }>;
+  /** The references it resolved (unresolved before it, not after: the policy arrived, or is no longer named). */
+  resolved: Array<{ uid: string; policy: string }>;
 }
 
 export class StateStore {
@@ -112,7 +114,7 @@ export class StateStore {
     }
     this.counts = out.counts;
     this.missingRefs = out.missingReferences;
-    return { delta: null, workloads, changedWorkloads: out.changedWorkloads, services: out.services, policies: out.policies, missing: out.missing };
+    return { delta: null, workloads, changedWorkloads: out.changedWorkloads, services: out.services, policies: out.policies, missing: out.missing, resolved: out.resolved };
   }
 
   /** How many (workload, policy) references do not resolve (as of the last change). */

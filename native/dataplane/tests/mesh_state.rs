@@ -231,3 +231,57 @@ fn a_large_removal_applies_in_parts_and_an_upserted_key_changes_once() {
     let st = dp.inputs().state.read();
     assert_eq!(st.workload("keep").unwrap().ips, ["10.2.0.9".parse::<std::net::IpAddr>().unwrap()]);
 }
+
+/// A policy whose only rule matches every connection.
+fn allow_all(name: &str) -> Value {
+    json!({"name": name, "namespace": "ns", "scope": "WorkloadSelector", "action": "Allow", "rules": [[]]})
+}
+
+fn named(uid: &str, policies: &[&str]) -> Value {
+    json!({"uid": uid, "name": uid, "namespace": "ns", "serviceAccount": uid, "workloadIps": ["10.9.0.1"],
+           "node": "n1", "authorizationPolicies": policies})
+}
+
+/// (uid, policy) pairs of an AppliedOut list, sorted.
+fn pairs(out: &Value, key: &str) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = out[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["uid"].as_str().unwrap().to_string(), r["policy"].as_str().unwrap().to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn delta(dp: &Dataplane, d: Value) -> Value {
+    serde_json::from_str(&dp.apply_state_json(&d.to_string()).unwrap()).unwrap()
+}
+
+/// The control side warns only of references still unresolved after the grace (istiod names a policy in a workload
+/// just before it sends the policy): each apply says which references it made missing and which it resolved.
+#[test]
+fn each_apply_reports_the_policy_references_it_made_missing_and_those_it_resolved() {
+    let dp = dataplane();
+    let p = |s: &str| ("w".to_string(), s.to_string());
+    let out = delta(&dp, json!({"workloads": [named("w", &["ns/a", "ns/b"])]}));
+    assert_eq!((pairs(&out, "missing"), pairs(&out, "resolved")), (vec![p("ns/a"), p("ns/b")], vec![]));
+    assert_eq!(out["missingReferences"], 2);
+    // The policy arrives (istiod's push order): resolved.
+    let out = delta(&dp, json!({"policies": [allow_all("a")]}));
+    assert_eq!((pairs(&out, "missing"), pairs(&out, "resolved")), (vec![], vec![p("ns/a")]));
+    // The workload names another policy instead of b: b is resolved (no longer named), c is missing.
+    let out = delta(&dp, json!({"workloads": [named("w", &["ns/a", "ns/c"])]}));
+    assert_eq!((pairs(&out, "missing"), pairs(&out, "resolved")), (vec![p("ns/c")], vec![p("ns/b")]));
+    // Still naming c, another change to the workload: neither newly missing nor resolved.
+    let mut w = named("w", &["ns/a", "ns/c"]);
+    w["serviceAccount"] = json!("w2");
+    let out = delta(&dp, json!({"workloads": [w]}));
+    assert_eq!((pairs(&out, "missing"), pairs(&out, "resolved")), (vec![], vec![]));
+    // The policy a is removed: missing again; the workload removed: everything it named is resolved.
+    let out = delta(&dp, json!({"removedPolicies": ["ns/a"]}));
+    assert_eq!((pairs(&out, "missing"), pairs(&out, "resolved")), (vec![p("ns/a")], vec![]));
+    let out = delta(&dp, json!({"removedWorkloads": ["w"]}));
+    assert_eq!((pairs(&out, "missing"), pairs(&out, "resolved")), (vec![], vec![p("ns/a"), p("ns/c")]));
+    assert_eq!(out["missingReferences"], 0);
+}

@@ -27,6 +27,11 @@ counts: [number, number, number],
  */
 missing: Array<MissingReference>, 
 /**
+ * The references this change resolved (missing before it, not after): the policy arrived, or the workload no
+ * longer names it.
+ */
+resolved: Array<MissingReference>, 
+/**
  * How many (workload, policy) references are unresolved after the change.
  */
 missingReferences: number, 

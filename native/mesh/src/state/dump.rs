@@ -184,7 +184,7 @@ pub struct TransitionOut<'a> {
     after: Option<WorkloadFull<'a>>,
 }
 
-/// A policy reference that became unresolved.
+/// A (workload, policy) reference that became unresolved, or resolved.
 #[derive(Serialize)]
 #[cfg_attr(any(test, feature = "ts"), derive(ts_rs::TS), ts(export, rename = "MissingReference"))]
 pub struct MissingOut<'a> {
@@ -211,6 +211,9 @@ pub struct AppliedOut<'a> {
     /// The (workload, policy) references this change made unresolved: such a workload denies every inbound
     /// connection until the policy arrives (fail closed).
     missing: Vec<MissingOut<'a>>,
+    /// The references this change resolved (missing before it, not after): the policy arrived, or the workload no
+    /// longer names it.
+    resolved: Vec<MissingOut<'a>>,
     /// How many (workload, policy) references are unresolved after the change.
     missing_references: usize,
     /// WDS batches: [name, version] of each resource that applied.
@@ -240,6 +243,7 @@ pub fn applied<'a>(
         .collect();
     AppliedOut {
         missing: a.missing.iter().map(|(uid, policy)| MissingOut { uid, policy }).collect(),
+        resolved: a.resolved.iter().map(|(uid, policy)| MissingOut { uid, policy }).collect(),
         missing_references,
         workloads,
         changed_workloads: a.workloads.len(),

@@ -71,6 +71,9 @@ pub struct Applied {
     pub policies: usize,
     /// (workload uid, policy key) references that became unresolved with this change (`State::missing_references`).
     pub missing: Vec<(Str, Str)>,
+    /// References that were unresolved before this change and are not after it: the policy arrived, or the workload
+    /// no longer names it (or is gone).
+    pub resolved: Vec<(Str, Str)>,
 }
 
 impl Applied {
@@ -80,6 +83,7 @@ impl Applied {
         self.services += other.services;
         self.policies += other.policies;
         self.missing.extend(other.missing);
+        self.resolved.extend(other.resolved);
     }
 }
 
@@ -240,15 +244,23 @@ impl State {
             }
             applied.workloads.push(Transition { uid, before: b, after: a });
         }
-        applied.missing = self.track_missing(&applied.workloads, &upserted_policies, &removed_policies);
+        (applied.missing, applied.resolved) =
+            self.track_missing(&applied.workloads, &upserted_policies, &removed_policies);
         applied
     }
 
     /// Follows one applied change in the missing-reference index; returns the references it made missing (not those
-    /// that were missing before it and still are).
-    fn track_missing(&mut self, changed: &[Transition], upserted: &[String], removed: &[String]) -> Vec<(Str, Str)> {
+    /// that were missing before it and still are), and those it resolved (missing before it, not after).
+    #[allow(clippy::type_complexity)]
+    fn track_missing(
+        &mut self,
+        changed: &[Transition],
+        upserted: &[String],
+        removed: &[String],
+    ) -> (Vec<(Str, Str)>, Vec<(Str, Str)>) {
         let mut was = std::collections::HashSet::new();
         let mut now = Vec::new();
+        let mut resolved = Vec::new();
         for t in changed {
             if let Some(b) = &t.before {
                 for p in &b.authorization_policies {
@@ -259,8 +271,9 @@ impl State {
             }
         }
         for key in upserted {
-            if let Some(uids) = self.missing_refs.remove(key.as_str()) {
+            if let Some((policy, uids)) = self.missing_refs.remove_entry(key.as_str()) {
                 self.missing_count -= uids.len();
+                resolved.extend(uids.into_iter().map(|uid| (uid, policy.clone())));
             }
         }
         let gone: std::collections::HashSet<&str> =
@@ -285,11 +298,16 @@ impl State {
             }
         }
         for (uid, p) in found {
-            if self.miss(&p, &uid) && !was.contains(&(uid.clone(), p.clone())) {
-                now.push((uid, p));
+            let pair = (uid.clone(), p.clone());
+            if self.miss(&p, &uid) && !was.remove(&pair) {
+                now.push(pair);
+            } else {
+                was.remove(&pair);
             }
         }
-        now
+        // Missing before the change (unmissed above) and not missing again after it.
+        resolved.extend(was);
+        (now, resolved)
     }
 
     /// Records a missing reference; true if it was not recorded yet.
