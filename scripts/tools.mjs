@@ -58,6 +58,18 @@ export const DEBIAN_PACKAGES = [
   { name: 'shellcheck', command: 'shellcheck', usedBy: 'actionlint checks the workflows\' run: scripts with it' },
 ];
 
+/**
+ * The Debian packages `npm run e2e` needs beyond DEBIAN_PACKAGES (it installs them itself: it runs as root): the
+ * container runtime the e2e node runs pods with, and what kube-proxy calls.
+ */
+export const E2E_DEBIAN_PACKAGES = [
+  { name: 'runc', command: 'runc', usedBy: 'the e2e node runs every pod\'s containers with it' },
+  { name: 'conntrack', command: 'conntrack', usedBy: 'kube-proxy clears stale UDP flows with it' },
+  { name: 'iptables', command: 'iptables', usedBy: 'kube-proxy, istio-cni' },
+  { name: 'iproute2', command: 'ip', usedBy: 'the node\'s and the pods\' network namespaces' },
+  { name: 'openssl', command: 'openssl', usedBy: 'the control plane\'s certificates' },
+];
+
 /** Where .ci/run puts downloads that are not Go binaries (gitignored). */
 export const TOOLS_DIR = join(root, '.tmp', 'tools');
 
@@ -255,8 +267,9 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
     console.log(`test prerequisites ready in ${((Date.now() - started) / 1000).toFixed(1)} s: ${PYTHON_PACKAGES.map((p) => `${p.name} ${p.version}`).join(', ')} in ${VENV}; ${Object.entries(PINS).filter(([, p]) => p.module).map(([n, p]) => `${n} ${p.version}`).join(', ')}; the OpenTelemetry Collector`);
     for (const p of debian) console.log(`  missing Debian package ${p.name} (${p.usedBy}): the suites that need it are skipped; apt-get install --no-install-recommends ${p.name}`);
   } else if (cmd === 'debian') {
-    // For .ci/run: the Debian packages to install, one per line (all of them: dpkg decides what is missing).
-    for (const p of DEBIAN_PACKAGES) console.log(p.name);
+    // For .ci/run: the Debian packages to install, one per line (all of them: dpkg decides what is missing), the
+    // e2e environment's included.
+    for (const name of new Set([...DEBIAN_PACKAGES, ...E2E_DEBIAN_PACKAGES].map((p) => p.name))) console.log(name);
   } else {
     console.error('usage: node scripts/tools.mjs ensure | debian');
     process.exit(2);
