@@ -40,6 +40,14 @@ import { memory } from './proc.mjs';
 import { Children, httpGet, poll, waitLine } from './processes.mjs';
 
 /**
+ * Resolves once `seconds` have passed since `since` (a performance.now() time). A timer may fire a moment early on
+ * the loop's clock (a 2 s wait read 1.9999 s once), so the wait is checked and resumed, not trusted.
+ */
+async function settled(since, seconds) {
+  while (performance.now() - since < seconds * 1000) await new Promise((r) => setTimeout(r, Math.max(1, since + seconds * 1000 - performance.now())));
+}
+
+/**
  * The topologies in two groups, each compared against its own direct path: `subject` is ztunnel-node's path,
  * `envoy` Envoy's in the same setting.
  */
@@ -333,7 +341,7 @@ async function runStateDaemons({ root, tmp, block, workers, children, caDir, dae
       throw new Error(`${err.message}\n${child.tail()}`);
     }
     const readyMs = performance.now() - started;
-    await new Promise((r) => setTimeout(r, settleSeconds * 1000));
+    await settled(started + readyMs, settleSeconds);
     const m = memory(child.pid);
     const MiB = 1024 ** 2;
     out[line.line] = {
@@ -397,8 +405,7 @@ export async function startAll({ root, tmp, block, loadgen, workers, envoy, only
         const out = {};
         for (const [l, d] of Object.entries(idle)) {
           const readyAt = await d.ready;
-          const wait = readyAt + settleSeconds * 1000 - Date.now();
-          if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+          while (Date.now() - readyAt < settleSeconds * 1000) await new Promise((r) => setTimeout(r, Math.max(1, readyAt + settleSeconds * 1000 - Date.now())));
           const m = memory(d.child.pid);
           const MiB = 1024 ** 2;
           out[l] = { rssMiB: m.rss / MiB, rssAnonMiB: m.rssAnon / MiB, rssFileMiB: m.rssFile / MiB, secondsAfterReady: (Date.now() - readyAt) / 1000, workloads: 1 };

@@ -11,8 +11,12 @@ import { writeLargeConfig, largeConfigYaml } from '../helpers/large-config.js';
 import { BLOCKS, block, httpGet } from '../helpers/net.js';
 
 const net = block(BLOCKS['large-input']);
-/** 6k workloads (3 MiB): a few seconds of parsing; on the event loop that was a few seconds of silence. */
-const WORKLOADS = 6_000;
+/**
+ * 40k workloads (20 MiB): about a second of loading, so that the startup phase has a load to observe /metrics
+ * through. With 6k (3 MiB: a few seconds of parsing once, 0.2 s since the reader got faster) the load ended before
+ * the stats server had bound, and whether /metrics answered before ready was a race (it failed 1 run in 3).
+ */
+const WORKLOADS = 40_000;
 /** Generous (the CI machine is loaded); a blocked event loop misses it by seconds. */
 const PROBE_BOUND_MS = 1_000;
 /** The probes each phase needs at least (some before the file changes, as the test waits for them). */
